@@ -1,0 +1,25 @@
+"""Shared fixtures. Kernel tests are marked `root`: they skip, saying why, when not run as root."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from kubeproxy.lab import netns as netns_mod
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if netns_mod.have_root() and shutil.which("ip"):
+        return
+    skip = pytest.mark.skip(reason="needs root and iproute2: kernel tests run in CI as root")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def netns():
+    """A fresh network namespace, removed after the test."""
+    with netns_mod.netns("kpt") as ns:
+        yield ns
