@@ -1,0 +1,152 @@
+"""Typed reads of fields out of raw Kubernetes JSON, raising ObjectError that names the field.
+
+Every object kind parses through a `Fields` reader so that messages look the same everywhere:
+`Service default/web: spec.ports[0].port: 70000 is out of range 1-65535`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubeproxy.cluster.errors import ObjectError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """A reader positioned at `path` inside object `kind ref`."""
+
+    kind: str
+    ref: str
+    data: Mapping[str, Any]
+    path: str = ""
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, problem: str) -> ObjectError:
+        return ObjectError(self.kind, self.ref, self._name(key), problem)
+
+    def _get(self, key: str, types: type | tuple[type, ...], what: str) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        # bool is an int in Python; Kubernetes never accepts true for a number.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+            raise self.error(key, f"expected {what}, got {type(value).__name__} {value!r}")
+        return value
+
+    def str(self, key: str, default: str = "") -> str:
+        value = self._get(key, str, "a string")
+        return default if value is None else value
+
+    def required_str(self, key: str) -> str:
+        value = self.str(key)
+        if not value:
+            raise self.error(key, "required field is missing")
+        return value
+
+    def bool(self, key: str) -> bool | None:
+        return self._get(key, bool, "true or false")
+
+    def int(self, key: str, default: int = 0) -> int:
+        value = self._get(key, int, "an integer")
+        return default if value is None else value
+
+    def port(self, key: str, *, required: bool) -> int:
+        value = self._get(key, int, "an integer")
+        if value is None:
+            if required:
+                raise self.error(key, "required field is missing")
+            return 0
+        if not 1 <= value <= 65535:
+            raise self.error(key, f"{value} is out of range 1-65535")
+        return value
+
+    def map(self, key: str) -> Fields:
+        value = self._get(key, dict, "an object")
+        return Fields(self.kind, self.ref, value or {}, self._name(key))
+
+    def list(self, key: str) -> list[Any]:
+        value = self._get(key, list, "a list")
+        return value or []
+
+    def maps(self, key: str) -> list[Fields]:
+        out = []
+        for i, item in enumerate(self.list(key)):
+            if not isinstance(item, dict):
+                raise self.error(f"{key}[{i}]", f"expected an object, got {type(item).__name__} {item!r}")
+            out.append(Fields(self.kind, self.ref, item, f"{self._name(key)}[{i}]"))
+        return out
+
+    def strs(self, key: str) -> list[str]:
+        items = self.list(key)
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise self.error(f"{key}[{i}]", f"expected a string, got {type(item).__name__} {item!r}")
+        return items
+
+    def str_map(self, key: str) -> dict[str, str]:
+        value = self._get(key, dict, "an object")
+        if not value:
+            return {}
+        return {str(k): str(v) for k, v in value.items()}
+
+    def ip(self, key: str, value: str) -> IPAddress:
+        try:
+            return ipaddress.ip_address(value.strip())
+        except ValueError:
+            raise self.error(key, f"{value!r} is not a valid IP address") from None
+
+    def ips(self, key: str) -> list[IPAddress]:
+        return [self.ip(f"{key}[{i}]", s) for i, s in enumerate(self.strs(key))]
+
+    def cidrs(self, key: str) -> list[IPNetwork]:
+        out = []
+        for i, raw in enumerate(self.strs(key)):
+            # Upstream trims whitespace around source ranges and masks host bits (ParseCIDRSloppy).
+            try:
+                out.append(ipaddress.ip_network(raw.strip(), strict=False))
+            except ValueError:
+                raise self.error(f"{key}[{i}]", f"{raw!r} is not a valid CIDR") from None
+        return out
+
+    def cidrs_of_one(self, key: str) -> list[IPNetwork]:
+        raw = self.str(key)
+        try:
+            return [ipaddress.ip_network(raw.strip(), strict=False)]
+        except ValueError:
+            raise self.error(key, f"{raw!r} is not a valid CIDR") from None
+
+    def enum(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = self.str(key)
+        if not value:
+            return default
+        if value not in allowed:
+            raise self.error(key, f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def object_ref(kind: str, obj: Mapping[str, Any], *, namespaced: bool = True) -> tuple[str, str, str]:
+    """(namespace, name, "ns/name") of a raw object, or ObjectError if metadata is unusable."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise ObjectError(kind, "<unnamed>", "metadata", "required field is missing")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ObjectError(kind, "<unnamed>", "metadata.name", "required field is missing")
+    if not namespaced:
+        return "", name, name
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise ObjectError(kind, name, "metadata.namespace", f"expected a string, got {namespace!r}")
+    return namespace, name, f"{namespace}/{name}"

@@ -1,0 +1,171 @@
+"""The node model: what THIS node should do for each service port, independent of backend.
+
+Built from the cluster state for one IP family. Mirrors upstream's ServicePort/Endpoint
+abstractions (pkg/proxy) closely enough that every backend makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kubeproxy.cluster.fields import IPAddress, IPNetwork
+from kubeproxy.cluster.objects import EndpointSlice, Service
+
+IPV4, IPV6 = "IPv4", "IPv6"
+
+
+def family_of(ip: IPAddress | IPNetwork) -> str:
+    return IPV4 if ip.version == 4 else IPV6
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServicePortName:
+    namespace: str
+    name: str
+    port: str
+    protocol: str
+
+    def __str__(self) -> str:
+        # Upstream's ServicePortName.String(): the protocol is not part of it.
+        base = f"{self.namespace}/{self.name}"
+        return f"{base}:{self.port}" if self.port else base
+
+    @property
+    def service(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePortInfo:
+    name: ServicePortName
+    cluster_ip: IPAddress
+    port: int
+    protocol: str
+    node_port: int = 0
+    external_ips: tuple[IPAddress, ...] = ()
+    load_balancer_vips: tuple[IPAddress, ...] = ()
+    load_balancer_source_ranges: tuple[IPNetwork, ...] = ()
+    health_check_node_port: int = 0
+    client_ip_affinity: bool = False
+    sticky_max_age_seconds: int = 10800
+    internal_policy_local: bool = False
+    external_policy_local: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def externally_accessible(self) -> bool:
+        return self.node_port != 0 or bool(self.load_balancer_vips) or bool(self.external_ips)
+
+    @property
+    def uses_cluster_endpoints(self) -> bool:
+        return not self.internal_policy_local or (self.externally_accessible and not self.external_policy_local)
+
+    @property
+    def uses_local_endpoints(self) -> bool:
+        return self.internal_policy_local or (self.external_policy_local and self.externally_accessible)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    ip: str
+    port: int
+    is_local: bool = False
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    zone_hints: frozenset[str] = frozenset()
+    node_hints: frozenset[str] = frozenset()
+
+    @property
+    def address(self) -> str:
+        """`ip:port`, brackets for IPv6: upstream's Endpoint.String() (also hashed into chain names)."""
+        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """Everything a renderer needs about the cluster, for one node and one IP family."""
+
+    services: Mapping[ServicePortName, ServicePortInfo]
+    endpoints: Mapping[ServicePortName, list[EndpointInfo]]
+
+    @property
+    def total_endpoints(self) -> int:
+        return sum(len(self.endpoints.get(name, ())) for name in self.services)
+
+
+def service_ports(services: Iterable[Service], family: str) -> dict[ServicePortName, ServicePortInfo]:
+    out: dict[ServicePortName, ServicePortInfo] = {}
+    for svc in services:
+        cluster_ip = next((ip for ip in svc.cluster_ips if family_of(ip) == family), None)
+        if cluster_ip is None or svc.type == "ExternalName":
+            continue  # headless, ExternalName, or not of this family
+        external_local = svc.type in ("NodePort", "LoadBalancer") and svc.external_traffic_policy == "Local"
+        lb_vips = tuple(
+            i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and family_of(i.ip) == family
+        )
+        for port in svc.ports:
+            name = ServicePortName(svc.namespace, svc.name, port.name, port.protocol)
+            out[name] = ServicePortInfo(
+                name=name,
+                cluster_ip=cluster_ip,
+                port=port.port,
+                protocol=port.protocol,
+                node_port=port.node_port,
+                external_ips=tuple(ip for ip in svc.external_ips if family_of(ip) == family),
+                load_balancer_vips=lb_vips,
+                load_balancer_source_ranges=tuple(
+                    c for c in svc.load_balancer_source_ranges if family_of(c) == family
+                ),
+                health_check_node_port=svc.health_check_node_port if external_local else 0,
+                client_ip_affinity=svc.session_affinity == "ClientIP",
+                sticky_max_age_seconds=svc.affinity_timeout_seconds,
+                internal_policy_local=svc.internal_traffic_policy == "Local",
+                external_policy_local=external_local,
+                annotations=svc.annotations,
+            )
+    return out
+
+
+def endpoints_map(
+    slices: Iterable[EndpointSlice], family: str, node_name: str
+) -> dict[ServicePortName, list[EndpointInfo]]:
+    """Endpoints per service port: deduplicated by ip:port across slices, sorted as upstream does."""
+    by_port: dict[ServicePortName, dict[str, EndpointInfo]] = {}
+    for eps in slices:
+        if eps.address_type != family:
+            continue
+        for port in eps.ports:
+            name = ServicePortName(eps.namespace, eps.service_name, port.name, port.protocol)
+            bucket = by_port.setdefault(name, {})
+            for ep in eps.endpoints:
+                ip = ep.addresses[0]
+                if family_of(ip) != family:
+                    continue
+                is_local = bool(node_name) and ep.node_name == node_name
+                info = EndpointInfo(
+                    ip=str(ip),
+                    port=port.port,
+                    is_local=is_local,
+                    ready=ep.ready,
+                    serving=ep.serving,
+                    terminating=ep.terminating,
+                    zone_hints=ep.zone_hints,
+                    node_hints=ep.node_hints,
+                )
+                # Overlapping slices may list an endpoint twice; a local copy wins.
+                if info.address not in bucket or is_local:
+                    bucket[info.address] = info
+    return {name: sorted(eps.values(), key=lambda e: e.address) for name, eps in by_port.items() if eps}
+
+
+def build_view(
+    services: Iterable[Service], slices: Iterable[EndpointSlice], family: str, node_name: str
+) -> NodeView:
+    return NodeView(service_ports(services, family), endpoints_map(slices, family, node_name))
+
+
+def parse_family(ip: str) -> str:
+    return family_of(ipaddress.ip_address(ip))
