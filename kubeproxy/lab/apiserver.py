@@ -1,0 +1,1005 @@
+"""A small in-memory Kubernetes API server for tests and demos.
+
+It speaks enough of the real protocol that both our reflector and the real `kubectl` can use it:
+
+- discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>[/<version>]`) and a minimal
+  `/openapi/v3` that tells `kubectl` the server validates fields itself (so `kubectl apply` does not
+  need the full schema);
+- list and watch for Services, EndpointSlices, Nodes and Namespaces, cluster-wide and per namespace,
+  with `fieldSelector` (`metadata.name`, `metadata.namespace`) and simple `labelSelector`s;
+- watch streams are chunked JSON, one event per line, from a `resourceVersion`; a version older
+  than the retained history gets an ERROR event carrying a 410 Status, as the real server does;
+  BOOKMARKs are sent when the client asked for them (periodically, or on demand via `bookmark()`);
+- create, update, patch (JSON merge, strategic merge for the fields our kinds use, JSON patch,
+  server-side apply) and delete, with Status objects and the real 404/409 reasons.
+
+Objects are stored as plain JSON dicts with one global, monotonically increasing resourceVersion,
+like etcd behind the real server. The store outlives the HTTP listener, so `stop()` then `start()`
+simulates the API server going down and coming back with the same state; `drop_watches()` cuts
+every open watch mid-stream; `fail_with(503)` makes resource requests fail; `expire_history()`
+compacts the event history so older watches get 410 Gone.
+
+It binds 127.0.0.1 only, does no authentication and no schema validation: a malformed object is
+stored as given, which is what the tests of our consumers want.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+log = logging.getLogger("kubeproxy.lab.apiserver")
+
+JSON = dict[str, Any]
+
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-kubeproxy-lab",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2024-12-11T00:00:00Z",
+    "goVersion": "go1.23.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """One served resource: where it lives in the URL space and what discovery says about it."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    # Strategic merge patch: list fields (path of map keys from the object root) merged by a key
+    # instead of replaced; everything else is atomic, which is right for EndpointSlice lists.
+    merge_keys: tuple[tuple[tuple[str, ...], str], ...] = ()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    def prefix(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+
+_META_MERGE_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("metadata", "ownerReferences"), "uid"),
+    (("metadata", "managedFields"), "manager"),
+)
+
+SERVICE = ResourceType("", "v1", "Service", "services", True, ("svc",), (*_META_MERGE_KEYS, (("spec", "ports"), "port")))
+ENDPOINT_SLICE = ResourceType("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True, (), _META_MERGE_KEYS)
+NODE = ResourceType(
+    "",
+    "v1",
+    "Node",
+    "nodes",
+    False,
+    ("no",),
+    (*_META_MERGE_KEYS, (("status", "addresses"), "type"), (("status", "conditions"), "type")),
+)
+NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", False, ("ns",), _META_MERGE_KEYS)
+
+DEFAULT_RESOURCES: tuple[ResourceType, ...] = (SERVICE, ENDPOINT_SLICE, NODE, NAMESPACE)
+
+_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+class ApiError(Exception):
+    """An error the server answers with a Status object."""
+
+    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+
+    def status(self) -> JSON:
+        return status_object(self.code, self.reason, self.message, self.details)
+
+
+def status_object(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "details": details or {},
+        "code": code,
+    }
+
+
+def _not_found(rt: ResourceType, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{rt.plural} "{name}" not found', {"name": name, "kind": rt.plural})
+
+
+# ---------------------------------------------------------------------------------------------
+# Selectors
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Field and label selectors as the real server parses them (the subset we need).
+
+    Fields: `metadata.name`, `metadata.namespace` with `=`, `==`, `!=`.
+    Labels: `key`, `!key`, `key=value`, `key==value`, `key!=value`, comma-separated (AND).
+    """
+
+    fields: tuple[tuple[str, str, str], ...] = ()
+    labels: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, field_selector: str, label_selector: str) -> Selector:
+        return cls(_parse_terms(field_selector, "field"), _parse_terms(label_selector, "label"))
+
+    def matches(self, obj: JSON) -> bool:
+        meta = obj.get("metadata") or {}
+        for key, op, value in self.fields:
+            have = str(meta.get(key.removeprefix("metadata."), "") or "")
+            if (have == value) != (op == "="):
+                return False
+        labels = meta.get("labels") or {}
+        for key, op, value in self.labels:
+            if op == "exists" and key not in labels:
+                return False
+            if op == "!exists" and key in labels:
+                return False
+            if op == "=" and labels.get(key) != value:
+                return False
+            if op == "!=" and labels.get(key) == value:
+                return False
+        return True
+
+
+def _parse_terms(text: str, what: str) -> tuple[tuple[str, str, str], ...]:
+    terms = []
+    for raw in filter(None, (t.strip() for t in text.split(","))):
+        if "!=" in raw:
+            key, value = raw.split("!=", 1)
+            terms.append((key.strip(), "!=", value.strip()))
+        elif "=" in raw:
+            key, value = raw.split("==", 1) if "==" in raw else raw.split("=", 1)
+            terms.append((key.strip(), "=", value.strip()))
+        elif what == "label":
+            terms.append((raw.lstrip("!").strip(), "!exists" if raw.startswith("!") else "exists", ""))
+        else:
+            raise ApiError(400, "BadRequest", f"invalid {what} selector {raw!r}")
+        if what == "field" and terms[-1][0] not in ("metadata.name", "metadata.namespace"):
+            raise ApiError(400, "BadRequest", f'field label not supported: "{terms[-1][0]}"')
+    return tuple(terms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Patches
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge_patch(target: Any, patch: Any, rt: ResourceType, path: tuple[str, ...] = ()) -> Any:
+    """Strategic merge patch for the list fields `rt.merge_keys` names; other lists are atomic.
+
+    Understands the directives `kubectl apply` emits: `$patch` (replace/delete/merge),
+    `$retainKeys`, `$setElementOrder/<list>` and `$deleteFromPrimitiveList/<list>`.
+    """
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    directive = patch.get("$patch")
+    if directive == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+    if directive == "delete":
+        return None
+    result = dict(target) if isinstance(target, dict) else {}
+    merge_keys = dict(rt.merge_keys)
+    orders: dict[str, list[Any]] = {}
+    for key, value in patch.items():
+        if key in ("$patch", "$retainKeys"):
+            continue
+        if key.startswith("$setElementOrder/"):
+            orders[key.split("/", 1)[1]] = value
+            continue
+        if key.startswith("$deleteFromPrimitiveList/"):
+            name = key.split("/", 1)[1]
+            result[name] = [v for v in result.get(name) or [] if v not in value]
+            continue
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, list) and (*path, key) in merge_keys:
+            result[key] = _merge_list(result.get(key) or [], value, merge_keys[(*path, key)], rt, (*path, key))
+        else:
+            merged = strategic_merge_patch(result.get(key), value, rt, (*path, key))
+            if merged is None and isinstance(value, dict) and value.get("$patch") == "delete":
+                result.pop(key, None)
+            else:
+                result[key] = merged
+    for name, order in orders.items():
+        if isinstance(result.get(name), list) and (*path, name) in merge_keys:
+            result[name] = _order_list(result[name], order, merge_keys[(*path, name)])
+    if "$retainKeys" in patch:
+        keep = set(patch["$retainKeys"])
+        result = {k: v for k, v in result.items() if k in keep}
+    return result
+
+
+def _merge_list(current: list[Any], patch: list[Any], key: str, rt: ResourceType, path: tuple[str, ...]) -> list[Any]:
+    if any(isinstance(item, dict) and item.get("$patch") == "replace" for item in patch):
+        return [copy.deepcopy(i) for i in patch if not (isinstance(i, dict) and "$patch" in i)]
+    merged = [copy.deepcopy(i) for i in current]
+    for item in patch:
+        if not isinstance(item, dict) or key not in item:
+            merged.append(copy.deepcopy(item))
+            continue
+        index = next((n for n, cur in enumerate(merged) if isinstance(cur, dict) and cur.get(key) == item[key]), None)
+        if item.get("$patch") == "delete":
+            if index is not None:
+                del merged[index]
+        elif index is None:
+            merged.append(strategic_merge_patch({}, item, rt, path))
+        else:
+            merged[index] = strategic_merge_patch(merged[index], item, rt, path)
+    return merged
+
+
+def _order_list(items: list[Any], order: list[Any], key: str) -> list[Any]:
+    rank = {json.dumps(o.get(key) if isinstance(o, dict) else o): n for n, o in enumerate(order)}
+
+    def position(item: Any) -> int:
+        probe = item.get(key) if isinstance(item, dict) else item
+        return rank.get(json.dumps(probe), len(rank))
+
+    return sorted(items, key=position)
+
+
+def json_patch(target: JSON, operations: list[JSON]) -> JSON:
+    """RFC 6902 JSON patch: add, remove, replace, test."""
+    doc = copy.deepcopy(target)
+    for op in operations:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in str(op.get("path", "")).split("/")[1:]]
+        if not parts:
+            raise ApiError(422, "Invalid", f"json patch: cannot {op.get('op')} the whole document")
+        parent: Any = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        last = parts[-1]
+        kind = op.get("op")
+        if kind in ("add", "replace"):
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                if kind == "add":
+                    parent.insert(index, op.get("value"))
+                else:
+                    parent[index] = op.get("value")
+            else:
+                parent[last] = op.get("value")
+        elif kind == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        elif kind == "test":
+            have = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if have != op.get("value"):
+                raise ApiError(422, "Invalid", f"json patch test failed at {op.get('path')}")
+        else:
+            raise ApiError(422, "Invalid", f"json patch operation {kind!r} not supported")
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# Store
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change in the history: `obj` is the new state (last state for DELETED), `old` the previous."""
+
+    rv: int
+    type: str
+    rt: ResourceType
+    obj: JSON
+    old: JSON | None
+
+
+@dataclass
+class Store:
+    """Objects per resource, a global resourceVersion, and a bounded event history for watches.
+
+    All access goes through `cond`; watchers wait on it for new events, bookmarks and shutdown.
+    """
+
+    history_size: int = 1000
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    rv: int = 1
+    # Watches from a version below this cannot be served any more (the history was compacted).
+    compacted_rv: int = 1
+    objects: dict[tuple[str, str, str], JSON] = field(default_factory=dict)
+    history: deque[Event] = field(default_factory=deque)
+    bookmark_generation: int = 0
+    # Open watch streams, so that tests can wait for a client to be watching instead of sleeping.
+    watchers: int = 0
+    _uids: Iterator[int] = field(default_factory=itertools.count)
+
+    def _record(self, type_: str, rt: ResourceType, obj: JSON, old: JSON | None) -> None:
+        self.history.append(Event(self.rv, type_, rt, obj, old))
+        while len(self.history) > self.history_size:
+            self.compacted_rv = self.history.popleft().rv
+        self.cond.notify_all()
+
+    def _next_rv(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    def get(self, rt: ResourceType, namespace: str, name: str) -> JSON:
+        with self.cond:
+            obj = self.objects.get((rt.plural, namespace, name))
+            if obj is None:
+                raise _not_found(rt, name)
+            return copy.deepcopy(obj)
+
+    def list(self, rt: ResourceType, namespace: str | None, selector: Selector) -> tuple[list[JSON], int]:
+        with self.cond:
+            items = [
+                copy.deepcopy(obj)
+                for (plural, ns, _), obj in sorted(self.objects.items(), key=lambda kv: kv[0])
+                if plural == rt.plural and (namespace is None or ns == namespace) and selector.matches(obj)
+            ]
+            return items, self.rv
+
+    def create(self, rt: ResourceType, namespace: str, obj: JSON) -> JSON:
+        obj = self._normalise(rt, namespace, obj)
+        meta = obj["metadata"]
+        with self.cond:
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{next(self._uids):05d}"
+            name = meta.get("name")
+            if not name:
+                raise ApiError(422, "Invalid", f"{rt.kind} is invalid: metadata.name: Required value")
+            key = (rt.plural, namespace, name)
+            if key in self.objects:
+                raise ApiError(409, "AlreadyExists", f'{rt.plural} "{name}" already exists', {"name": name, "kind": rt.plural})
+            meta.pop("resourceVersion", None)
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
+            meta["generation"] = 1
+            meta["resourceVersion"] = self._next_rv()
+            self.objects[key] = obj
+            self._record("ADDED", rt, copy.deepcopy(obj), None)
+            return copy.deepcopy(obj)
+
+    def update(self, rt: ResourceType, namespace: str, name: str, obj: JSON, *, check_rv: bool = True) -> JSON:
+        obj = self._normalise(rt, namespace, obj)
+        meta = obj["metadata"]
+        if meta.get("name", name) != name:
+            raise ApiError(400, "BadRequest", f"the name of the object ({meta.get('name')}) does not match the URL ({name})")
+        meta["name"] = name
+        with self.cond:
+            key = (rt.plural, namespace, name)
+            old = self.objects.get(key)
+            if old is None:
+                raise _not_found(rt, name)
+            if check_rv and meta.get("resourceVersion") and meta["resourceVersion"] != old["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {rt.plural} "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                    {"name": name, "kind": rt.plural},
+                )
+            for immutable in ("uid", "creationTimestamp"):
+                meta[immutable] = old["metadata"].get(immutable)
+            generation = old["metadata"].get("generation", 1)
+            meta["generation"] = generation + (1 if obj.get("spec") != old.get("spec") else 0)
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if obj == old:
+                # The real server does not bump the version (or emit an event) for a no-op update.
+                return copy.deepcopy(old)
+            meta["resourceVersion"] = self._next_rv()
+            self.objects[key] = obj
+            self._record("MODIFIED", rt, copy.deepcopy(obj), copy.deepcopy(old))
+            return copy.deepcopy(obj)
+
+    def delete(self, rt: ResourceType, namespace: str, name: str) -> JSON:
+        with self.cond:
+            old = self.objects.pop((rt.plural, namespace, name), None)
+            if old is None:
+                raise _not_found(rt, name)
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = self._next_rv()
+            self._record("DELETED", rt, copy.deepcopy(gone), old)
+            return gone
+
+    def expire_history(self) -> None:
+        with self.cond:
+            self.history.clear()
+            self.compacted_rv = self.rv
+            self.cond.notify_all()
+
+    def bookmark(self) -> None:
+        with self.cond:
+            self.bookmark_generation += 1
+            self.cond.notify_all()
+
+    @staticmethod
+    def _normalise(rt: ResourceType, namespace: str, obj: JSON) -> JSON:
+        if not isinstance(obj, dict):
+            raise ApiError(400, "BadRequest", f"the body of a {rt.kind} must be a JSON object")
+        obj = copy.deepcopy(obj)
+        if obj.get("kind", rt.kind) != rt.kind or obj.get("apiVersion", rt.api_version) != rt.api_version:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"the API version in the data ({obj.get('apiVersion')}, kind {obj.get('kind')}) does not match "
+                f"the expected API version ({rt.api_version}, kind {rt.kind})",
+            )
+        obj["kind"], obj["apiVersion"] = rt.kind, rt.api_version
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise ApiError(400, "BadRequest", f"metadata of a {rt.kind} must be a JSON object")
+        if rt.namespaced:
+            if meta.get("namespace", namespace) != namespace:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"the namespace of the provided object ({meta['namespace']}) does not match the namespace "
+                    f"sent on the request ({namespace})",
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+@dataclass(frozen=True)
+class Route:
+    """A parsed resource URL."""
+
+    rt: ResourceType
+    namespace: str | None
+    name: str | None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    api: ApiServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    _raw_body: bytes = b""
+    server: _Server
+
+    # -- plumbing
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.api._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        self.server.api._track(self.connection, add=False)
+        with contextlib.suppress(OSError):  # the client or a test hook already closed the socket
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send_json(self, code: int, body: JSON) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        raw = self._raw_body
+        if not raw:
+            return None
+        ctype = self.headers.get("Content-Type", "")
+        try:
+            return yaml.safe_load(raw) if "yaml" in ctype else json.loads(raw)
+        except (ValueError, yaml.YAMLError) as e:
+            raise ApiError(400, "BadRequest", f"cannot decode the request body: {e}") from e
+
+    def _dispatch(self) -> None:
+        api = self.server.api
+        # Read the body first, whatever happens next, so that a keep-alive connection stays in step.
+        length = int(self.headers.get("Content-Length") or 0)
+        self._raw_body = self.rfile.read(length) if length else b""
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        try:
+            discovery = api._discovery(url.path, self.command)
+            if discovery is not None:
+                self._send_json(200, discovery)
+                return
+            route = api._route(url.path)
+            if route is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            if api._failing is not None:
+                code = api._failing
+                raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected failure {code}")
+            self._resource(route, query)
+        except ApiError as e:
+            self._send_json(e.code, e.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _dispatch
+
+    # -- resources
+
+    def _resource(self, route: Route, query: dict[str, str]) -> None:
+        api, rt = self.server.api, route.rt
+        ns = route.namespace or ""
+        method = self.command
+        if route.name is None:
+            if method == "GET" and query.get("watch") in ("true", "1"):
+                self._watch(route, query)
+            elif method == "GET":
+                selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""))
+                items, rv = api.store.list(rt, route.namespace, selector)
+                self._send_json(
+                    200,
+                    {
+                        "kind": f"{rt.kind}List",
+                        "apiVersion": rt.api_version,
+                        "metadata": {"resourceVersion": str(rv)},
+                        "items": items,
+                    },
+                )
+            elif method == "POST":
+                self._send_json(201, api.store.create(rt, ns, self._body()))
+            else:
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection of {rt.plural}")
+            return
+        name = route.name
+        if method == "GET":
+            self._send_json(200, api.store.get(rt, ns, name))
+        elif method == "PUT":
+            self._send_json(200, api.store.update(rt, ns, name, self._body()))
+        elif method == "PATCH":
+            self._patch(route, ns, name)
+        elif method == "DELETE":
+            self._body()  # DeleteOptions: propagation policy and grace period mean nothing here
+            gone = api.store.delete(rt, ns, name)
+            details = {"name": name, "kind": rt.plural, "uid": gone["metadata"].get("uid")}
+            self._send_json(200, status_object(200, "", "", details))
+        else:
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported")
+
+    def _patch(self, route: Route, ns: str, name: str) -> None:
+        store, rt = self.server.api.store, route.rt
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip()
+        patch = self._body()
+        with store.cond:
+            try:
+                current = store.get(rt, ns, name)
+            except ApiError:
+                if ctype != "application/apply-patch+yaml":
+                    raise
+                # Server-side apply creates what does not exist yet.
+                self._send_json(201, store.create(rt, ns, patch or {}))
+                return
+            if ctype == "application/merge-patch+json":
+                patched = merge_patch(current, patch)
+            elif ctype in ("application/strategic-merge-patch+json", "application/apply-patch+yaml"):
+                patched = strategic_merge_patch(current, patch, rt)
+            elif ctype == "application/json-patch+json":
+                if not isinstance(patch, list):
+                    raise ApiError(400, "BadRequest", "a json patch must be a list of operations")
+                patched = json_patch(current, patch)
+            else:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
+            self._send_json(200, store.update(rt, ns, name, patched))
+
+    def _watch(self, route: Route, query: dict[str, str]) -> None:
+        store = self.server.api.store
+        selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""))
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        deadline = time.monotonic() + float(query["timeoutSeconds"]) if "timeoutSeconds" in query else None
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        last_bookmark = time.monotonic()
+        with store.cond:
+            store.watchers += 1
+            store.cond.notify_all()
+        try:
+            self._stream(route, query, selector, bookmarks, deadline, last_bookmark)
+        finally:
+            with store.cond:
+                store.watchers -= 1
+                store.cond.notify_all()
+
+    def _stream(
+        self,
+        route: Route,
+        query: dict[str, str],
+        selector: Selector,
+        bookmarks: bool,
+        deadline: float | None,
+        last_bookmark: float,
+    ) -> None:
+        api, store, rt = self.server.api, self.server.api.store, route.rt
+        with store.cond:
+            sent_generation = store.bookmark_generation
+            raw_rv = query.get("resourceVersion", "")
+            if raw_rv in ("", "0"):
+                # "Any version": the current state as synthetic ADDED events, then changes.
+                items, since = store.list(rt, route.namespace, selector)
+                pending = [{"type": "ADDED", "object": obj} for obj in items]
+            else:
+                try:
+                    since = int(raw_rv)
+                except ValueError:
+                    since = -1
+                if since < store.compacted_rv:
+                    message = f"too old resource version: {raw_rv} ({store.compacted_rv})"
+                    gone = status_object(410, "Expired", message)
+                    self._chunk({"type": "ERROR", "object": gone})
+                    self._end_chunks()
+                    return
+                pending = []
+        while True:
+            for event in pending:
+                self._chunk(event)
+            with store.cond:
+                pending = []
+                while not pending:
+                    if api._closing or self.connection in api._dropped:
+                        return  # cut mid-stream: no terminating chunk, like a dead server
+                    if since < store.compacted_rv:
+                        # The history moved past this watch before it caught up: it must relist.
+                        message = f"too old resource version: {since} ({store.compacted_rv})"
+                        self._chunk({"type": "ERROR", "object": status_object(410, "Expired", message)})
+                        self._end_chunks()
+                        return
+                    if deadline is not None and time.monotonic() >= deadline:
+                        self._end_chunks()
+                        return
+                    for ev in store.history:
+                        if ev.rv > since and ev.rt == rt:
+                            translated = _translate(ev, route.namespace, selector)
+                            if translated is not None:
+                                pending.append(translated)
+                    if store.history and store.history[-1].rv > since:
+                        since = store.history[-1].rv
+                    due = api.bookmark_interval is not None and time.monotonic() - last_bookmark >= api.bookmark_interval
+                    if bookmarks and not pending and (store.bookmark_generation != sent_generation or due):
+                        since = max(since, store.rv)
+                        bookmark = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {"resourceVersion": str(store.rv)}}
+                        pending.append({"type": "BOOKMARK", "object": bookmark})
+                    sent_generation = store.bookmark_generation
+                    if pending:
+                        last_bookmark = time.monotonic() if pending[-1]["type"] == "BOOKMARK" else last_bookmark
+                        break
+                    store.cond.wait(timeout=0.2)
+
+    def _chunk(self, event: JSON) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def _translate(ev: Event, namespace: str | None, selector: Selector) -> JSON | None:
+    """The event a filtered watch sees: an object leaving the filter is DELETED, entering it ADDED."""
+
+    def visible(obj: JSON | None) -> bool:
+        if obj is None:
+            return False
+        in_ns = namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace
+        return in_ns and selector.matches(obj)
+
+    was, now = visible(ev.old), visible(ev.obj)
+    if ev.type == "DELETED":
+        return {"type": "DELETED", "object": ev.obj} if was else None
+    if was and now:
+        return {"type": ev.type, "object": ev.obj}
+    if now:
+        return {"type": "ADDED", "object": ev.obj}
+    if was:
+        return {"type": "DELETED", "object": ev.obj}
+    return None
+
+
+@dataclass
+class ApiServer:
+    """The test API server. `start()` returns the base URL; the store survives `stop()`.
+
+    `bookmark_interval` (seconds, or None for on-demand only via `bookmark()`) paces BOOKMARKs to
+    watches that asked for them. `history_size` bounds the event history: a watch from a version
+    older than what is retained gets 410 Gone.
+    """
+
+    bookmark_interval: float | None = None
+    history_size: int = 1000
+    resources: tuple[ResourceType, ...] = DEFAULT_RESOURCES
+    store: Store = field(init=False)
+    port: int = 0
+    _server: _Server | None = field(default=None, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _connections: set[socket.socket] = field(default_factory=set, init=False, repr=False)
+    _dropped: set[socket.socket] = field(default_factory=set, init=False, repr=False)
+    _closing: bool = field(default=False, init=False, repr=False)
+    _failing: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.store = Store(history_size=self.history_size)
+        self._by_kind = {rt.kind: rt for rt in self.resources}
+
+    # -- lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> str:
+        """Listen on 127.0.0.1 (a free port the first time, the same port after a `stop()`)."""
+        if self._server is not None:
+            return self.url
+        self._closing = False
+        server = _Server(("127.0.0.1", self.port), _Handler)
+        server.api = self
+        self.port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=f"apiserver:{self.port}", daemon=True)
+        self._thread.start()
+        log.info("test API server listening on %s", self.url)
+        return self.url
+
+    def stop(self) -> None:
+        """Stop listening and cut every connection (open watches end without a final chunk)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        with self.store.cond:
+            self._closing = True
+            self.store.cond.notify_all()
+        server.shutdown()
+        server.server_close()
+        self._kill(set(self._connections))
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ApiServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- fault injection
+
+    def drop_watches(self) -> None:
+        """Cut every connection that is open now, mid-stream, as a crashing server would."""
+        with self.store.cond:
+            victims = set(self._connections)
+            self._dropped |= victims
+            self.store.cond.notify_all()
+        self._kill(victims)
+
+    def fail_with(self, code: int | None) -> None:
+        """Answer every resource request with this HTTP status (e.g. 503) until called with None."""
+        self._failing = code
+
+    def expire_history(self) -> None:
+        """Compact the history: watches from any version before now get 410 Gone."""
+        self.store.expire_history()
+
+    def bookmark(self) -> None:
+        """Send a BOOKMARK now to every open watch that allows them."""
+        self.store.bookmark()
+
+    def wait_for_watches(self, count: int = 1, timeout: float = 10) -> None:
+        """Block until at least `count` watch streams are open; TimeoutError if they never are."""
+        with self.store.cond:
+            if not self.store.cond.wait_for(lambda: self.store.watchers >= count, timeout=timeout):
+                raise TimeoutError(f"{self.store.watchers} watches open on {self.url}, wanted {count}")
+
+    # -- direct object access for Python tests
+
+    def apply(self, obj: JSON) -> JSON:
+        """Create or replace an object (no version check); returns the stored object."""
+        rt = self._type_of(obj)
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace", "default") if rt.namespaced else ""
+        try:
+            self.store.get(rt, ns, meta.get("name", ""))
+        except ApiError:
+            return self.store.create(rt, ns, obj)
+        return self.store.update(rt, ns, meta["name"], obj, check_rv=False)
+
+    def delete(self, kind: str, namespace: str, name: str) -> JSON:
+        rt = self._kind(kind)
+        return self.store.delete(rt, namespace if rt.namespaced else "", name)
+
+    def get(self, kind: str, namespace: str, name: str) -> JSON:
+        rt = self._kind(kind)
+        return self.store.get(rt, namespace if rt.namespaced else "", name)
+
+    @property
+    def resource_version(self) -> int:
+        return self.store.rv
+
+    def write_kubeconfig(self, path: Path | str, namespace: str = "default") -> Path:
+        """A kubeconfig pointing at this server, usable by lightkube and `kubectl --kubeconfig`."""
+        path = Path(path)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "lab", "cluster": {"server": self.url}}],
+            "users": [{"name": "lab", "user": {"token": "lab-token"}}],
+            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab", "namespace": namespace}}],
+            "current-context": "lab",
+            "preferences": {},
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    # -- internals
+
+    def _type_of(self, obj: JSON) -> ResourceType:
+        rt = self._kind(str(obj.get("kind")))
+        if obj.get("apiVersion", rt.api_version) != rt.api_version:
+            raise ApiError(400, "BadRequest", f"{obj.get('kind')} is served as {rt.api_version}, not {obj.get('apiVersion')}")
+        return rt
+
+    def _kind(self, kind: str) -> ResourceType:
+        try:
+            return self._by_kind[kind]
+        except KeyError:
+            raise ApiError(404, "NotFound", f"the test API server does not serve kind {kind!r}") from None
+
+    def _track(self, conn: socket.socket, *, add: bool) -> None:
+        with self.store.cond:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+                self._dropped.discard(conn)
+
+    @staticmethod
+    def _kill(conns: set[socket.socket]) -> None:
+        for conn in conns:
+            with contextlib.suppress(OSError):  # already gone
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def _route(self, path: str) -> Route | None:
+        for rt in self.resources:
+            prefix = rt.prefix()
+            if not path.startswith(prefix + "/"):
+                continue
+            parts = path[len(prefix) + 1 :].strip("/").split("/")
+            if rt.namespaced and len(parts) >= 3 and parts[0] == "namespaces" and parts[2] == rt.plural:
+                if len(parts) in (3, 4):
+                    return Route(rt, parts[1], parts[3] if len(parts) == 4 else None)
+            elif parts[0] == rt.plural and len(parts) in (1, 2):
+                return Route(rt, None, parts[1] if len(parts) == 2 else None)
+        return None
+
+    def _discovery(self, path: str, method: str) -> JSON | None:
+        if method != "GET":
+            return None
+        path = path.rstrip("/") or "/"
+        groups = sorted({rt.group for rt in self.resources if rt.group})
+        if path == "/version":
+            return SERVER_VERSION
+        if path == "/api":
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.port}"}],
+            }
+        if path == "/apis":
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [self._group(g) for g in groups]}
+        for group in groups:
+            if path == f"/apis/{group}":
+                return {"kind": "APIGroup", "apiVersion": "v1", **self._group(group)}
+        for prefix in sorted({rt.prefix() for rt in self.resources}):
+            if path == prefix:
+                return self._resource_list(prefix)
+        if path == "/openapi/v3":
+            return {
+                "paths": {
+                    prefix.lstrip("/"): {"serverRelativeURL": f"/openapi/v3{prefix}?hash=lab{self.port}"}
+                    for prefix in sorted({rt.prefix() for rt in self.resources})
+                }
+            }
+        if path.startswith("/openapi/v3/"):
+            prefix = path.removeprefix("/openapi/v3")
+            if any(rt.prefix() == prefix for rt in self.resources):
+                return self._openapi_v3(prefix)
+        return None
+
+    def _group(self, group: str) -> JSON:
+        versions = sorted({rt.version for rt in self.resources if rt.group == group})
+        gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {"name": group, "versions": gvs, "preferredVersion": gvs[0]}
+
+    def _resource_list(self, prefix: str) -> JSON:
+        types = [rt for rt in self.resources if rt.prefix() == prefix]
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": types[0].api_version,
+            "resources": [
+                {
+                    "name": rt.plural,
+                    "singularName": rt.singular,
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": _VERBS,
+                    **({"shortNames": list(rt.short_names)} if rt.short_names else {}),
+                }
+                for rt in types
+            ],
+        }
+
+    def _openapi_v3(self, prefix: str) -> JSON:
+        """Just enough for kubectl to see that PATCH takes `fieldValidation`: it then leaves
+        validation to the server (which accepts everything) instead of wanting the full schema."""
+        paths: JSON = {}
+        for rt in (rt for rt in self.resources if rt.prefix() == prefix):
+            item = (
+                f"{prefix}/namespaces/{{namespace}}/{rt.plural}/{{name}}" if rt.namespaced else f"{prefix}/{rt.plural}/{{name}}"
+            )
+            gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+            paths[item] = {
+                "patch": {
+                    "operationId": f"patch{rt.kind}",
+                    "x-kubernetes-action": "patch",
+                    "x-kubernetes-group-version-kind": gvk,
+                    "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "OK"}},
+                }
+            }
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": SERVER_VERSION["gitVersion"]}, "paths": paths}
