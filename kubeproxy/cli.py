@@ -2,12 +2,133 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
 import click
 
 from kubeproxy import __version__
+from kubeproxy.cluster.errors import ManifestError
+from kubeproxy.proxy.config import DETECT_LOCAL_MODES, PROXY_MODES, ConfigError, ProxyConfig, load_config_file, validate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="kubeproxy")
-def main() -> None:
+@click.option("-v", "--v", "verbosity", type=int, default=0, help="Log verbosity, as upstream's -v (0-9).")
+def main(verbosity: int) -> None:
     """A Kubernetes service proxy (drop-in kube-proxy), and tools that explain what it does to packets."""
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity <= 2 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname).1s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _split_csv(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+def proxy_options(func: Any) -> Any:
+    """The upstream kube-proxy flags that change which rules a node gets."""
+    options = [
+        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="KubeProxyConfiguration file."),
+        click.option("--proxy-mode", type=click.Choice(PROXY_MODES), help="Which backend to use."),
+        click.option("--hostname-override", help="This node's name (decides which endpoints are local)."),
+        click.option("--node-ip", help="This node's primary IP (otherwise taken from the Node object)."),
+        click.option("--cluster-cidr", multiple=True, help="Pod CIDR(s) of the cluster, comma-separated."),
+        click.option("--detect-local-mode", type=click.Choice(DETECT_LOCAL_MODES), help="How to tell pod traffic."),
+        click.option("--pod-bridge-interface", help="Bridge of local pods (BridgeInterface mode)."),
+        click.option("--pod-interface-name-prefix", help="Interface prefix of local pods (InterfaceNamePrefix mode)."),
+        click.option("--masquerade-all/--no-masquerade-all", default=None, help="SNAT all traffic to service IPs."),
+        click.option("--iptables-masquerade-bit", type=int, help="fwmark bit for packets to masquerade (0-31)."),
+        click.option(
+            "--iptables-localhost-nodeports/--no-iptables-localhost-nodeports",
+            default=None,
+            help="Allow NodePorts on 127.0.0.1 (IPv4).",
+        ),
+        click.option("--nodeport-addresses", multiple=True, help="CIDRs (or 'primary') where NodePorts answer."),
+        click.option("--iptables-random-fully/--no-iptables-random-fully", default=None, help="MASQUERADE --random-fully."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_config(**flags: Any) -> ProxyConfig:
+    cfg = ProxyConfig()
+    if flags.get("config_file"):
+        cfg = load_config_file(flags["config_file"], cfg)
+    mapping = {
+        "proxy_mode": "mode",
+        "hostname_override": "hostname_override",
+        "node_ip": "node_ip",
+        "detect_local_mode": "detect_local_mode",
+        "pod_bridge_interface": "bridge_interface",
+        "pod_interface_name_prefix": "interface_name_prefix",
+        "masquerade_all": "masquerade_all",
+        "iptables_masquerade_bit": "masquerade_bit",
+        "iptables_localhost_nodeports": "localhost_nodeports",
+        "iptables_random_fully": "random_fully",
+    }
+    changes = {field: flags[flag] for flag, field in mapping.items() if flags.get(flag) is not None}
+    if flags.get("cluster_cidr"):
+        changes["cluster_cidr"] = _split_csv(flags["cluster_cidr"])
+    if flags.get("nodeport_addresses"):
+        changes["nodeport_addresses"] = _split_csv(flags["nodeport_addresses"])
+    return validate(replace(cfg, **changes))
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"kubeproxy: {message}", err=True)
+    sys.exit(code)
+
+
+@main.command()
+@proxy_options
+@click.option("--manifests", "manifests", multiple=True, required=True, help="YAML/JSON files or folders (repeatable).")
+@click.option("--nfacct/--no-nfacct", default=True, help="Whether the node's kernel has nfacct counters.")
+@click.option("--conntrack-tcp-be-liberal", is_flag=True, help="The node sets nf_conntrack_tcp_be_liberal.")
+def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: bool, **flags: Any) -> None:
+    """Print the rules upstream kube-proxy would program for these objects.
+
+    For --proxy-mode iptables: the iptables-restore --noflush input of a full sync.
+    Objects that cannot be used are skipped with a warning on stderr.
+    """
+    from kubeproxy import render as offline
+    from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+
+    try:
+        cfg = build_config(**flags)
+    except (ConfigError, ManifestError) as exc:
+        _fail(str(exc))
+    loaded = offline.load(manifests)
+    for warning in loaded.warnings:
+        click.echo(f"kubeproxy: {warning}", err=True)
+    if loaded.objects == 0:
+        _fail("no objects could be read", 1)
+    if cfg.mode != "iptables":
+        _fail(f"--proxy-mode {cfg.mode}: not implemented yet")
+    try:
+        result = offline.render_iptables(
+            loaded.state,
+            cfg,
+            nfacct_counters=NFACCT_COUNTERS if nfacct else (),
+            conntrack_tcp_liberal=conntrack_tcp_be_liberal,
+        )
+    except ConfigError as exc:
+        _fail(str(exc))
+    sys.stdout.write(result.rendered.text)
+
+
+@main.command()
+@click.option("--manifests", multiple=True, help="Objects to show instead of the bundled example.")
+def demo(manifests: tuple[str, ...]) -> None:
+    """Render the bundled example cluster and explain the rules, service by service."""
+    from kubeproxy import render as offline
+    from kubeproxy.demo import show
+
+    paths = list(manifests) or [str(Path(str(resources.files("kubeproxy") / "examples" / "demo.yaml")))]
+    loaded = offline.load(paths)
+    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
+    show(loaded, offline.render_iptables(loaded.state, cfg), cfg)
