@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from dataclasses import replace
@@ -13,6 +14,12 @@ import click
 
 from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
+from kubeproxy.netfilter import detect as nf_detect
+from kubeproxy.netfilter import explain as nf_explain
+from kubeproxy.netfilter import simulate as nf_simulate
+from kubeproxy.netfilter.model import ParseError
+from kubeproxy.netfilter.node import Node, NodeError
+from kubeproxy.netfilter.packet import PacketError, make_packet
 from kubeproxy.proxy.config import DETECT_LOCAL_MODES, PROXY_MODES, ConfigError, ProxyConfig, load_config_file, validate
 
 
@@ -132,3 +139,57 @@ def demo(manifests: tuple[str, ...]) -> None:
     loaded = offline.load(paths)
     cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
     show(loaded, offline.render_iptables(loaded.state, cfg), cfg)
+
+
+@main.command("trace")
+@click.option("--rules", "rules_path", required=True, help="Dump to read (a file, or - for stdin).")
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", *nf_detect.FORMATS]), help="Dump format.")
+@click.option("--proto", default="tcp", show_default=True, help="tcp, udp, icmp, sctp or a number.")
+@click.option("--src", required=True, help="Source IP[:PORT].")
+@click.option("--dst", required=True, help="Destination IP:PORT.")
+@click.option("--in-iface", default=None, help="Interface the packet arrives on.")
+@click.option("--from-host", is_flag=True, help="The packet is sent by a process on the node.")
+@click.option("--state", "ct_state", default="NEW", show_default=True, help="Conntrack state of the packet.")
+@click.option("--mark", default="0", show_default=True, help="Packet mark on arrival.")
+@click.option("--physdev-in", default=None, help="Bridge port the packet came through (physdev).")
+@click.option("--local-ip", multiple=True, help="An address local to the node (repeatable).")
+@click.option("--iface", multiple=True, help="NAME=IP/PREFIX: an interface and its address (repeatable).")
+@click.option("--route", multiple=True, help="CIDR=IFACE[@GATEWAY] ('default' for 0.0.0.0/0; repeatable).")
+@click.option("--ipset", multiple=True, help="NAME=MEMBER: ipset contents (repeatable).")
+@click.option("--affinity", multiple=True, help="NAME=IP: an entry of a `recent` list (repeatable).")
+@click.option("--live", is_flag=True, help="Read interfaces and routes from this host (read-only).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def trace_cmd(
+    rules_path: str, fmt: str, proto: str, src: str, dst: str, in_iface: str | None, from_host: bool,
+    ct_state: str, mark: str, physdev_in: str | None, local_ip: tuple[str, ...], iface: tuple[str, ...],
+    route: tuple[str, ...], ipset: tuple[str, ...], affinity: tuple[str, ...], live: bool, as_json: bool,
+) -> None:
+    """Follow a packet through an iptables or nftables dump: every outcome, with its probability."""
+    if bool(in_iface) == from_host:
+        raise click.UsageError("give exactly one of --in-iface IF or --from-host")
+    try:
+        text = sys.stdin.read() if rules_path == "-" else Path(rules_path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise click.UsageError(f"--rules {rules_path}: {e.strerror}") from None
+    try:
+        ruleset = nf_detect.parse(text, fmt)
+        node = Node.from_live() if live else Node.from_flags()
+        extra = Node.from_flags(list(local_ip), list(iface), list(route), list(ipset), list(affinity))
+        for name, addrs in extra.interfaces.items():
+            node.interfaces.setdefault(name, []).extend(a for a in addrs if a not in node.interfaces.get(name, []))
+        node.local_ips |= extra.local_ips
+        node.routes = extra.routes + node.routes
+        node.ipsets, node.recent = extra.ipsets, extra.recent
+        packet = make_packet(proto, src, dst, in_iface, ct_state, int(mark, 0), physdev_in)
+        result = nf_simulate.trace(ruleset, node, packet)
+    except (ParseError, NodeError, PacketError, nf_simulate.TraceError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except ValueError as e:  # e.g. a bad --mark
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(nf_explain.to_json(result), indent=2))
+    else:
+        click.echo(nf_explain.render_text(result), nl=False)

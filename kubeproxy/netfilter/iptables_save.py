@@ -1,0 +1,540 @@
+"""`iptables-save` output (iptables 1.4 to 1.8, legacy and nf_tables, with or without `-c`).
+
+Accepts hand-edited files too: chain declarations may follow the rules that use them, as in
+dumps people reorder by hand; a `-A` for an undeclared chain declares it (iptables-restore would
+refuse, but a reader of a pasted dump wants the trace, not a lecture).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter.model import (
+    BUILTIN_CHAINS,
+    IPT_NAT_SRC_PRIORITY,
+    IPT_PRIORITY,
+    Addr,
+    AddrRange,
+    AddrType,
+    Chain,
+    CopyMark,
+    CtState,
+    IcmpType,
+    Iface,
+    Jump,
+    Log,
+    Mark,
+    Nat,
+    Noop,
+    Notrack,
+    ParseError,
+    PhysDev,
+    Port,
+    Proto,
+    Recent,
+    Rule,
+    Ruleset,
+    SetMark,
+    SetMatch,
+    Statistic,
+    Table,
+    TcpFlags,
+    Unsupported,
+    Verdict,
+)
+
+_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|(\S+)')
+_COUNTERS = re.compile(r"^\[\d+:\d+\]\s*")
+ALL4 = A.ALL4
+
+# Options that take no argument, per module; everything else takes exactly the tokens up to
+# the next option (iptables-save never writes an argument that starts with `-`).
+_Opt = tuple[str, list[str], bool]
+
+HOOK_OF_BUILTIN = {
+    "PREROUTING": "prerouting",
+    "INPUT": "input",
+    "FORWARD": "forward",
+    "OUTPUT": "output",
+    "POSTROUTING": "postrouting",
+}
+TERMINAL = {"ACCEPT", "DROP", "RETURN", "QUEUE", "NFQUEUE"}
+
+
+def tokenize(line: str) -> list[str]:
+    if '"' not in line and "'" not in line:
+        return line.split()
+    out = []
+    for m in _TOKEN.finditer(line):
+        q, plain = m.group(1), m.group(2)
+        out.append(q.replace('\\"', '"') if q is not None else plain)
+    return out
+
+
+def base_chain(table: str, name: str, policy: str | None) -> Chain:
+    hook = HOOK_OF_BUILTIN[name]
+    prio = IPT_PRIORITY.get(table, 0)
+    if table == "nat" and hook in ("input", "postrouting"):
+        prio = IPT_NAT_SRC_PRIORITY
+    return Chain(
+        name=name,
+        hook=hook,
+        priority=prio,
+        policy=policy or "ACCEPT",
+        type="nat" if table == "nat" else ("route" if table == "mangle" and hook == "output" else "filter"),
+    )
+
+
+def ensure_chain(table: Table, name: str) -> Chain:
+    ch = table.chains.get(name)
+    if ch is None:
+        if name in BUILTIN_CHAINS.get(table.name, ()) or (
+            name in HOOK_OF_BUILTIN and table.name not in BUILTIN_CHAINS
+        ):
+            ch = base_chain(table.name, name, None)
+        else:
+            ch = Chain(name=name)
+        table.chains[name] = ch
+    return ch
+
+
+# --------------------------------------------------------------------------- matches
+def _neg_cidr(field: str, arg: str, neg: bool, cache: dict[str, tuple[int, int, bool]]) -> list[Addr]:
+    out = []
+    # `-s a,b` is expanded by iptables into several rules; a hand-written dump may still carry it.
+    for part in arg.split(","):
+        hit = cache.get(part)
+        if hit is None:
+            hit = cache[part] = A.parse_cidr(part)
+        net, mask, v6 = hit
+        if mask == 0 and not neg:
+            continue  # 0.0.0.0/0 matches everything
+        out.append(Addr(field, net, mask, v6, neg))  # type: ignore[arg-type]
+    return out
+
+
+def _mark_arg(arg: str) -> tuple[int, int]:
+    v, _, m = arg.partition("/")
+    return int(v, 0), (int(m, 0) if m else 0xFFFFFFFF)
+
+
+def _module_match(module: str, opts: list[_Opt], proto: int | None) -> list[object]:
+    """Turn one `-m MODULE --opt arg ...` group into typed matches."""
+    out: list[object] = []
+    if module in ("tcp", "udp", "sctp", "udplite", "dccp"):
+        for opt, args, neg in opts:
+            if opt in ("--dport", "--destination-port", "--sport", "--source-port"):
+                field = "dport" if opt in ("--dport", "--destination-port") else "sport"
+                out.append(Port(field, A.parse_port_ranges(args[0]), neg))  # type: ignore[arg-type]
+            elif opt == "--syn":
+                out.append(TcpFlags(frozenset({"SYN", "RST", "ACK", "FIN"}), frozenset({"SYN"}), neg))
+            elif opt == "--tcp-flags":
+                out.append(
+                    TcpFlags(frozenset(args[0].upper().split(",")), frozenset(args[1].upper().split(",")), neg)
+                )
+            elif opt in ("--tcp-option",):
+                out.append(Unsupported(f"tcp {opt} {' '.join(args)}"))
+            else:
+                raise ValueError(f"unknown {module} option {opt}")
+        return out
+    if module == "multiport":
+        for opt, args, neg in opts:
+            field = {"--dports": "dport", "--destination-ports": "dport", "--sports": "sport",
+                     "--source-ports": "sport", "--ports": "any"}.get(opt)
+            if field is None:
+                raise ValueError(f"unknown multiport option {opt}")
+            out.append(Port(field, A.parse_port_ranges(args[0]), neg))  # type: ignore[arg-type]
+        return out
+    if module == "comment":
+        return out
+    if module in ("mark", "connmark"):
+        for opt, args, neg in opts:
+            if opt != "--mark":
+                raise ValueError(f"unknown {module} option {opt}")
+            v, m = _mark_arg(args[0])
+            out.append(Mark(v, m, module == "connmark", neg))
+        return out
+    if module == "addrtype":
+        src: frozenset[str] = frozenset()
+        dst: frozenset[str] = frozenset()
+        sneg = dneg = lin = lout = False
+        for opt, args, neg in opts:
+            if opt == "--src-type":
+                src, sneg = frozenset(args[0].upper().split(",")), neg
+            elif opt == "--dst-type":
+                dst, dneg = frozenset(args[0].upper().split(",")), neg
+            elif opt == "--limit-iface-in":
+                lin = True
+            elif opt == "--limit-iface-out":
+                lout = True
+            else:
+                raise ValueError(f"unknown addrtype option {opt}")
+        return [AddrType(src, dst, sneg, dneg, lin, lout)]
+    if module == "statistic":
+        d = {opt: (args, neg) for opt, args, neg in opts}
+        mode = d.get("--mode", (["random"], False))[0][0]
+        neg = any(n for _, _, n in opts)
+        if mode == "random":
+            p = float(d["--probability"][0][0])
+            # The kernel compares a 31-bit random number with round(p * 2^31) (xt_statistic).
+            return [Statistic(Fraction(round(p * 0x80000000), 0x80000000), "random", neg)]
+        if mode == "nth":
+            every = int(d["--every"][0][0])
+            return [Statistic(Fraction(1, every), "nth", neg)]
+        raise ValueError(f"unknown statistic mode {mode}")
+    if module in ("state", "conntrack"):
+        for opt, args, neg in opts:
+            if opt in ("--state", "--ctstate"):
+                out.append(CtState(frozenset(s.upper() for s in args[0].split(",")), neg))
+            elif opt == "--ctstatus":
+                out.append(CtState(frozenset("STATUS_" + s.upper() for s in args[0].split(",")), neg))
+            else:
+                out.append(Unsupported(f"conntrack {opt} {' '.join(args)}"))
+        return out
+    if module == "recent":
+        name, mode, side, neg_all = "DEFAULT", "rcheck", "src", False
+        for opt, args, neg in opts:
+            if opt == "--name":
+                name = args[0]
+            elif opt in ("--rcheck", "--update", "--set", "--remove"):
+                mode, neg_all = opt[2:], neg
+            elif opt == "--rdest":
+                side = "dst"
+            elif opt in ("--rsource", "--seconds", "--reap", "--hitcount", "--rttl", "--mask"):
+                pass  # time windows: given affinity entries are taken as fresh
+            else:
+                raise ValueError(f"unknown recent option {opt}")
+        return [Recent(name, mode, side, neg_all)]  # type: ignore[arg-type]
+    if module == "physdev":
+        kw: dict[str, object] = {}
+        for opt, args, neg in opts:
+            if opt == "--physdev-is-in":
+                kw.update(is_in=True, is_in_neg=neg)
+            elif opt == "--physdev-is-out":
+                kw.update(is_out=True, is_out_neg=neg)
+            elif opt == "--physdev-is-bridged":
+                kw.update(is_bridged=True, is_bridged_neg=neg)
+            elif opt == "--physdev-in":
+                kw.update(phys_in=args[0], phys_in_neg=neg)
+            else:
+                out.append(Unsupported(f"physdev {opt} {' '.join(args)}"))
+        return [PhysDev(**kw), *out]  # type: ignore[arg-type]
+    if module == "set":
+        for opt, args, neg in opts:
+            if opt == "--match-set":
+                out.append(SetMatch(args[0], tuple(args[1].split(",")), neg))
+            elif opt in ("--return-nomatch", "--update-counters", "--update-subcounters",
+                         "! --update-counters", "--packets-eq", "--bytes-eq"):
+                pass
+            else:
+                raise ValueError(f"unknown set option {opt}")
+        return out
+    if module == "iprange":
+        for opt, args, neg in opts:
+            lo, _, hi = args[0].partition("-")
+            field = "src" if opt == "--src-range" else "dst"
+            out.append(AddrRange(field, A.parse_ip(lo)[0], A.parse_ip(hi or lo)[0], neg))  # type: ignore[arg-type]
+        return out
+    if module in ("icmp", "icmp6"):
+        for _opt, args, neg in opts:
+            t = args[0].split("/")[0]
+            out.append(IcmpType(int(t) if t.isdigit() else _ICMP_TYPES.get(t), neg))
+        return out
+    if module in ("limit", "hashlimit", "pkttype", "length", "ttl", "tos", "dscp", "hl", "u32",
+                  "socket", "owner", "cgroup", "rpfilter", "devgroup", "time", "quota", "connlimit",
+                  "helper", "policy", "bpf", "rt", "frag", "ipv6header", "ah", "esp", "mh", "string",
+                  "realm", "cpu", "nfacct", "ecn", "connbytes", "connlabel", "mac"):
+        if module == "limit" or module == "hashlimit":
+            return []  # rate limits: a single traced packet is under any limit
+        return [Unsupported(f"-m {module} " + " ".join(f"{'! ' if n else ''}{o} {' '.join(a)}".strip()
+                                                      for o, a, n in opts))]
+    raise ValueError(f"unknown match module {module!r}")
+
+
+_ICMP_TYPES = {"echo-reply": 0, "destination-unreachable": 3, "echo-request": 8, "time-exceeded": 11,
+               "any": None, "port-unreachable": 3, "fragmentation-needed": 3, "redirect": 5}
+
+
+# --------------------------------------------------------------------------- targets
+def _nat_target(kind: str, opts: dict[str, list[str]]) -> Nat:
+    if kind in ("dnat", "snat"):
+        arg = (opts.get("--to-destination") or opts.get("--to-source") or opts.get("--to") or [""])[0]
+        if not arg:
+            raise ValueError(f"{kind.upper()} without --to-destination/--to-source")
+        arg = arg.split(" ")[0]
+        if arg.startswith("["):  # [fd00::1]:80
+            host, _, rest = arg[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        elif arg.count(":") > 1:
+            host, port = arg, ""
+        else:
+            host, _, port = arg.partition(":")
+        host = host.split("-")[0]  # address ranges: the first address stands for the range
+        ip, v6 = A.parse_ip(host) if host else (None, False)
+        p_lo = p_hi = None
+        if port:
+            lo, _, hi = port.partition("-")
+            p_lo = int(lo)
+            p_hi = int(hi) if hi else None
+        return Nat(kind, ip, p_lo, p_hi, v6)  # type: ignore[arg-type]
+    ports = (opts.get("--to-ports") or [""])[0]
+    p_lo = p_hi = None
+    if ports:
+        lo, _, hi = ports.partition("-")
+        p_lo, p_hi = int(lo), (int(hi) if hi else None)
+    return Nat(kind, None, p_lo, p_hi)  # type: ignore[arg-type]
+
+
+def _mark_target(name: str, opts: dict[str, list[str]]) -> object:
+    conn = name == "CONNMARK"
+    if "--set-xmark" in opts or "--set-mark" in opts:
+        raw = (opts.get("--set-xmark") or opts["--set-mark"])[0]
+        v, m = _mark_arg(raw)
+        if "--set-xmark" in opts:
+            return SetMark(~m & ALL4, v, conn)
+        # --set-mark V/M: zero the mask bits, then OR the value in (libxt_MARK turns it into xset)
+        return SetMark(~(m | v) & ALL4 if m != ALL4 else 0, v, conn)
+    if "--or-mark" in opts:
+        v = int(opts["--or-mark"][0], 0)
+        return SetMark(~v & ALL4, v, conn)
+    if "--and-mark" in opts:
+        return SetMark(int(opts["--and-mark"][0], 0), 0, conn)
+    if "--xor-mark" in opts:
+        return SetMark(ALL4, int(opts["--xor-mark"][0], 0), conn)
+    if conn and "--save-mark" in opts:
+        return CopyMark(True, int((opts.get("--mask") or opts.get("--nfmask") or ["0xffffffff"])[0], 0))
+    if conn and "--restore-mark" in opts:
+        return CopyMark(False, int((opts.get("--mask") or opts.get("--ctmask") or ["0xffffffff"])[0], 0))
+    raise ValueError(f"{name} without a mark operation")
+
+
+def build_target(name: str, opts: list[_Opt], goto: bool, chains: set[str] | None) -> object:
+    d = {o: a for o, a, _ in opts}
+    if name in ("ACCEPT", "DROP", "RETURN", "QUEUE"):
+        return Verdict(name)  # type: ignore[arg-type]
+    if name == "NFQUEUE":
+        return Verdict("QUEUE", " ".join(f"{o} {' '.join(a)}" for o, a, _ in opts))
+    if name == "REJECT":
+        return Verdict("REJECT", (d.get("--reject-with") or ["icmp-port-unreachable"])[0])
+    if name in ("DNAT", "SNAT", "MASQUERADE", "REDIRECT"):
+        return _nat_target(name.lower(), d)
+    if name in ("MARK", "CONNMARK"):
+        return _mark_target(name, d)
+    if name in ("LOG", "NFLOG", "ULOG", "TRACE", "AUDIT"):
+        return Log(" ".join(d.get("--log-prefix") or d.get("--nflog-prefix") or [""]))
+    if name == "NOTRACK" or (name == "CT" and "--notrack" in d):
+        return Notrack()
+    if name in ("CHECKSUM", "TCPMSS", "TTL", "HL", "DSCP", "TOS", "CLASSIFY", "CT", "SECMARK",
+                "CONNSECMARK", "ECN", "IDLETIMER", "LED", "TEE", "SET", "TCPOPTSTRIP", "RATEEST"):
+        return Noop(name)
+    return Jump(name, goto)
+
+
+# --------------------------------------------------------------------------- rules
+def parse_rule(
+    toks: list[str], start: int, cache: dict[str, tuple[int, int, bool]]
+) -> tuple[list[object], str, str | None]:
+    """Options after `-A CHAIN` -> (steps, target name, comment). Raises ValueError."""
+    steps: list[object] = []
+    n = len(toks)
+    i = start
+    neg = False
+    proto: int | None = None
+    comment: str | None = None
+    module: str | None = None
+    mopts: list[_Opt] = []
+    target: str | None = None
+    goto = False
+    topts: list[_Opt] = []
+
+    def flush() -> None:
+        nonlocal module, mopts
+        if module is not None:
+            steps.extend(_module_match(module, mopts, proto))
+        module, mopts = None, []
+
+    while i < n:
+        t = toks[i]
+        if t == "!":
+            neg = True
+            i += 1
+            continue
+        if (t[0] == "-" and t[1] != "-") or t in _LONG_CORE:
+            opt = _LONG_CORE.get(t, t)
+            if opt in ("-m",):
+                flush()
+                module = toks[i + 1]
+                i += 2
+                neg = False
+                continue
+            if opt in ("-j", "-g"):
+                flush()
+                target, goto = toks[i + 1], opt == "-g"
+                i += 2
+                # target options follow
+                while i < n:
+                    t2 = toks[i]
+                    tneg = False
+                    if t2 == "!":
+                        tneg, i = True, i + 1
+                        t2 = toks[i]
+                    j = i + 1
+                    while j < n and not toks[j].startswith("--") and toks[j] != "!":
+                        j += 1
+                    topts.append((t2, toks[i + 1 : j], tneg))
+                    i = j
+                break
+            if opt == "-f":
+                steps.append(Unsupported(("! " if neg else "") + "-f (fragments)"))
+                neg = False
+                i += 1
+                continue
+            arg = toks[i + 1]
+            if opt == "-s" or opt == "-d":
+                steps.extend(_neg_cidr("src" if opt == "-s" else "dst", arg, neg, cache))
+            elif opt == "-p":
+                p = A.parse_proto(arg)
+                proto = p
+                if p != 0 or neg:
+                    steps.append(Proto(p, neg))
+            elif opt == "-i" or opt == "-o":
+                steps.append(Iface("in" if opt == "-i" else "out", arg.rstrip("+"), arg.endswith("+"), neg))
+            elif opt == "-c":
+                i += 3
+                neg = False
+                continue
+            else:
+                raise ValueError(f"unknown option {t}")
+            i += 2
+            neg = False
+            continue
+        if t.startswith("--"):
+            if module is None:
+                # `-p tcp --dport 80` loads the protocol's module implicitly
+                module = A.PROTO_NAMES.get(proto or 0, "")
+                if module not in ("tcp", "udp", "sctp", "icmp"):
+                    raise ValueError(f"option {t} outside any match module")
+            j = i + 1
+            while j < n and not toks[j].startswith("--") and toks[j] != "!" and not _is_core(toks[j]):
+                j += 1
+            args = toks[i + 1 : j]
+            if module == "comment" and t == "--comment":
+                comment = " ".join(args)
+            mopts.append((t, args, neg))
+            neg = False
+            i = j
+            continue
+        raise ValueError(f"unexpected token {t!r}")
+    flush()
+    if target is None:
+        return steps, "", comment
+    steps.append(build_target(target, topts, goto, None))
+    return steps, target, comment
+
+
+_LONG_CORE = {
+    "--source": "-s", "--src": "-s", "--destination": "-d", "--dst": "-d", "--protocol": "-p",
+    "--in-interface": "-i", "--out-interface": "-o", "--jump": "-j", "--goto": "-g", "--match": "-m",
+    "--fragment": "-f", "-s": "-s", "-d": "-d", "-p": "-p", "-i": "-i", "-o": "-o", "-j": "-j",
+    "-g": "-g", "-m": "-m", "-f": "-f", "-c": "-c",
+}
+
+
+def _is_core(t: str) -> bool:
+    return len(t) == 2 and t[0] == "-" and t[1].isalpha()
+
+
+# --------------------------------------------------------------------------- file
+def parse(text: str) -> Ruleset:
+    """Parse iptables-save (or ip6tables-save) output into a Ruleset."""
+    rs = Ruleset(source="iptables-save")
+    table: Table | None = None
+    cache: dict[str, tuple[int, int, bool]] = {}
+    lineno = 0
+    for raw in text.splitlines():
+        lineno += 1
+        line = raw.strip()
+        if not line or line[0] == "#":
+            continue
+        try:
+            c = line[0]
+            if c == "[":  # iptables-save -c: [packets:bytes] -A ...
+                line = _COUNTERS.sub("", line)
+                c = line[0] if line else ""
+            if c == "*":
+                name = line[1:].strip()
+                table = rs.table(name)
+                if table is None:
+                    table = Table(name=name, family="ip")
+                    rs.tables.append(table)
+                continue
+            if table is None:
+                raise ValueError("rule or chain outside a table (missing `*filter`-style header)")
+            if c == ":":
+                parts = line[1:].split()
+                if not parts:
+                    raise ValueError("chain declaration without a name")
+                ch = ensure_chain(table, parts[0])
+                policy = parts[1] if len(parts) > 1 else "-"
+                if policy != "-" and ch.hook is not None:
+                    if policy not in ("ACCEPT", "DROP"):
+                        raise ValueError(f"bad chain policy {policy!r}")
+                    ch.policy = policy
+                continue
+            if line == "COMMIT":
+                table = None
+                continue
+            if line.startswith(("-A ", "--append ", "-I ", "--insert ")):
+                toks = line.split() if line.startswith("-A ") and '"' not in line and "'" not in line else tokenize(line)
+                if len(toks) < 2:
+                    raise ValueError("rule without a chain name")
+                ch = ensure_chain(table, toks[1])
+                start = 2
+                pos = None
+                if toks[0] in ("-I", "--insert"):
+                    pos = 0
+                    if len(toks) > 2 and toks[2].isdigit():
+                        pos, start = int(toks[2]) - 1, 3
+                steps, target, comment = parse_rule(toks, start, cache)
+                rule = Rule(steps, line, lineno, target, comment)
+                if pos is None:
+                    ch.rules.append(rule)
+                else:
+                    ch.rules.insert(pos, rule)
+                continue
+            if line.startswith(("-N ", "-P ", "-F", "-X", "-Z")):
+                _command(table, line)
+                continue
+            raise ValueError("not an iptables-save line")
+        except ParseError:
+            raise
+        except (ValueError, IndexError, KeyError) as e:
+            reason = str(e) if not isinstance(e, (IndexError, KeyError)) else "option is missing its argument"
+            raise ParseError(lineno, raw.strip(), reason) from None
+    _link(rs)
+    return rs
+
+
+def _command(table: Table, line: str) -> None:
+    """`-N`, `-P` lines that hand-written restore files use."""
+    toks = line.split()
+    if toks[0] == "-N" and len(toks) > 1:
+        ensure_chain(table, toks[1])
+    elif toks[0] == "-P" and len(toks) > 2:
+        ensure_chain(table, toks[1]).policy = toks[2]
+
+
+def _link(rs: Ruleset) -> None:
+    """Jumps to names that are neither chains nor known targets become UnknownTarget notes."""
+    from kubeproxy.netfilter.model import UnknownTarget
+
+    for t in rs.tables:
+        for ch in t.chains.values():
+            for r in ch.rules:
+                last = r.steps[-1] if r.steps else None
+                if isinstance(last, Jump) and last.chain not in t.chains:
+                    r.steps[-1] = UnknownTarget(last.chain)
+
+
