@@ -99,7 +99,7 @@ class Fields:
 
     def ip(self, key: str, value: str) -> IPAddress:
         try:
-            return ipaddress.ip_address(value.strip())
+            return parse_ip_sloppy(value)
         except ValueError:
             raise self.error(key, f"{value!r} is not a valid IP address") from None
 
@@ -111,7 +111,7 @@ class Fields:
         for i, raw in enumerate(self.strs(key)):
             # Upstream trims whitespace around source ranges and masks host bits (ParseCIDRSloppy).
             try:
-                out.append(ipaddress.ip_network(raw.strip(), strict=False))
+                out.append(parse_cidr_sloppy(raw))
             except ValueError:
                 raise self.error(f"{key}[{i}]", f"{raw!r} is not a valid CIDR") from None
         return out
@@ -119,7 +119,7 @@ class Fields:
     def cidrs_of_one(self, key: str) -> list[IPNetwork]:
         raw = self.str(key)
         try:
-            return [ipaddress.ip_network(raw.strip(), strict=False)]
+            return [parse_cidr_sloppy(raw)]
         except ValueError:
             raise self.error(key, f"{raw!r} is not a valid CIDR") from None
 
@@ -130,6 +130,27 @@ class Fields:
         if value not in allowed:
             raise self.error(key, f"{value!r} is not one of {', '.join(allowed)}")
         return value
+
+
+def _strip_leading_zeros(text: str) -> str:
+    # Objects created before the API server became strict may hold "10.0.00.001"; upstream's
+    # ParseIPSloppy reads each octet as decimal, so we do too.
+    parts = text.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        return ".".join(str(int(p)) for p in parts)
+    return text
+
+
+def parse_ip_sloppy(text: str) -> IPAddress:
+    return ipaddress.ip_address(_strip_leading_zeros(text.strip()))
+
+
+def parse_cidr_sloppy(text: str) -> IPNetwork:
+    """A CIDR with upstream's tolerance: surrounding spaces, leading zeros, host bits set."""
+    addr, sep, prefix = text.strip().partition("/")
+    if not sep or not prefix.isdigit():
+        raise ValueError(text)
+    return ipaddress.ip_network(f"{_strip_leading_zeros(addr)}/{int(prefix)}", strict=False)
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:

@@ -1,0 +1,51 @@
+"""The only code that hands iptables rules to the kernel: iptables-restore fed on stdin.
+
+Every function takes a `run` callable (argv, stdin) so that the same code drives the host or a
+test namespace (`NetNS.run`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Collection, Sequence
+
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+class RestoreError(RuntimeError):
+    """iptables-restore refused the input; the message carries its complaint."""
+
+
+def local_run(argv: Sequence[str], *, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise RestoreError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+def restore(text: str, run: Runner = local_run, *, ipv6: bool = False) -> None:
+    """Load a full or partial sync: --noflush leaves chains that are not ours alone."""
+    binary = "ip6tables-restore" if ipv6 else "iptables-restore"
+    proc = run([binary, "-w", "--noflush", "--counters"], input=text, check=False)
+    if proc.returncode != 0:
+        raise RestoreError(f"{binary} failed: {proc.stderr.strip()}")
+
+
+def ensure_nfacct_counters(names: Collection[str], run: Runner = local_run) -> set[str]:
+    """Create the nfacct counters upstream uses; return those that exist afterwards.
+
+    Like upstream, a kernel (or host) without nfacct support is not an error: the rules that
+    would reference a missing counter are rendered without it.
+    """
+    present: set[str] = set()
+    for name in names:
+        try:
+            listed = run(["nfacct", "get", name], check=False)
+            if listed.returncode != 0:
+                run(["nfacct", "add", name], check=False)
+                listed = run(["nfacct", "get", name], check=False)
+        except (FileNotFoundError, OSError):
+            return present
+        if listed.returncode == 0:
+            present.add(name)
+    return present
