@@ -581,6 +581,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "GET":
                 selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""))
                 items, rv = api.store.list(rt, route.namespace, selector)
+                for item in items:
+                    # The real server leaves the type to the list's own kind; clients must cope.
+                    item.pop("kind", None)
+                    item.pop("apiVersion", None)
                 self._send_json(
                     200,
                     {

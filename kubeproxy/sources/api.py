@@ -1,0 +1,377 @@
+"""The Kubernetes API as a source: one reflector per resource, list then watch, with asyncio.
+
+Why asyncio: the live proxy runs the sync loop (bounded-frequency runner) and the health and
+metrics servers next to three long-lived watches; one event loop does that without threads or
+locks around the cluster model. Each `Reflector.run()` is a task; cancel it to stop.
+
+How a consumer uses it::
+
+    client = connect(load_config(kubeconfig))
+    source = ApiSource(client, node_name="node-1", sink=on_event)   # on_event(WatchEvent) -> None
+    task = asyncio.create_task(source.run())
+    await source.wait_synced()     # every reflector has delivered its first list
+
+Events go to a callback (`Sink`), called synchronously and in order from the event loop, so the
+consumer can update its model and mark itself dirty without another queue in between; pass
+`queue.put_nowait` to receive them through an `asyncio.Queue` instead. A reflector is synced
+once the events of its first list have all been delivered to the sink.
+
+What a reflector does, following client-go's reflector:
+
+- LIST (no resourceVersion: a consistent read), then WATCH from the list's resourceVersion
+  with `allowWatchBookmarks=true`; BOOKMARK events advance the resourceVersion silently;
+- when the watch ends (server timeout, dropped connection) it watches again from the last
+  resourceVersion it saw, so nothing is replayed and nothing is lost;
+- on 410 Gone (an HTTP 410 or an ERROR event with code 410) it lists again and emits only the
+  difference against what it had delivered: ADDED, MODIFIED (resourceVersion changed), DELETED;
+- on errors (connection refused, 5xx, a broken stream) it backs off exponentially with jitter;
+- objects are never validated here: a malformed one is delivered as it is, for the cluster
+  model to reject by name, and a watch line that is not even JSON is logged and skipped.
+
+lightkube supplies configuration, authentication and the resource catalogue (see
+`connection.py`); list and watch are spoken here over lightkube's HTTP client because the
+reflector needs what lightkube's own `watch()` hides: bookmarks, the exact resourceVersion to
+resume from, 410 handling that diffs instead of replaying, and objects as the raw JSON the
+server sent (its typed decoding would reject a malformed object and with it the whole list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+from lightkube.core.resource import Resource, api_info
+from lightkube.resources.core_v1 import Node, Service
+from lightkube.resources.discovery_v1 import EndpointSlice
+
+from kubeproxy.sources.backoff import Backoff
+from kubeproxy.sources.events import EventType, Sink, WatchEvent
+
+log = logging.getLogger("kubeproxy.sources.api")
+
+Key = tuple[str, str]  # (namespace, name); namespace is "" for cluster-scoped kinds
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """What a reflector lists and watches: one kind, cluster-wide, optionally filtered."""
+
+    kind: str
+    api_version: str
+    path: str  # the collection URL path, e.g. /apis/discovery.k8s.io/v1/endpointslices
+    field_selector: str = ""
+    label_selector: str = ""
+
+    @classmethod
+    def of(cls, resource: type[Resource], *, field_selector: str = "", label_selector: str = "") -> ResourceSpec:
+        """The spec of a lightkube resource class (its group, version and plural)."""
+        info = api_info(resource)
+        rd = info.resource
+        prefix = f"/apis/{rd.group}/{rd.version}" if rd.group else f"/api/{rd.version}"
+        return cls(rd.kind, rd.api_version, f"{prefix}/{info.plural}", field_selector, label_selector)
+
+    def __str__(self) -> str:
+        filters = ",".join(f for f in (self.field_selector, self.label_selector) if f)
+        plural = self.path.rsplit("/", 1)[-1]
+        return f"{plural}({filters})" if filters else plural
+
+
+def services(label_selector: str = "") -> ResourceSpec:
+    return ResourceSpec.of(Service, label_selector=label_selector)
+
+
+def endpoint_slices(label_selector: str = "") -> ResourceSpec:
+    return ResourceSpec.of(EndpointSlice, label_selector=label_selector)
+
+
+def node(name: str) -> ResourceSpec:
+    """Only this node: kube-proxy needs its own labels (topology) and addresses, nobody else's."""
+    return ResourceSpec.of(Node, field_selector=f"metadata.name={name}")
+
+
+class SourceError(Exception):
+    """The API server answered with an error (an HTTP status or a watch ERROR event)."""
+
+    def __init__(self, url: str, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{url}: {code} {reason}: {message}".rstrip(": "))
+        self.url = url
+        self.code = code
+        self.reason = reason
+
+
+class Gone(SourceError):
+    """410: the resourceVersion asked for is older than the server keeps; list again."""
+
+
+def _status_error(url: str, code: int, body: Any) -> SourceError:
+    status = body if isinstance(body, dict) else {}
+    code = int(status.get("code") or code)
+    reason = str(status.get("reason") or "")
+    message = str(status.get("message") or (body if isinstance(body, str) else ""))[:300]
+    return (Gone if code == 410 else SourceError)(url, code, reason, message)
+
+
+def _key(obj: dict[str, Any]) -> Key | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        return None
+    return (str(meta.get("namespace") or ""), meta["name"])
+
+
+def _rv(obj: dict[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return str(rv) if rv else None
+
+
+@dataclass
+class Reflector:
+    """Mirrors one resource from the API server into a sink of `WatchEvent`s. See the module doc.
+
+    `watch_timeout` is the server-side timeout of one watch request, stretched by a random
+    factor in [1, 2) so that a fleet of proxies does not reconnect in lockstep (as client-go).
+    """
+
+    client: httpx2.AsyncClient
+    spec: ResourceSpec
+    sink: Sink
+    backoff: Backoff = field(default_factory=Backoff)
+    sleep: Sleep = asyncio.sleep
+    rand: random.Random = field(default_factory=random.Random)
+    watch_timeout: float = 300.0
+    resource_version: str | None = field(default=None, init=False)
+    cache: dict[Key, dict[str, Any]] = field(default_factory=dict, init=False)
+    synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _progress: asyncio.Condition = field(default_factory=asyncio.Condition, init=False, repr=False)
+
+    async def wait_synced(self) -> None:
+        await self.synced.wait()
+
+    async def wait_for_version(self, resource_version: str) -> None:
+        """Wait until the reflector has seen (by event or bookmark) exactly this resourceVersion."""
+        async with self._progress:
+            await self._progress.wait_for(lambda: self.resource_version == resource_version)
+
+    async def run(self) -> None:
+        """List and watch until cancelled. Never raises for server or network trouble."""
+        must_list = True
+        while True:
+            try:
+                if must_list:
+                    await self._list()
+                    must_list = False
+                else:
+                    log.info("watch of %s restarted from resourceVersion %s", self.spec, self.resource_version)
+                await self._watch()
+            except Gone as e:
+                log.warning("%s: resourceVersion %s is gone (410), relisting: %s", self.spec, self.resource_version, e)
+                must_list = True
+            except (SourceError, httpx2.HTTPError, ValueError) as e:
+                delay = self.backoff.next()
+                log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(e))
+                await self.sleep(delay)
+
+    # -- list
+
+    async def _list(self) -> None:
+        items, rv = await self._list_all()
+        fresh: dict[Key, dict[str, Any]] = {}
+        for item in items:
+            key = _key(item) if isinstance(item, dict) else None
+            if key is None:
+                log.warning("%s: skipping a listed item without metadata.name: %.200s", self.spec, item)
+                continue
+            # List items carry no kind or apiVersion (the list does); events always do.
+            item.setdefault("kind", self.spec.kind)
+            item.setdefault("apiVersion", self.spec.api_version)
+            fresh[key] = item
+        first = not self.synced.is_set()
+        changes = self._diff(fresh)
+        self.cache = fresh
+        await self._advance(rv)
+        self.backoff.reset()
+        log.info("listed %d %s at resourceVersion %s (%d changes)", len(fresh), self.spec, rv, len(changes))
+        for event in changes:
+            self._deliver(event)
+        if first:
+            self.synced.set()
+            log.info("%s synced", self.spec)
+
+    def _diff(self, fresh: dict[Key, dict[str, Any]]) -> list[WatchEvent]:
+        kind = self.spec.kind
+        events = [WatchEvent("DELETED", kind, old) for key, old in self.cache.items() if key not in fresh]
+        for key, obj in fresh.items():
+            old = self.cache.get(key)
+            if old is None:
+                events.append(WatchEvent("ADDED", kind, obj))
+            elif _rv(old) != _rv(obj):
+                events.append(WatchEvent("MODIFIED", kind, obj))
+        return events
+
+    async def _list_all(self) -> tuple[list[Any], str]:
+        items: list[Any] = []
+        params = self._selectors()
+        while True:
+            resp = await self.client.get(self.spec.path, params=params)
+            body = _json_body(resp)
+            if resp.status_code != 200:
+                raise _status_error(str(resp.url), resp.status_code, body)
+            if not isinstance(body, dict) or not isinstance(body.get("items", []), list):
+                raise SourceError(str(resp.url), resp.status_code, "BadList", "the list is not a JSON list object")
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            if not meta.get("continue"):
+                rv = meta.get("resourceVersion")
+                if not rv:
+                    raise SourceError(str(resp.url), 200, "BadList", "the list has no resourceVersion")
+                return items, str(rv)
+            params = {**self._selectors(), "continue": meta["continue"]}
+
+    # -- watch
+
+    async def _watch(self) -> None:
+        timeout_seconds = int(self.watch_timeout * (1 + self.rand.random()))
+        params = {
+            **self._selectors(),
+            "watch": "true",
+            "resourceVersion": self.resource_version or "",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        # No bytes for longer than the server's own timeout means the connection is dead.
+        timeout = httpx2.Timeout(10.0, read=timeout_seconds + 30.0)
+        async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                raise _status_error(str(resp.url), resp.status_code, _json_body(resp))
+            async for line in resp.aiter_lines():
+                if line.strip():
+                    await self._on_line(str(resp.url), line)
+        log.debug("watch of %s ended by the server at resourceVersion %s", self.spec, self.resource_version)
+
+    async def _on_line(self, url: str, line: str) -> None:
+        try:
+            event = json.loads(line)
+            type_, obj = event["type"], event["object"]
+            if not isinstance(obj, dict):
+                raise TypeError("object is not a JSON object")
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("%s: skipping a malformed watch event (%s): %.200s", self.spec, e, line)
+            return
+        if type_ == "ERROR":
+            raise _status_error(url, 500, obj)
+        rv = _rv(obj)
+        if type_ == "BOOKMARK":
+            if rv:
+                await self._advance(rv)
+            return
+        if type_ not in ("ADDED", "MODIFIED", "DELETED"):
+            log.warning("%s: skipping a watch event of unknown type %r", self.spec, type_)
+            return
+        key = _key(obj)
+        if key is None:
+            log.warning("%s: skipping a %s event without metadata.name: %.200s", self.spec, type_, line)
+        else:
+            obj.setdefault("kind", self.spec.kind)
+            obj.setdefault("apiVersion", self.spec.api_version)
+            if type_ == "DELETED":
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = obj
+            self._deliver(WatchEvent(_event_type(type_), self.spec.kind, obj))
+        # The first event on a watch proves the connection works; later errors start the back-off over.
+        self.backoff.reset()
+        if rv:
+            await self._advance(rv)
+
+    # -- helpers
+
+    def _selectors(self) -> dict[str, str]:
+        params = {}
+        if self.spec.field_selector:
+            params["fieldSelector"] = self.spec.field_selector
+        if self.spec.label_selector:
+            params["labelSelector"] = self.spec.label_selector
+        return params
+
+    def _deliver(self, event: WatchEvent) -> None:
+        try:
+            self.sink(event)
+        except Exception as e:  # a consumer bug must not stop the stream for everything else
+            log.error("%s: the consumer failed on %s: %s", self.spec, event, _describe(e))
+
+    async def _advance(self, rv: str) -> None:
+        async with self._progress:
+            self.resource_version = rv
+            self._progress.notify_all()
+
+
+def _event_type(type_: str) -> EventType:
+    if type_ == "ADDED":
+        return "ADDED"
+    return "MODIFIED" if type_ == "MODIFIED" else "DELETED"
+
+
+def _json_body(resp: httpx2.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return resp.text[:300]
+
+
+def _describe(e: BaseException) -> str:
+    """One line for the log: the exception type, its message and the URL when there is one."""
+    text = str(e) or type(e).__name__
+    if isinstance(e, httpx2.RequestError):
+        try:
+            text = f"{type(e).__name__} for {e.request.method} {e.request.url}: {text}"
+        except RuntimeError:  # no request attached
+            text = f"{type(e).__name__}: {text}"
+    return text
+
+
+UPSTREAM_LABEL_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+
+
+@dataclass
+class ApiSource:
+    """The three reflectors kube-proxy needs: Services, EndpointSlices and this Node.
+
+    The label selector is upstream's, for both Services and EndpointSlices: objects labelled
+    for another service proxy (`service.kubernetes.io/service-proxy-name`) are not ours, and
+    headless ones (`service.kubernetes.io/headless`) are never proxied.
+    """
+
+    client: httpx2.AsyncClient
+    node_name: str
+    sink: Sink
+    backoff_factory: Callable[[], Backoff] = Backoff
+    sleep: Sleep = asyncio.sleep
+    reflectors: list[Reflector] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        specs = (services(UPSTREAM_LABEL_SELECTOR), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name))
+        self.reflectors = [
+            Reflector(self.client, spec, self.sink, backoff=self.backoff_factory(), sleep=self.sleep) for spec in specs
+        ]
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    async def wait_synced(self) -> None:
+        for r in self.reflectors:
+            await r.wait_synced()
+
+    async def run(self) -> None:
+        """Run every reflector until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for r in self.reflectors:
+                group.create_task(r.run(), name=f"reflector:{r.spec}")

@@ -1,0 +1,75 @@
+"""How to reach the API server: a kubeconfig file or the in-cluster service account, via lightkube.
+
+lightkube does the parts that are easy to get wrong (kubeconfig contexts, CA bundles, client
+certificates, exec plugins, rotating service-account tokens); the result is an authenticated
+`httpx2.AsyncClient` whose base URL is the API server, which the reflectors use for list and
+watch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2
+from lightkube.config.client_adapter import AsyncClient as _adapter_client
+from lightkube.config.client_adapter import ConnectionParams
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.config.models import Cluster, User
+from lightkube.core.exceptions import ConfigError
+
+
+class ConnectionConfigError(RuntimeError):
+    """The kubeconfig (or in-cluster configuration) cannot be used; the message says why."""
+
+
+def load_config(
+    kubeconfig: str | Path | None = None,
+    *,
+    context: str | None = None,
+    master: str | None = None,
+) -> SingleConfig:
+    """The connection settings kube-proxy's `--kubeconfig` and `--master` flags describe.
+
+    With neither: the in-cluster service account, then `$KUBECONFIG`, then `~/.kube/config`.
+    `master` alone means an unauthenticated server URL; with a kubeconfig it overrides the
+    server address only, as upstream does.
+    """
+    try:
+        if kubeconfig is not None:
+            config = KubeConfig.from_file(kubeconfig)
+        elif master is not None:
+            config = KubeConfig.from_one(cluster=Cluster(server=master), user=User())
+        else:
+            config = KubeConfig.from_env()
+        single = config.get(context_name=context)
+    except ConfigError as e:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster or default kubeconfig"
+        raise ConnectionConfigError(f"cannot load {where}: {e}") from None
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise ConnectionConfigError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {e!r}") from None
+    if single is None:
+        raise ConnectionConfigError(f"kubeconfig {kubeconfig or '(default)'} has no usable context")
+    if single.user is None:
+        # lightkube insists on a user; an anonymous one is what a context without a user means.
+        single = single._replace(user=User())
+    if master is not None and kubeconfig is not None:
+        old = single.cluster
+        cluster = Cluster(
+            server=master,
+            certificate_auth=old.certificate_auth,
+            certificate_auth_data=old.certificate_auth_data,
+            insecure=old.insecure,
+        )
+        single = single._replace(cluster=cluster)
+    return single
+
+
+def connect(config: SingleConfig, *, timeout: float = 10.0, trust_env: bool = True) -> httpx2.AsyncClient:
+    """An authenticated client for the API server in `config`. The caller closes it (`aclose`).
+
+    `timeout` bounds connecting and ordinary requests; watches set their own read timeout.
+    """
+    try:
+        return _adapter_client(config, ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=trust_env))
+    except (ConfigError, OSError, ValueError) as e:
+        raise ConnectionConfigError(f"cannot set up a client for {config.cluster.server}: {e}") from None
