@@ -28,12 +28,14 @@ HOOKS = ("prerouting", "input", "forward", "output", "postrouting")
 
 
 class ParseError(ValueError):
-    """A dump could not be read; the message is `line N: <text>: <reason>`."""
+    """A dump could not be read; the message is `line N: <text>: <reason>`.
 
-    def __init__(self, line: int, text: str, reason: str) -> None:
+    nft JSON is usually one line, so its errors count objects of the `nftables` list instead."""
+
+    def __init__(self, line: int, text: str, reason: str, unit: str = "line") -> None:
         self.line, self.text, self.reason = line, text, reason
         shown = text if len(text) <= 200 else text[:197] + "..."
-        super().__init__(f"line {line}: {shown}: {reason}")
+        super().__init__(f"{unit} {line}: {shown}: {reason}")
 
 
 # --------------------------------------------------------------------------- matches

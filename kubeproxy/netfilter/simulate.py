@@ -286,7 +286,8 @@ def _m_nft(m: NMatch, b: _Br, sim: Simulator) -> bool:
     right = m.right
     op = m.op
     if isinstance(right, NSetLit):
-        hit = sim.in_set(right, left, b)
+        # flags (ct state) are tested against a set of flags: any in common
+        hit = bool(left & right.values) if isinstance(left, frozenset) else sim.in_set(right, left, b)
         return hit if op in ("==", "in") else not hit
     if isinstance(right, tuple) and len(right) == 3 and right[0] == "range":
         hit = right[1] <= left <= right[2]

@@ -1,0 +1,90 @@
+"""nft JSON parsing and tracing: kube-proxy's nftables layout (verdict maps, numgen, masquerade)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from kubeproxy.netfilter import detect, nft_json
+from kubeproxy.netfilter.addr import fmt_ip
+from kubeproxy.netfilter.model import ParseError
+from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.packet import make_packet
+from kubeproxy.netfilter.simulate import trace
+
+FIX = Path(__file__).parent / "fixtures"
+NODE = Node.from_flags(ifaces=["eth0=192.168.1.1/24", "eth1=10.180.0.254/16"], routes=["default=eth0@192.168.1.254"])
+
+
+def _rs():  # type: ignore[no-untyped-def]
+    return detect.parse((FIX / "kube_proxy_nft.json").read_text())
+
+
+def test_sets_maps_and_base_chains() -> None:
+    rs = _rs()
+    t = rs.table("kube-proxy", "ip")
+    assert t is not None
+    assert t.chains["nat-prerouting"].hook == "prerouting" and t.chains["nat-prerouting"].type == "nat"
+    assert t.chains["filter-prerouting"].priority == -110
+    svc = t.sets["service-ips"]
+    assert svc.is_map and svc.key_type == ("ipv4_addr", "inet_proto", "inet_service")
+    ((key, verdict),) = svc.mapping.items()
+    assert key == ((10 << 24) | (96 << 16) | 10, 17, 53)
+    assert verdict.goto and verdict.chain.startswith("service-ULMVA6XW")
+    assert t.sets["local-cidrs"].intervals == [(10 << 24, (10 << 24) | 0xFFFFFF), (0xC0A80000, 0xC0A8FFFF)]
+
+
+def test_numgen_vmap_splits_evenly_and_dnats() -> None:
+    res = trace(_rs(), NODE, make_packet("udp", "10.0.5.5", "10.96.0.10:53", in_iface="eth0"))
+    got = {(fmt_ip(o.dst), o.dport): o.probability for o in res.outcomes}
+    assert got == {("10.180.0.1", 53): Fraction(1, 2), ("10.180.0.2", 53): Fraction(1, 2)}
+    assert all(o.verdict == "ACCEPT" and o.out_iface == "eth1" and not o.masquerade for o in res.outcomes)
+
+
+def test_dnat_through_numgen_map_of_addr_port() -> None:
+    res = trace(_rs(), NODE, make_packet("tcp", "10.0.5.5", "192.168.1.1:3001", in_iface="eth0"))
+    got = {(fmt_ip(o.dst), o.dport): o.probability for o in res.outcomes}
+    assert got == {("10.180.0.3", 80): Fraction(1, 3), ("10.180.0.4", 80): Fraction(1, 3),
+                   ("10.180.0.5", 8080): Fraction(1, 3)}
+
+
+def test_hairpin_is_masqueraded_by_mark() -> None:
+    # the endpoint itself calls its service: marked, then masqueraded (mark bit cleared first)
+    res = trace(_rs(), NODE, make_packet("udp", "10.180.0.1", "10.96.0.10:53", in_iface="eth1"))
+    by_dst = {fmt_ip(o.dst): o for o in res.outcomes}
+    assert by_dst["10.180.0.1"].masquerade and fmt_ip(by_dst["10.180.0.1"].src) == "10.180.0.254"
+    # the other endpoint: source 10.180.0.1 is outside 10.0.0.0/8? no: inside, so no service mark
+    assert not by_dst["10.180.0.2"].masquerade
+
+
+def test_reject_via_verdict_map_and_drop_by_range() -> None:
+    rs = _rs()
+    r = trace(rs, NODE, make_packet("tcp", "10.0.5.5", "10.96.0.11:80", in_iface="eth0")).outcomes
+    assert [o.verdict for o in r] == ["REJECT"]
+    r = trace(rs, NODE, make_packet("udp", "10.1.0.5", "10.2.0.1:9", in_iface="eth0")).outcomes
+    assert [o.verdict for o in r] == ["DROP"]
+    r = trace(rs, NODE, make_packet("udp", "10.1.0.10", "10.2.0.1:9", in_iface="eth0")).outcomes
+    assert [o.verdict for o in r] == ["ACCEPT"]
+
+
+def test_errors_name_the_object() -> None:
+    with pytest.raises(ParseError, match=r"^line 1: .*not JSON"):
+        nft_json.parse('{"nftables": [')
+    bad = {"nftables": [{"table": {"family": "ip", "name": "t"}},
+                        {"chain": {"family": "ip", "table": "t", "name": "c"}},
+                        {"rule": {"family": "ip", "table": "t", "chain": "c", "expr": [{"frob": 1}]}}]}
+    with pytest.raises(ParseError, match=r"^object 3: .*unsupported statement 'frob'"):
+        nft_json.parse(json.dumps(bad))
+
+
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft")
+def test_nft_text_is_loaded_in_a_throwaway_namespace() -> None:
+    rs = detect.parse((FIX / "kube_proxy.nft").read_text())
+    assert rs.table("kube-proxy", "ip") is not None
+    with pytest.raises(ParseError, match=r"^line 2: "):
+        detect.parse("table ip t {\n  chain c { frobnicate }\n}\n", "nft")
