@@ -163,6 +163,7 @@ class Reflector:
         """List and watch until cancelled. Never raises for server or network trouble."""
         must_list = True
         while True:
+            listing = must_list
             try:
                 if must_list:
                     await self._list()
@@ -171,8 +172,14 @@ class Reflector:
                     log.info("watch of %s restarted from resourceVersion %s", self.spec, self.resource_version)
                 await self._watch()
             except Gone as e:
-                log.warning("%s: resourceVersion %s is gone (410), relisting: %s", self.spec, self.resource_version, e)
                 must_list = True
+                if not listing:
+                    log.warning("%s: resourceVersion %s is gone (410), relisting: %s", self.spec, self.resource_version, e)
+                    continue
+                # A list that is itself Gone would otherwise relist in a tight loop.
+                delay = self.backoff.next()
+                log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(e))
+                await self.sleep(delay)
             except (SourceError, httpx2.HTTPError, ValueError) as e:
                 delay = self.backoff.next()
                 log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(e))
@@ -237,7 +244,7 @@ class Reflector:
     # -- watch
 
     async def _watch(self) -> None:
-        timeout_seconds = int(self.watch_timeout * (1 + self.rand.random()))
+        timeout_seconds = max(1, int(self.watch_timeout * (1 + self.rand.random())))
         params = {
             **self._selectors(),
             "watch": "true",

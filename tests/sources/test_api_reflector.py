@@ -342,3 +342,45 @@ def test_backoff_doubles_to_the_cap_with_bounded_jitter() -> None:
     assert max(jittered.next() for _ in range(10)) == 30.0
     with pytest.raises(ValueError, match="initial"):
         Backoff(initial=0)
+
+
+def test_http_410_on_watch_and_list_relists_with_back_off(
+    apiserver: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kubeproxy.sources.api")
+
+    def recover(attempt: int) -> None:
+        if attempt == 2:
+            apiserver.fail_with(None)
+
+    delays = Delays(on_sleep=recover)
+
+    async def main() -> None:
+        apiserver.apply(svc("a"))
+        async with reflecting(apiserver, tmp_path, sleep=delays.sleep) as (reflector, queue):
+            await reflector.wait_synced()
+            assert await take(queue, 1) == [("ADDED", "a")]
+            await watching(apiserver)
+            apiserver.fail_with(410)
+            apiserver.stop()  # the next watch request meets the 410
+            apiserver.apply(svc("b"))
+            apiserver.start()
+            assert await take(queue, 1) == [("ADDED", "b")]
+            await nothing_else(apiserver, queue)
+
+    run(main())
+    assert any("is gone (410), relisting" in r.message for r in caplog.records)
+    # Connection refused while stopped, then the list answered 410 and backed off too.
+    assert any("backing off" in r.message and "410" in r.message for r in caplog.records)
+
+
+def test_periodic_bookmarks_keep_an_idle_watch_current(tmp_path: Path) -> None:
+    async def main() -> None:
+        with ApiServer(bookmark_interval=0.05) as server:
+            async with reflecting(server, tmp_path) as (reflector, queue):
+                await reflector.wait_synced()
+                server.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+                await reflector.wait_for_version(str(server.resource_version))
+                assert queue.empty()
+
+    run(main())
