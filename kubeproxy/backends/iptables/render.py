@@ -12,6 +12,13 @@ A pure function: no kernel, no clock. The layout is the one the seeds puzzle ove
 
 Upstream visits services in Go map order (random); we visit them sorted by name, so the output
 is upstream's for one particular order and is stable from run to run.
+
+Partial syncs (`changed_services`): the shared chains (KUBE-SERVICES, KUBE-NODEPORTS, the filter
+table) are always rewritten whole, but a service whose objects did not change keeps the
+SVC/SVL/EXT/FW/SEP chains already in the kernel. Its rules are still computed, into a discarded
+buffer, so that the active-chain set and the rule-count metrics are those of a full sync.
+Stale chains (`existing_nat_chains`): our service chains that the kernel has and this rendering
+does not use are flushed (chain line) and deleted (`-X`).
 """
 
 from __future__ import annotations
@@ -70,11 +77,24 @@ class IptablesOptions:
 class Rendered:
     text: str
     filter_rules: int
-    nat_rules: int
+    nat_rules: int  # rules written to the kernel (not counting -X lines)
     nat_chains: frozenset[str]  # service/endpoint chains this rendering uses
     no_local_endpoints_internal: int
     no_local_endpoints_external: int
     large_cluster_mode: bool
+    full_sync: bool = True
+    # Rules and chain lines of unchanged services, computed but not written (partial sync).
+    skipped_nat_rules: int = 0
+    skipped_nat_chains: int = 0
+    # Stale service chains flushed and deleted by this text.
+    deleted_chains: tuple[str, ...] = ()
+    # True when stale chains were looked for (the caller restarts its cleanup period).
+    stale_cleanup_done: bool = False
+
+    @property
+    def nat_rules_total(self) -> int:
+        """Upstream's sync_proxy_rules_iptables_total{table="nat"}: the rules the kernel holds."""
+        return self.nat_rules + self.skipped_nat_rules
 
 
 def _probability(n: int) -> str:
@@ -93,6 +113,14 @@ def local_detector_args(detector: LocalDetector, *, local: bool) -> str:
     raise ValueError(f"no local traffic detector configured (mode {detector.mode!r})")
 
 
+@dataclass
+class _NatSink:
+    """Where one service's own chains (SVC/SVL/EXT/FW/SEP) go: the output or the discard pile."""
+
+    chains: list[str]
+    rules: list[str]
+
+
 class _Writer:
     """The four buffers upstream writes into: chain declarations and rules, per table."""
 
@@ -102,9 +130,12 @@ class _Writer:
         self.nat_chains: list[str] = []
         self.nat_rules: list[str] = []
         self.active_nat_chains: set[str] = set()
+        self.written = _NatSink(self.nat_chains, self.nat_rules)
+        self.skipped = _NatSink([], [])
 
-    def nat_chain(self, name: str) -> None:
-        self.nat_chains.append(f":{name} - [0:0]")
+    def nat_chain(self, name: str, sink: _NatSink) -> None:
+        sink.chains.append(f":{name} - [0:0]")
+        # A skipped chain is still in use: it must not be mistaken for a stale one.
         self.active_nat_chains.add(name)
 
     def text(self) -> str:
@@ -123,7 +154,32 @@ class _Writer:
         )
 
 
-def render(view: NodeView, opts: IptablesOptions) -> Rendered:
+def is_large_cluster(view: NodeView) -> bool:
+    """Upstream's large-cluster mode: no per-endpoint comments, stale chains cleaned up rarely.
+
+    Callers use it to decide whether to run iptables-save for `existing_nat_chains` at all.
+    """
+    return view.total_endpoints > LARGE_CLUSTER_ENDPOINTS
+
+
+def render(
+    view: NodeView,
+    opts: IptablesOptions,
+    *,
+    changed_services: Collection[tuple[str, str]] | None = None,
+    existing_nat_chains: Collection[str] | None = None,
+    stale_cleanup_due: bool = True,
+) -> Rendered:
+    """The restore input for one sync.
+
+    changed_services: (namespace, name) of the services whose own chains must be rewritten;
+        None for a full sync (every chain written).
+    existing_nat_chains: the nat chains the kernel has now (from iptables-save); None when
+        unknown, in which case no stale chain is deleted.
+    stale_cleanup_due: in large-cluster mode upstream deletes stale chains at most once per
+        syncPeriod (iptables-save is slow on big rulesets); the caller says whether that period
+        has passed. Ignored outside large-cluster mode, where stale chains go on every sync.
+    """
     w = _Writer()
     ipv6 = opts.family == IPV6
     mark = opts.masquerade_mark
@@ -151,15 +207,28 @@ def render(view: NodeView, opts: IptablesOptions) -> Rendered:
             "-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
         )
 
-    large = view.total_endpoints > LARGE_CLUSTER_ENDPOINTS
+    large = is_large_cluster(view)
+    changed = None if changed_services is None else frozenset(changed_services)
     node_ip = ipaddress.ip_address(opts.node_ip) if opts.node_ip else None
     no_local_internal = no_local_external = 0
 
     for name in sorted(view.services):
         svc = view.services[name]
-        missing = _render_service(w, svc, view.endpoints.get(name, []), opts, large, node_ip)
+        sink = w.written if changed is None or name.service in changed else w.skipped
+        missing = _render_service(w, sink, svc, view.endpoints.get(name, []), opts, large, node_ip)
         no_local_internal += missing[0]
         no_local_external += missing[1]
+
+    deleted: list[str] = []
+    cleanup = existing_nat_chains is not None and (not large or stale_cleanup_due)
+    if cleanup and existing_nat_chains is not None:
+        stale = set(existing_nat_chains) - w.active_nat_chains
+        deleted = sorted(c for c in stale if names.is_service_chain(c))  # never touch others' chains
+        for chain in deleted:
+            # iptables-restore needs a chain line before -X; it also flushes the chain, which
+            # drops the chain's own jumps that would otherwise keep other stale chains busy.
+            w.nat_chains.append(f":{chain} - [0:0]")
+            w.nat_rules.append(f"-X {chain}")
 
     _render_nodeports_jump(w, opts, ipv6, localhost_nodeports)
 
@@ -178,16 +247,22 @@ def render(view: NodeView, opts: IptablesOptions) -> Rendered:
     return Rendered(
         text=w.text(),
         filter_rules=len(w.filter_rules),
-        nat_rules=len(w.nat_rules),
+        nat_rules=len(w.nat_rules) - len(deleted),
         nat_chains=frozenset(w.active_nat_chains),
         no_local_endpoints_internal=no_local_internal,
         no_local_endpoints_external=no_local_external,
         large_cluster_mode=large,
+        full_sync=changed is None,
+        skipped_nat_rules=len(w.skipped.rules),
+        skipped_nat_chains=len(w.skipped.chains),
+        deleted_chains=tuple(deleted),
+        stale_cleanup_done=cleanup,
     )
 
 
 def _render_service(
     w: _Writer,
+    sink: _NatSink,
     svc: ServicePortInfo,
     endpoints: list[EndpointInfo],
     opts: IptablesOptions,
@@ -297,21 +372,22 @@ def _render_service(
             f"-m tcp -p tcp --dport {svc.health_check_node_port} -j ACCEPT"
         )
 
+    # Below: the service's own chains. For an unchanged service they go to the discard sink.
     if has_internal:
         head = f'-A {internal_chain} -m comment --comment "{spn} cluster IP" {match} -d {cluster_ip} {dport}'
         if opts.masquerade_all:
-            w.nat_rules.append(f"{head} -j {KUBE_MARK_MASQ}")
+            sink.rules.append(f"{head} -j {KUBE_MARK_MASQ}")
         elif opts.local_detector.implemented:
             # Off-cluster clients may route the service range to any node; masquerade them so
             # replies come back through this node.
             not_local = local_detector_args(opts.local_detector, local=False)
-            w.nat_rules.append(f"{head} {not_local} -j {KUBE_MARK_MASQ}")
+            sink.rules.append(f"{head} {not_local} -j {KUBE_MARK_MASQ}")
 
     if uses_ext_chain:
-        w.nat_chain(ext_chain)
+        w.nat_chain(ext_chain, sink)
         if not svc.external_policy_local:
             # Endpoints may be on another node: masquerade so the reply returns through us.
-            w.nat_rules.append(
+            sink.rules.append(
                 f'-A {ext_chain} -m comment --comment "masquerade traffic for {spn} external destinations" -j {KUBE_MARK_MASQ}'
             )
         else:
@@ -319,74 +395,74 @@ def _render_service(
                 # Pods reaching an external IP of their own cluster behave as if they went out to the
                 # load balancer and came back: no traffic policy applies.
                 local = local_detector_args(opts.local_detector, local=True)
-                w.nat_rules.append(
+                sink.rules.append(
                     f'-A {ext_chain} -m comment --comment "pod traffic for {spn} external destinations" '
                     f"{local} -j {cluster_chain}"
                 )
             # The node itself would use the external IP as source address: masquerade it.
-            w.nat_rules.append(
+            sink.rules.append(
                 f'-A {ext_chain} -m comment --comment "masquerade LOCAL traffic for {spn} external destinations" '
                 f"-m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}"
             )
-            w.nat_rules.append(
+            sink.rules.append(
                 f'-A {ext_chain} -m comment --comment "route LOCAL traffic for {spn} external destinations" '
                 f"-m addrtype --src-type LOCAL -j {cluster_chain}"
             )
         if has_external:
-            w.nat_rules.append(f"-A {ext_chain} -j {external_policy_chain}")
+            sink.rules.append(f"-A {ext_chain} -j {external_policy_chain}")
 
     if uses_fw_chain:
-        w.nat_chain(fw_chain)
+        w.nat_chain(fw_chain, sink)
         head = f'-A {fw_chain} -m comment --comment "{spn} loadbalancer IP"'
         allow_from_node = False
         for cidr in svc.load_balancer_source_ranges:
-            w.nat_rules.append(f"{head} -s {cidr} -j {ext_chain}")
+            sink.rules.append(f"{head} -s {cidr} -j {ext_chain}")
             allow_from_node = allow_from_node or (node_ip is not None and node_ip in cidr)
         if allow_from_node:
             # A VIP-like load balancer whose IP is also local: the node's own requests loop
             # back with the VIP as source and must be allowed too.
             for ip in svc.load_balancer_vips:
-                w.nat_rules.append(f"{head} -s {ip} -j {ext_chain}")
-        w.nat_rules.append(
+                sink.rules.append(f"{head} -s {ip} -j {ext_chain}")
+        sink.rules.append(
             f'-A {fw_chain} -m comment --comment "other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL"'
         )
 
     if uses_cluster_chain:
-        w.nat_chain(cluster_chain)
-        _render_dispatch(w, svc, spn, proto, cluster_chain, cat.cluster, large)
+        w.nat_chain(cluster_chain, sink)
+        _render_dispatch(sink, svc, spn, proto, cluster_chain, cat.cluster, large)
     if uses_local_chain:
-        w.nat_chain(local_chain)
-        _render_dispatch(w, svc, spn, proto, local_chain, cat.local, large)
+        w.nat_chain(local_chain, sink)
+        _render_dispatch(sink, svc, spn, proto, local_chain, cat.local, large)
 
     for ep in cat.reachable:
         sep = names.endpoint_chain(spn, proto, ep.address)
-        w.nat_chain(sep)
+        w.nat_chain(sep, sink)
         head = f"-A {sep}" if large else f"-A {sep} -m comment --comment {spn}"
         # Hairpin: a pod reaching itself through the service must be masqueraded, or it
         # would answer itself directly and the client would drop the unexpected reply.
-        w.nat_rules.append(f"{head} -s {ep.ip} -j {KUBE_MARK_MASQ}")
+        sink.rules.append(f"{head} -s {ep.ip} -j {KUBE_MARK_MASQ}")
         affinity = f" -m recent --name {sep} --set" if svc.client_ip_affinity else ""
-        w.nat_rules.append(f"{head}{affinity} {match} -j DNAT --to-destination {ep.address}")
+        sink.rules.append(f"{head}{affinity} {match} -j DNAT --to-destination {ep.address}")
 
     return missing_internal, missing_external
 
 
 def _render_dispatch(
-    w: _Writer, svc: ServicePortInfo, spn: str, proto: str, chain: str, endpoints: list[EndpointInfo], large: bool
+    sink: _NatSink, svc: ServicePortInfo, spn: str, proto: str, chain: str, endpoints: list[EndpointInfo], large: bool
 ) -> None:
     """Spread new connections over `endpoints`: rule i matches with probability 1/(n-i)."""
     seps = [(ep, names.endpoint_chain(spn, proto, ep.address)) for ep in endpoints]
     if svc.client_ip_affinity:
         for ep, sep in seps:
             comment = "" if large else f' -m comment --comment "{spn} -> {ep.address}"'
-            w.nat_rules.append(
+            sink.rules.append(
                 f"-A {chain}{comment} -m recent --name {sep} --rcheck --seconds {svc.sticky_max_age_seconds} --reap -j {sep}"
             )
     n = len(seps)
     for i, (ep, sep) in enumerate(seps):
         comment = "" if large else f' -m comment --comment "{spn} -> {ep.address}"'
         stat = f" -m statistic --mode random --probability {_probability(n - i)}" if i < n - 1 else ""
-        w.nat_rules.append(f"-A {chain}{comment}{stat} -j {sep}")
+        sink.rules.append(f"-A {chain}{comment}{stat} -j {sep}")
 
 
 def _render_nodeports_jump(w: _Writer, opts: IptablesOptions, ipv6: bool, localhost_nodeports: bool) -> None:
