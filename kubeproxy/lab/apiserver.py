@@ -25,6 +25,7 @@ stored as given, which is what the tests of our consumers want.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import itertools
@@ -1007,3 +1008,30 @@ class ApiServer:
                 }
             }
         return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": SERVER_VERSION["gitVersion"]}, "paths": paths}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve an empty cluster on 127.0.0.1 for demos: `python -m kubeproxy.lab.apiserver`."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
+    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig pointing at the server here")
+    parser.add_argument("--bookmark-interval", type=float, default=30.0, help="seconds between BOOKMARKs")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    server = ApiServer(bookmark_interval=args.bookmark_interval, port=args.port)
+    try:
+        server.start()
+    except OSError as e:
+        raise SystemExit(f"cannot listen on 127.0.0.1:{args.port}: {e.strerror}") from None
+    if args.kubeconfig:
+        log.info("kubeconfig written to %s", server.write_kubeconfig(args.kubeconfig))
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -173,17 +173,17 @@ class Reflector:
                 await self._watch()
             except Gone as e:
                 must_list = True
-                if not listing:
+                if listing:  # a list that is itself Gone would otherwise relist in a tight loop
+                    await self._back_off(e)
+                else:
                     log.warning("%s: resourceVersion %s is gone (410), relisting: %s", self.spec, self.resource_version, e)
-                    continue
-                # A list that is itself Gone would otherwise relist in a tight loop.
-                delay = self.backoff.next()
-                log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(e))
-                await self.sleep(delay)
             except (SourceError, httpx2.HTTPError, ValueError) as e:
-                delay = self.backoff.next()
-                log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(e))
-                await self.sleep(delay)
+                await self._back_off(e)
+
+    async def _back_off(self, error: Exception) -> None:
+        delay = self.backoff.next()
+        log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(error))
+        await self.sleep(delay)
 
     # -- list
 

@@ -384,3 +384,11 @@ def test_periodic_bookmarks_keep_an_idle_watch_current(tmp_path: Path) -> None:
                 assert queue.empty()
 
     run(main())
+
+
+def test_master_overrides_the_kubeconfig_server(apiserver: ApiServer, tmp_path: Path) -> None:
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    config = load_config(kubeconfig, master="http://127.0.0.1:1")
+    assert config.cluster.server == "http://127.0.0.1:1"
+    assert config.user is not None and config.user.token == "lab-token"
+    assert load_config(master=apiserver.url).cluster.server == apiserver.url
