@@ -7,8 +7,11 @@ refuse, but a reader of a pasted dump wants the trace, not a lecture).
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from fractions import Fraction
+from typing import Any
 
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.model import (
@@ -41,6 +44,7 @@ from kubeproxy.netfilter.model import (
     Statistic,
     Table,
     TcpFlags,
+    UnknownTarget,
     Unsupported,
     Verdict,
 )
@@ -64,13 +68,23 @@ TERMINAL = {"ACCEPT", "DROP", "RETURN", "QUEUE", "NFQUEUE"}
 
 
 def tokenize(line: str) -> list[str]:
-    if '"' not in line and "'" not in line:
+    """Split a rule line; double-quoted strings (comments) are one token, `\\"` escapes a quote."""
+    if '"' not in line:
         return line.split()
-    out = []
-    for m in _TOKEN.finditer(line):
-        q, plain = m.group(1), m.group(2)
-        out.append(q.replace('\\"', '"') if q is not None else plain)
-    return out
+    out: list[str] = []
+    rest = line
+    while True:
+        before, quote, after = rest.partition('"')
+        out.extend(before.split())
+        if not quote:
+            return out
+        j = after.find('"')
+        while j > 0 and after[j - 1] == "\\":
+            j = after.find('"', j + 1)
+        if j < 0:
+            raise ValueError("unterminated quote")
+        out.append(after[:j].replace('\\"', '"'))
+        rest = after[j + 1 :]
 
 
 def base_chain(table: str, name: str, policy: str | None) -> Chain:
@@ -101,7 +115,7 @@ def ensure_chain(table: Table, name: str) -> Chain:
 
 
 # --------------------------------------------------------------------------- matches
-def _neg_cidr(field: str, arg: str, neg: bool, cache: dict[str, tuple[int, int, bool]]) -> list[Addr]:
+def _neg_cidr(field: str, arg: str, neg: bool, cache: dict[Any, Any]) -> list[Addr]:
     out = []
     # `-s a,b` is expanded by iptables into several rules; a hand-written dump may still carry it.
     for part in arg.split(","):
@@ -334,9 +348,12 @@ def build_target(name: str, opts: list[_Opt], goto: bool, chains: set[str] | Non
 
 # --------------------------------------------------------------------------- rules
 def parse_rule(
-    toks: list[str], start: int, cache: dict[str, tuple[int, int, bool]]
+    toks: list[str], start: int, cache: dict[Any, Any]
 ) -> tuple[list[object], str, str | None]:
-    """Options after `-A CHAIN` -> (steps, target name, comment). Raises ValueError."""
+    """Options after `-A CHAIN` -> (steps, target name, comment). Raises ValueError.
+
+    This loop runs once per rule of dumps with 300k rules: the common options (addresses, ports,
+    comments, protocols) are handled inline and their match objects shared through `cache`."""
     steps: list[object] = []
     n = len(toks)
     i = start
@@ -345,93 +362,111 @@ def parse_rule(
     comment: str | None = None
     module: str | None = None
     mopts: list[_Opt] = []
-    target: str | None = None
-    goto = False
-    topts: list[_Opt] = []
-
-    def flush() -> None:
-        nonlocal module, mopts
-        if module is not None:
-            steps.extend(_module_match(module, mopts, proto))
-        module, mopts = None, []
-
     while i < n:
         t = toks[i]
         if t == "!":
             neg = True
             i += 1
             continue
-        if (t[0] == "-" and t[1] != "-") or t in _LONG_CORE:
-            opt = _LONG_CORE.get(t, t)
-            if opt in ("-m",):
-                flush()
+        opt = _LONG_CORE.get(t)
+        if opt is not None:
+            if module is not None:
+                if mopts:
+                    steps.extend(_module_match(module, mopts, proto))
+                    mopts = []
+                module = None
+            if opt == "-m":
                 module = toks[i + 1]
                 i += 2
                 neg = False
                 continue
-            if opt in ("-j", "-g"):
-                flush()
-                target, goto = toks[i + 1], opt == "-g"
-                i += 2
-                # target options follow
-                while i < n:
-                    t2 = toks[i]
-                    tneg = False
-                    if t2 == "!":
-                        tneg, i = True, i + 1
-                        t2 = toks[i]
-                    j = i + 1
-                    while j < n and not toks[j].startswith("--") and toks[j] != "!":
-                        j += 1
-                    topts.append((t2, toks[i + 1 : j], tneg))
-                    i = j
-                break
+            if opt == "-j" or opt == "-g":
+                key = (opt, *toks[i + 1 :])
+                tgt = cache.get(key)
+                if tgt is None:
+                    tgt = cache[key] = _target(toks, i, opt == "-g")
+                steps.append(tgt)
+                return steps, toks[i + 1], comment
             if opt == "-f":
                 steps.append(Unsupported(("! " if neg else "") + "-f (fragments)"))
                 neg = False
                 i += 1
                 continue
             arg = toks[i + 1]
-            if opt == "-s" or opt == "-d":
-                steps.extend(_neg_cidr("src" if opt == "-s" else "dst", arg, neg, cache))
-            elif opt == "-p":
-                p = A.parse_proto(arg)
-                proto = p
-                if p != 0 or neg:
-                    steps.append(Proto(p, neg))
-            elif opt == "-i" or opt == "-o":
-                steps.append(Iface("in" if opt == "-i" else "out", arg.rstrip("+"), arg.endswith("+"), neg))
-            elif opt == "-c":
+            if opt == "-c":
                 i += 3
                 neg = False
                 continue
-            else:
-                raise ValueError(f"unknown option {t}")
+            key = (opt, arg, neg)
+            got = cache.get(key)
+            if got is None:
+                if opt == "-s" or opt == "-d":
+                    got = _neg_cidr("src" if opt == "-s" else "dst", arg, neg, cache)
+                elif opt == "-p":
+                    p = A.parse_proto(arg)
+                    got = [Proto(p, neg)] if (p != 0 or neg) else []
+                else:  # -i / -o
+                    got = [Iface("in" if opt == "-i" else "out", arg.rstrip("+"), arg.endswith("+"), neg)]
+                cache[key] = got
+            if opt == "-p":
+                proto = A.parse_proto(arg)
+            steps.extend(got)
             i += 2
             neg = False
             continue
-        if t.startswith("--"):
+        if t[:2] == "--":
             if module is None:
                 # `-p tcp --dport 80` loads the protocol's module implicitly
                 module = A.PROTO_NAMES.get(proto or 0, "")
                 if module not in ("tcp", "udp", "sctp", "icmp"):
                     raise ValueError(f"option {t} outside any match module")
-            j = i + 1
-            while j < n and not toks[j].startswith("--") and toks[j] != "!" and not _is_core(toks[j]):
-                j += 1
-            args = toks[i + 1 : j]
             if module == "comment" and t == "--comment":
-                comment = " ".join(args)
-            mopts.append((t, args, neg))
+                comment = toks[i + 1]
+                i += 2
+                continue
+            if (t == "--dport" or t == "--sport") and module in ("tcp", "udp", "sctp"):
+                key = (t, toks[i + 1], neg)
+                got = cache.get(key)
+                if got is None:
+                    got = cache[key] = Port("dport" if t == "--dport" else "sport",
+                                            A.parse_port_ranges(toks[i + 1]), neg)
+                steps.append(got)
+                i += 2
+                neg = False
+                continue
+            j = i + 1
+            while j < n:
+                x = toks[j]
+                if x[:2] == "--" or x == "!" or (len(x) == 2 and x[0] == "-" and x[1].isalpha()):
+                    break
+                j += 1
+            mopts.append((t, toks[i + 1 : j], neg))
             neg = False
             i = j
             continue
         raise ValueError(f"unexpected token {t!r}")
-    flush()
-    if target is None:
-        return steps, "", comment
-    steps.append(build_target(target, topts, goto, None))
-    return steps, target, comment
+    if module is not None and mopts:
+        steps.extend(_module_match(module, mopts, proto))
+    return steps, "", comment
+
+
+def _target(toks: list[str], i: int, goto: bool) -> object:
+    n = len(toks)
+    target = toks[i + 1]
+    i += 2
+    topts: list[_Opt] = []
+    while i < n:
+        t2 = toks[i]
+        tneg = False
+        if t2 == "!":
+            tneg, i = True, i + 1
+            t2 = toks[i]
+        j = i + 1
+        while j < n and not toks[j].startswith("--") and toks[j] != "!":
+            j += 1
+        topts.append((t2, toks[i + 1 : j], tneg))
+        i = j
+    return build_target(target, topts, goto, None)
 
 
 _LONG_CORE = {
@@ -447,11 +482,15 @@ def _is_core(t: str) -> bool:
 
 
 # --------------------------------------------------------------------------- file
-def parse(text: str) -> Ruleset:
-    """Parse iptables-save (or ip6tables-save) output into a Ruleset."""
+def parse(text: str, lazy: bool = False) -> Ruleset:
+    """Parse iptables-save (or ip6tables-save) output into a Ruleset.
+
+    With `lazy`, rule bodies are parsed when the tracer first reaches them (a 300k-rule dump
+    loads in a fraction of the time); `Ruleset.validate()` parses the rest."""
     rs = Ruleset(source="iptables-save")
     table: Table | None = None
-    cache: dict[str, tuple[int, int, bool]] = {}
+    cache: dict[Any, Any] = {}
+    loader: Callable[[Rule], None] | None = None
     lineno = 0
     for raw in text.splitlines():
         lineno += 1
@@ -469,6 +508,7 @@ def parse(text: str) -> Ruleset:
                 if table is None:
                     table = Table(name=name, family="ip")
                     rs.tables.append(table)
+                loader = functools.partial(_load, table=table, cache=cache)
                 continue
             if table is None:
                 raise ValueError("rule or chain outside a table (missing `*filter`-style header)")
@@ -486,19 +526,24 @@ def parse(text: str) -> Ruleset:
             if line == "COMMIT":
                 table = None
                 continue
-            if line.startswith(("-A ", "--append ", "-I ", "--insert ")):
-                toks = line.split() if line.startswith("-A ") and '"' not in line and "'" not in line else tokenize(line)
+            if c == "-" and line[:3] == "-A ":
+                parts = line.split(None, 2)
+                if len(parts) < 2:
+                    raise ValueError("rule without a chain name")
+                ch = table.chains.get(parts[1]) or ensure_chain(table, parts[1])
+                ch.rules.append(Rule(None, line, lineno, "", None, None, loader))
+                continue
+            if line.startswith(("--append ", "-I ", "--insert ")):
+                toks = tokenize(line)
                 if len(toks) < 2:
                     raise ValueError("rule without a chain name")
                 ch = ensure_chain(table, toks[1])
-                start = 2
                 pos = None
                 if toks[0] in ("-I", "--insert"):
                     pos = 0
                     if len(toks) > 2 and toks[2].isdigit():
-                        pos, start = int(toks[2]) - 1, 3
-                steps, target, comment = parse_rule(toks, start, cache)
-                rule = Rule(steps, line, lineno, target, comment)
+                        pos = int(toks[2]) - 1
+                rule = Rule(None, line, lineno, "", None, None, loader)
                 if pos is None:
                     ch.rules.append(rule)
                 else:
@@ -513,7 +558,8 @@ def parse(text: str) -> Ruleset:
         except (ValueError, IndexError, KeyError) as e:
             reason = str(e) if not isinstance(e, (IndexError, KeyError)) else "option is missing its argument"
             raise ParseError(lineno, raw.strip(), reason) from None
-    _link(rs)
+    if not lazy:
+        rs.validate()
     return rs
 
 
@@ -526,15 +572,19 @@ def _command(table: Table, line: str) -> None:
         ensure_chain(table, toks[1]).policy = toks[2]
 
 
-def _link(rs: Ruleset) -> None:
-    """Jumps to names that are neither chains nor known targets become UnknownTarget notes."""
-    from kubeproxy.netfilter.model import UnknownTarget
-
-    for t in rs.tables:
-        for ch in t.chains.values():
-            for r in ch.rules:
-                last = r.steps[-1] if r.steps else None
-                if isinstance(last, Jump) and last.chain not in t.chains:
-                    r.steps[-1] = UnknownTarget(last.chain)
-
-
+def _load(rule: Rule, table: Table, cache: dict[Any, Any]) -> None:
+    """Parse one rule body; jumps to names that are neither chains nor known targets become
+    UnknownTarget (partial dumps)."""
+    try:
+        toks = tokenize(rule.text)
+        start = 2
+        if toks[0] in ("-I", "--insert") and len(toks) > 2 and toks[2].isdigit():
+            start = 3
+        steps, target, comment = parse_rule(toks, start, cache)
+    except (ValueError, IndexError, KeyError) as e:
+        reason = str(e) if not isinstance(e, (IndexError, KeyError)) else "option is missing its argument"
+        raise ParseError(rule.line, rule.text, reason) from None
+    last = steps[-1] if steps else None
+    if isinstance(last, Jump) and last.chain not in table.chains:
+        steps[-1] = UnknownTarget(last.chain)
+    rule.steps, rule.target, rule.comment = steps, target, comment

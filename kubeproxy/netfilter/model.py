@@ -39,7 +39,7 @@ class ParseError(ValueError):
 
 
 # --------------------------------------------------------------------------- matches
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Addr:
     """-s/-d: `(addr & mask) == net`."""
 
@@ -50,7 +50,7 @@ class Addr:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class AddrRange:
     """-m iprange --src-range/--dst-range."""
 
@@ -60,7 +60,7 @@ class AddrRange:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Iface:
     """-i/-o; a trailing `+` in iptables is a prefix wildcard."""
 
@@ -70,13 +70,13 @@ class Iface:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Proto:
     proto: int
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Port:
     """--sport/--dport (tcp, udp, sctp) and multiport: inclusive ranges."""
 
@@ -85,7 +85,7 @@ class Port:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Mark:
     """-m mark / -m connmark: `(mark & mask) == value`."""
 
@@ -95,7 +95,7 @@ class Mark:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class AddrType:
     """-m addrtype: the kernel's route type of the address (LOCAL, UNICAST, ...)."""
 
@@ -107,7 +107,7 @@ class AddrType:
     limit_out: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Statistic:
     """-m statistic: the chance that a packet matches. `nth` is deterministic per packet counter,
     which a single traced packet does not know, so it counts as one in `every`."""
@@ -117,7 +117,7 @@ class Statistic:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Recent:
     """-m recent: is the packet's source (or destination) in list `name`?"""
 
@@ -127,7 +127,7 @@ class Recent:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class CtState:
     """-m state / -m conntrack --ctstate; also nft `ct state`. States are upper case."""
 
@@ -135,7 +135,7 @@ class CtState:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class PhysDev:
     """-m physdev: only the bridge-port facts the tracer knows (`--physdev-in` on the packet)."""
 
@@ -149,7 +149,7 @@ class PhysDev:
     phys_in_neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class SetMatch:
     """-m set --match-set NAME src,dst: membership in an ipset whose contents are given."""
 
@@ -158,7 +158,7 @@ class SetMatch:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class TcpFlags:
     """--tcp-flags MASK COMP / --syn: a traced TCP packet is the first one (SYN only)."""
 
@@ -167,13 +167,13 @@ class TcpFlags:
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class IcmpType:
     type: int | None
     neg: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Unsupported:
     """A match the tracer cannot evaluate; it is assumed to match and the outcome says so."""
 
@@ -181,49 +181,49 @@ class Unsupported:
 
 
 # nftables expressions (left- and right-hand sides of matches, keys of maps)
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NPayload:
     proto: str  # ip, ip6, tcp, udp, th, ...
     field: str  # saddr, daddr, sport, dport, protocol, ...
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NMeta:
     key: str  # l4proto, iifname, oifname, mark, nfproto, ...
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NCt:
     key: str  # state, status, mark, original daddr ...
     dir: str | None = None
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NFib:
     flags: tuple[str, ...]
     result: str  # type, oif, oifname
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NNumgen:
     mod: int
     offset: int = 0
     mode: str = "random"
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NConcat:
     items: tuple[Any, ...]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NBinop:
     op: str  # & | ^ << >>
     left: Any
     right: Any
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NLookup:
     """`key map @name` / `key map { ... }`: a value taken from a map."""
 
@@ -231,12 +231,12 @@ class NLookup:
     map: str | dict[Any, Any]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NConst:
     value: Any
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NSetLit:
     """A right-hand side of membership: `@name` or an inline set of values, prefixes, ranges."""
 
@@ -245,7 +245,7 @@ class NSetLit:
     intervals: tuple[tuple[Any, Any], ...] = ()
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NMatch:
     """nft `match`: `left OP right`; right is a constant, an NSetLit, or a range `(lo, hi)`."""
 
@@ -276,7 +276,7 @@ Match = (
 
 
 # --------------------------------------------------------------------------- actions
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Verdict:
     """ACCEPT, DROP, REJECT, RETURN, QUEUE (terminal) with the reject type as detail."""
 
@@ -284,13 +284,13 @@ class Verdict:
     detail: str = ""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Jump:
     chain: str
     goto: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class SetMark:
     """mark = (mark & and_mask) ^ xor_value: every MARK/CONNMARK flavour reduces to this."""
 
@@ -299,7 +299,7 @@ class SetMark:
     conn: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class CopyMark:
     """CONNMARK --save-mark / --restore-mark."""
 
@@ -307,7 +307,7 @@ class CopyMark:
     mask: int = 0xFFFFFFFF
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NSetMark:
     """nft `meta mark set EXPR` / `ct mark set EXPR`."""
 
@@ -315,7 +315,7 @@ class NSetMark:
     value: Any
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Nat:
     """DNAT/SNAT/MASQUERADE/REDIRECT; all are terminal (the nat chain accepts).
 
@@ -328,7 +328,7 @@ class Nat:
     v6: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class VMap:
     """nft `KEY vmap @name|{...}`: the verdict comes from a map."""
 
@@ -336,24 +336,24 @@ class VMap:
     map: str | dict[Any, Any]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Log:
     prefix: str = ""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Notrack:
     pass
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Noop:
     """A target or statement without effect on where the packet goes (counter, TCPMSS...)."""
 
     what: str = ""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class UnknownTarget:
     """A target the tracer does not know (or a jump to a chain the dump does not hold):
     treated as continuing with the next rule, and the outcome says so."""
@@ -372,15 +372,25 @@ class Rule:
     """One rule: steps evaluated in order (matches filter, actions act).
 
     `text` is the rule as the dump wrote it; `line` its line number there (0 if unknown);
-    `target` a short name for paths (`KUBE-SVC-...`, `DNAT`, `jump services`)."""
+    `target` a short name for paths (`KUBE-SVC-...`, `DNAT`, `jump services`).
 
-    steps: list[Any]
+    Parsers may leave `steps` None and set `loader`: big dumps (300k rules) are read in two
+    steps, structure first, rule bodies when first needed (`load()`), or all at once by
+    `Ruleset.validate()`. A bad rule body raises ParseError with its line either way."""
+
+    steps: list[Any] | None
     text: str
     line: int = 0
     target: str = ""
     comment: str | None = None
     # The simulator keeps its precompiled form of the rule here (built on first use).
     compiled: Any = field(default=None, repr=False, compare=False)
+    loader: Any = field(default=None, repr=False, compare=False)
+
+    def load(self) -> list[Any]:
+        if self.steps is None:
+            self.loader(self)
+        return self.steps  # type: ignore[return-value]
 
 
 @dataclass(slots=True)
@@ -431,6 +441,13 @@ class Ruleset:
             if t.name == name and (family is None or t.family == family):
                 return t
         return None
+
+    def validate(self) -> None:
+        """Parse every rule body now (raises the first ParseError)."""
+        for t in self.tables:
+            for c in t.chains.values():
+                for r in c.rules:
+                    r.load()
 
     def rule_count(self) -> int:
         return sum(len(c.rules) for t in self.tables for c in t.chains.values())

@@ -383,7 +383,7 @@ class _Compiled:
     __slots__ = ("fast", "rest", "single_action")
 
     def __init__(self, rule: Rule) -> None:
-        steps = rule.steps
+        steps = rule.load()
         k = 0
         fast = []
         while k < len(steps):
@@ -1003,7 +1003,7 @@ def _build_index(chain: Chain) -> _ChainIndex | None:
     others: list[int] = []
     for i, r in enumerate(chain.rules):
         key = None
-        for s in r.steps:
+        for s in r.load():
             if type(s) is Addr and s.field == "dst" and not s.neg and s.mask == A.ALL4 and not s.v6:
                 key = s.net
                 break

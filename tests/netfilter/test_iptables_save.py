@@ -105,3 +105,12 @@ def test_errors_name_line_and_text(text: str, line: int, reason: str) -> None:
     assert ei.value.line == line
     assert str(ei.value).startswith(f"line {line}: ")
     assert reason in str(ei.value)
+
+
+def test_lazy_parse_reports_a_bad_rule_when_it_is_reached() -> None:
+    text = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -s 10.0.0.0/8 -j ACCEPT\n-A INPUT -m nosuch -j DROP\nCOMMIT\n"
+    rs = iptables_save.parse(text, lazy=True)
+    rules = rs.table("filter").chains["INPUT"].rules  # type: ignore[union-attr]
+    assert rules[0].load()[-1] == Verdict("ACCEPT")
+    with pytest.raises(ParseError, match=r"^line 4: -A INPUT -m nosuch -j DROP: unknown match module"):
+        rs.validate()
