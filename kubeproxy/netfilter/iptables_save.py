@@ -371,7 +371,7 @@ def parse_rule(
         opt = _LONG_CORE.get(t)
         if opt is not None:
             if module is not None:
-                if mopts:
+                if mopts or module not in _NO_OPTS_OK:
                     steps.extend(_module_match(module, mopts, proto))
                     mopts = []
                 module = None
@@ -445,7 +445,7 @@ def parse_rule(
             i = j
             continue
         raise ValueError(f"unexpected token {t!r}")
-    if module is not None and mopts:
+    if module is not None and (mopts or module not in _NO_OPTS_OK):
         steps.extend(_module_match(module, mopts, proto))
     return steps, "", comment
 
@@ -469,6 +469,7 @@ def _target(toks: list[str], i: int, goto: bool) -> object:
     return build_target(target, topts, goto, None)
 
 
+_NO_OPTS_OK = frozenset({"comment", "tcp", "udp", "sctp", "udplite", "dccp", "icmp"})
 _LONG_CORE = {
     "--source": "-s", "--src": "-s", "--destination": "-d", "--dst": "-d", "--protocol": "-p",
     "--in-interface": "-i", "--out-interface": "-o", "--jump": "-j", "--goto": "-g", "--match": "-m",
