@@ -100,3 +100,16 @@ def test_large_cluster_mode_drops_endpoint_comments() -> None:
 def test_nodeport_addresses_restrict_the_nodeports_jump() -> None:
     jumps = _lines("nodeport_addresses", "-j KUBE-NODEPORTS")
     assert [j.split(" -d ")[1].split()[0] for j in jumps] == ["192.168.0.2", "127.0.0.1"]
+
+
+def test_chain_hash_matches_standard_base32() -> None:
+    import base64
+    import hashlib
+
+    from kubeproxy.backends.iptables import names
+
+    for text in ("ns1/svc1:p80tcp", "", "a" * 300, "default/web:http" + "udp" + "[fd00::1]:53"):
+        expected = base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:16]
+        assert names._base32_16(hashlib.sha256(text.encode()).digest()) == expected
+    # A known upstream name (TestOverallIPTablesRules: ns1/svc1:p80).
+    assert names.service_chain("ns1/svc1:p80", "tcp") == "KUBE-SVC-XPGD46QRK7WJZT7O"

@@ -77,11 +77,12 @@ class EndpointInfo:
     terminating: bool = False
     zone_hints: frozenset[str] = frozenset()
     node_hints: frozenset[str] = frozenset()
+    # `ip:port`, brackets for IPv6: upstream's Endpoint.String(), hashed into chain names.
+    # Computed once: renderers read it several times per endpoint.
+    address: str = field(init=False, compare=False)
 
-    @property
-    def address(self) -> str:
-        """`ip:port`, brackets for IPv6: upstream's Endpoint.String() (also hashed into chain names)."""
-        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}")
 
 
 @dataclass(frozen=True)

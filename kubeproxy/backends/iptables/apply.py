@@ -16,17 +16,24 @@ class RestoreError(RuntimeError):
     """iptables-restore refused the input; the message carries its complaint."""
 
 
-def local_run(argv: Sequence[str], *, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False)
+def local_run(
+    argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False, timeout=timeout)
     if check and proc.returncode != 0:
         raise RestoreError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc
 
 
-def restore(text: str, run: Runner = local_run, *, ipv6: bool = False) -> None:
-    """Load a full or partial sync: --noflush leaves chains that are not ours alone."""
-    binary = "ip6tables-restore" if ipv6 else "iptables-restore"
-    proc = run([binary, "-w", "--noflush", "--counters"], input=text, check=False)
+def restore(
+    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float = 60
+) -> None:
+    """Load a full or partial sync: --noflush leaves chains that are not ours alone.
+
+    `variant` picks "legacy" or "nft" explicitly; by default the system's iptables-restore.
+    """
+    binary = ("ip6tables" if ipv6 else "iptables") + (f"-{variant}" if variant else "") + "-restore"
+    proc = run([binary, "-w", "--noflush", "--counters"], input=text, check=False, timeout=timeout)
     if proc.returncode != 0:
         raise RestoreError(f"{binary} failed: {proc.stderr.strip()}")
 

@@ -1,0 +1,121 @@
+"""Configuration: upstream flag names, KubeProxyConfiguration files, clear errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kubeproxy.cli import build_config, main
+from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, parse_duration
+
+DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
+
+KUBEADM_STYLE = """
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+clientConnection:
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 5
+  burst: 10
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 15m0s
+conntrack:
+  maxPerCore: 32768
+  tcpEstablishedTimeout: 24h0m0s
+detectLocalMode: ClusterCIDR
+enableProfiling: false
+healthzBindAddress: 0.0.0.0:10256
+hostnameOverride: ""
+iptables:
+  masqueradeAll: true
+  masqueradeBit: 12
+  minSyncPeriod: 2s
+  syncPeriod: 1m30s
+  localhostNodePorts: false
+ipvs:
+  scheduler: rr
+metricsBindAddress: 127.0.0.1:10249
+mode: iptables
+nodePortAddresses: [192.168.0.0/24]
+winkernel: {}
+"""
+
+
+def test_kubeadm_style_file_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(KUBEADM_STYLE)
+    cfg = load_config_file(path)
+    assert cfg.masquerade_all and cfg.masquerade_bit == 12 and not cfg.localhost_nodeports
+    assert cfg.min_sync_period == 2 and cfg.sync_period == 90
+    assert cfg.cluster_cidr == ("10.244.0.0/16",) and cfg.nodeport_addresses == ("192.168.0.0/24",)
+    assert cfg.kubeconfig == "/var/lib/kube-proxy/kubeconfig.conf"
+    assert cfg.masquerade_mark() == "0x00001000"
+
+
+def test_unknown_fields_are_rejected_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(KUBEADM_STYLE.replace("masqueradeBit: 12", "masqueradeBits: 12").replace("mode: iptables", "moed: x"))
+    with pytest.raises(ConfigError) as err:
+        load_config_file(path)
+    assert "iptables.masqueradeBits: unknown field" in str(err.value)
+    assert "moed: unknown field" in str(err.value)
+
+
+def test_wrong_kind_and_bad_duration(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("apiVersion: v1\nkind: ConfigMap\n")
+    with pytest.raises(ConfigError, match=re.escape("expected apiVersion kubeproxy.config.k8s.io/v1alpha1")):
+        load_config_file(path)
+    assert parse_duration("1m30s") == 90 and parse_duration("500ms") == 0.5
+    with pytest.raises(ConfigError):
+        parse_duration("5 seconds")
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(KUBEADM_STYLE)
+    cfg = build_config(config_file=str(path), masquerade_all=False, cluster_cidr=("10.0.0.0/8,fd00::/48",))
+    assert not cfg.masquerade_all and cfg.cluster_cidr == ("10.0.0.0/8", "fd00::/48")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"iptables_masquerade_bit": 40}, "--iptables-masquerade-bit: 40 is out of range"),
+        ({"cluster_cidr": ("10.0.0.0/40",)}, "'10.0.0.0/40' is not a valid CIDR"),
+        ({"node_ip": "10.0.0.300"}, "--node-ip: '10.0.0.300' is not a valid IP address"),
+        ({"detect_local_mode": "BridgeInterface"}, "needs --pod-bridge-interface"),
+        ({"detect_local_mode": "ClusterCIDR"}, "needs --cluster-cidr"),
+    ],
+)
+def test_invalid_flags(flags: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config(**flags)
+
+
+def test_cli_reports_config_errors_without_traceback(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["render", "--manifests", str(DEMO), "--iptables-masquerade-bit", "99"])
+    assert result.exit_code == 2 and "out of range" in result.stderr and "Traceback" not in result.output
+    node_cidr = CliRunner().invoke(
+        main, ["render", "--manifests", str(DEMO), "--detect-local-mode", "NodeCIDR", "--hostname-override", "elsewhere"]
+    )
+    assert node_cidr.exit_code == 2 and "needs the Node object" in node_cidr.stderr
+
+
+def test_hostname_override_decides_local_endpoints() -> None:
+    args = ["render", "--manifests", str(DEMO), "--cluster-cidr", "10.244.0.0/16"]
+    here = CliRunner().invoke(main, args).stdout
+    elsewhere = CliRunner().invoke(main, [*args, "--hostname-override", "node-3"]).stdout
+    # default/shop is Local-policy: node-1 sends outside traffic to 10.244.1.20, node-3 to 10.244.3.20.
+    assert "KUBE-SVL-YBRHFGZD3TRL7I6I -m comment --comment \"default/shop:https -> 10.244.1.20:8443\"" in here
+    assert "KUBE-SVL-YBRHFGZD3TRL7I6I -m comment --comment \"default/shop:https -> 10.244.3.20:8443\"" in elsewhere
+
+
+def test_defaults_match_upstream() -> None:
+    cfg = ProxyConfig()
+    assert (cfg.min_sync_period, cfg.sync_period, cfg.masquerade_bit) == (1.0, 30.0, 14)
+    assert cfg.healthz_bind_address == "0.0.0.0:10256" and cfg.metrics_bind_address == "127.0.0.1:10249"
