@@ -64,9 +64,9 @@ class ChangeTracker:
     """
 
     node_name: str = ""
-    _pending: set[ServiceKey] = field(default_factory=set)
-    _full: bool = True  # nothing is in the kernel yet: the first sync writes everything
-    _synced: NodeView | None = None
+    _pending: set[ServiceKey] = field(default_factory=set, init=False)
+    _full: bool = field(default=True, init=False)  # nothing in the kernel yet: write everything
+    _synced: NodeView | None = field(default=None, init=False)  # the view the last sync rendered
 
     def apply(self, state: ClusterState, obj: Mapping[str, Any], *, deleted: bool = False) -> str | None:
         """`state.apply` plus bookkeeping. Returns its warning, if any."""
