@@ -1,0 +1,104 @@
+"""Tiny UDP/TCP probes for kernel tests: a receiver that answers with what it saw, and a sender.
+
+    python -m kubeproxy.lab.probe serve --proto udp --listen 10.2.0.2:53 [--listen ...]
+        prints `ready` once every socket is bound, then answers each datagram / connection with
+        JSON {"dst": "ip:port it arrived at", "src": "ip:port it came from"}.
+    python -m kubeproxy.lab.probe send --proto udp --dst 10.96.0.10:53 --count 100 [--src IP]
+        one new socket (so one new connection) per probe; prints one JSON list: per probe either
+        {"dst": ..., "src": ...} as the receiver saw it, "refused" (REJECT) or "timeout" (DROP).
+
+Traffic only ever goes to addresses the caller names (tests use their own namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import selectors
+import socket
+import sys
+
+
+def _addr(s: str) -> tuple[str, int]:
+    host, _, port = s.rpartition(":")
+    return host, int(port)
+
+
+def serve(proto: str, listens: list[str]) -> None:
+    sel = selectors.DefaultSelector()
+    for spec in listens:
+        host, port = _addr(spec)
+        if proto == "udp":
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        else:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        if proto == "tcp":
+            s.listen(128)
+        sel.register(s, selectors.EVENT_READ)
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select():
+            s = key.fileobj
+            assert isinstance(s, socket.socket)
+            if proto == "udp":
+                _data, peer = s.recvfrom(2048)
+                here = s.getsockname()
+                s.sendto(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode(), peer)
+            else:
+                conn, peer = s.accept()
+                here = conn.getsockname()
+                with conn:
+                    conn.sendall(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode())
+
+
+def _one(proto: str, dst: tuple[str, int], src: str | None, timeout: float) -> object:
+    kind = socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.settimeout(timeout)
+        if src:
+            s.bind((src, 0))
+        try:
+            s.connect(dst)
+            if proto == "udp":
+                s.send(b"probe")
+            data = s.recv(2048)
+        except ConnectionRefusedError:
+            return "refused"
+        except TimeoutError:
+            return "timeout"
+        except OSError as e:
+            return f"error: {e.strerror}"
+        try:
+            return json.loads(data.decode())
+        except ValueError:
+            return "garbled"
+
+
+def send(proto: str, dst: str, count: int, src: str | None, timeout: float) -> None:
+    target = _addr(dst)
+    print(json.dumps([_one(proto, target, src, timeout) for _ in range(count)]), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="probe")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sv = sub.add_parser("serve")
+    sv.add_argument("--proto", choices=["udp", "tcp"], required=True)
+    sv.add_argument("--listen", action="append", required=True)
+    sd = sub.add_parser("send")
+    sd.add_argument("--proto", choices=["udp", "tcp"], required=True)
+    sd.add_argument("--dst", required=True)
+    sd.add_argument("--count", type=int, default=1)
+    sd.add_argument("--src", default=None)
+    sd.add_argument("--timeout", type=float, default=1.0)
+    a = ap.parse_args(argv)
+    if a.cmd == "serve":
+        serve(a.proto, a.listen)
+    else:
+        send(a.proto, a.dst, a.count, a.src, a.timeout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
