@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
-from kubeproxy.backends.iptables.options import iptables_options
 from kubeproxy.backends.iptables.render import (
     LARGE_CLUSTER_ENDPOINTS,
     NFACCT_COUNTERS,
@@ -29,12 +28,11 @@ from kubeproxy.backends.iptables.render import (
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
-from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import EndpointInfo, NodeView, build_view
 from tests.iptables_canonical import diff
 from tests.rules_invariants import check_invariants
 from tests.rules_invariants import parse as parse_rules
-from tests.test_upstream_fixtures import FIXTURES
+from tests.test_upstream_fixtures import FIXTURES, fixture_options
 
 STEPS = [FIXTURES / f"test_sync_proxy_rules_repeated_step{i}" for i in range(1, 10)]
 # What upstream's step 9 injects into its fake iptables before deleting ns4/svc4.
@@ -92,30 +90,8 @@ def _jump_target(rule: str) -> str:
 
 
 def step_options(case: Path) -> IptablesOptions:
-    """The options of upstream's repeated-sync test (as tests/test_upstream_fixtures maps them)."""
-    raw = yaml.safe_load((case / "options.yaml").read_text())
-    assert not raw["node_pod_cidr"] and raw["detect_local_mode"] == "ClusterCIDR"
-    cfg = ProxyConfig(
-        hostname_override=raw["node_name"],
-        node_ip=raw["node_ip"],
-        cluster_cidr=tuple(raw["cluster_cidr"].split(",")),
-        detect_local_mode="ClusterCIDR",
-        masquerade_all=raw["masquerade_all"],
-        masquerade_bit=raw["masquerade_bit"],
-        localhost_nodeports=raw["localhost_nodeports"],
-        nodeport_addresses=tuple(raw["nodeport_addresses"]),
-        random_fully=raw["random_fully"],
-    )
-    opts = iptables_options(
-        cfg,
-        family=raw["ip_family"],
-        hostname=raw["node_name"],
-        node=None,
-        nfacct_counters=raw["nfacct_counters"],
-        conntrack_tcp_liberal=raw["conntrack_tcp_liberal"],
-        local_ips=raw["node_port_ips"],
-    )
-    return dataclasses.replace(opts, masquerade_mark="0x4000")  # upstream's fake proxier's spelling
+    """The options of upstream's repeated-sync test (no Node object in it)."""
+    return fixture_options(case)
 
 
 ObjKey = tuple[str, str, str]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kubeproxy.backends.iptables.options import iptables_options
-from kubeproxy.backends.iptables.render import render
+from kubeproxy.backends.iptables.render import IptablesOptions, render
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import build_state
@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
 
 def _is_full_sync(case: Path) -> bool:
     # Steps of upstream's repeated-sync test after the first are partial syncs (only changed
-    # services' chains are rewritten): the live proxy's sync tests own those.
+    # services' chains are rewritten): tests/test_partial_sync.py replays those.
     partial = "sync_proxy_rules_repeated" in case.name and not case.name.endswith("_step1")
     return (case / "expected.rules").exists() and not partial
 
@@ -32,39 +32,43 @@ CASES = sorted(p.name for p in FIXTURES.iterdir() if _is_full_sync(p))
 PARTIAL_SYNC_CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.rules").exists() and not _is_full_sync(p))
 
 
-def render_fixture(case: Path) -> str:
-    opts_raw = yaml.safe_load((case / "options.yaml").read_text())
-    state, _ = build_state(r.obj for r in load_manifests([case / "objects.yaml"]))
-    node = state.nodes.get(opts_raw["node_name"])
-    if opts_raw["node_pod_cidr"]:
-        pod_cidr = ipaddress.ip_network(opts_raw["node_pod_cidr"])
-        node = Node(opts_raw["node_name"], dict(node.labels) if node else {}, (), (pod_cidr,))
-    cluster_cidr = opts_raw["cluster_cidr"]
+def fixture_options(case: Path, node: Node | None = None) -> IptablesOptions:
+    """IptablesOptions for a fixture's options.yaml, through the same path the CLI takes."""
+    raw = yaml.safe_load((case / "options.yaml").read_text())
+    if raw["node_pod_cidr"]:
+        pod_cidr = ipaddress.ip_network(raw["node_pod_cidr"])
+        node = Node(raw["node_name"], dict(node.labels) if node else {}, (), (pod_cidr,))
     cfg = ProxyConfig(
-        hostname_override=opts_raw["node_name"],
-        node_ip=opts_raw["node_ip"],
-        cluster_cidr=tuple(cluster_cidr.split(",")) if cluster_cidr else (),
-        detect_local_mode=opts_raw["detect_local_mode"] or "",
-        bridge_interface=opts_raw["bridge_interface"] or "",
-        interface_name_prefix=opts_raw["interface_name_prefix"] or "",
-        masquerade_all=opts_raw["masquerade_all"],
-        masquerade_bit=opts_raw["masquerade_bit"],
-        localhost_nodeports=opts_raw["localhost_nodeports"],
-        nodeport_addresses=tuple(opts_raw["nodeport_addresses"]),
-        random_fully=opts_raw["random_fully"],
+        hostname_override=raw["node_name"],
+        node_ip=raw["node_ip"],
+        cluster_cidr=tuple(raw["cluster_cidr"].split(",")) if raw["cluster_cidr"] else (),
+        detect_local_mode=raw["detect_local_mode"] or "",
+        bridge_interface=raw["bridge_interface"] or "",
+        interface_name_prefix=raw["interface_name_prefix"] or "",
+        masquerade_all=raw["masquerade_all"],
+        masquerade_bit=raw["masquerade_bit"],
+        localhost_nodeports=raw["localhost_nodeports"],
+        nodeport_addresses=tuple(raw["nodeport_addresses"]),
+        random_fully=raw["random_fully"],
     )
     opts = iptables_options(
         cfg,
-        family=opts_raw["ip_family"],
-        hostname=opts_raw["node_name"],
+        family=raw["ip_family"],
+        hostname=raw["node_name"],
         node=node,
-        nfacct_counters=opts_raw["nfacct_counters"],
-        conntrack_tcp_liberal=opts_raw["conntrack_tcp_liberal"],
-        local_ips=opts_raw["node_port_ips"],
+        nfacct_counters=raw["nfacct_counters"],
+        conntrack_tcp_liberal=raw["conntrack_tcp_liberal"],
+        local_ips=raw["node_port_ips"],
     )
     # Upstream's fake proxier hard-codes the mark as "0x4000"; the real one (and our
     # ProxyConfig) formats 1<<14 with Go's %#08x as "0x00004000".
-    opts = dataclasses.replace(opts, masquerade_mark="0x4000")
+    return dataclasses.replace(opts, masquerade_mark="0x4000")
+
+
+def render_fixture(case: Path) -> str:
+    state, _ = build_state(r.obj for r in load_manifests([case / "objects.yaml"]))
+    node_name = yaml.safe_load((case / "options.yaml").read_text())["node_name"]
+    opts = fixture_options(case, state.nodes.get(node_name))
     view = build_view(state.services.values(), state.slices.values(), opts.family, opts.node_name)
     return render(view, opts).text
 
