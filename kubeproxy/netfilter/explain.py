@@ -47,6 +47,8 @@ def verdict_text(o: Outcome, pkt: Packet) -> str:
         return f"dropped{by}{why}"
     if o.verdict == "REJECT":
         return f"rejected ({o.reject_with}){by}: the sender gets an error"
+    if o.verdict == "UNKNOWN":
+        return f"unknown: sent{by.replace(' by ', ' from ', 1)} to a chain the dump does not show"
     if o.verdict == "QUEUE":
         return f"queued to userspace{by}: its fate is decided by a program, not the rules"
     parts: list[str] = []

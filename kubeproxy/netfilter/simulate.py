@@ -89,7 +89,7 @@ class Hop:
 @dataclass(slots=True)
 class Outcome:
     probability: Fraction
-    verdict: str  # ACCEPT, DROP, REJECT, QUEUE
+    verdict: str  # ACCEPT, DROP, REJECT, QUEUE, UNKNOWN (sent to a chain the dump lacks)
     dnat: tuple[int, int | None] | None
     snat: int | None
     masquerade: bool
@@ -766,8 +766,9 @@ class Simulator:
             self._hop(b, table, chain, i, rule, hook)
             sub = table.chains.get(a.chain)
             if sub is None:
-                b.notes.append(f"chain {a.chain} is not in the dump: assumed to return")
-                return [(b, _NEXT)]
+                # a partial listing: what that chain does is not known, so neither is the fate
+                b.notes.append(f"chain {a.chain} is not in the dump: where the packet goes from there is unknown")
+                return [(b, "UNKNOWN")]
             res = self._run_chain(table, sub, 0, b, depth + 1, hook)
             if a.goto:
                 # falling off a goto'd chain returns to our caller, not to us
