@@ -260,8 +260,8 @@ def _module_match(module: str, opts: list[_Opt], proto: int | None) -> list[obje
                   "socket", "owner", "cgroup", "rpfilter", "devgroup", "time", "quota", "connlimit",
                   "helper", "policy", "bpf", "rt", "frag", "ipv6header", "ah", "esp", "mh", "string",
                   "realm", "cpu", "nfacct", "ecn", "connbytes", "connlabel", "mac"):
-        if module == "limit" or module == "hashlimit":
-            return []  # rate limits: a single traced packet is under any limit
+        if module in ("limit", "hashlimit", "nfacct", "quota"):
+            return []  # rate limits, accounting: a single traced packet passes them all
         return [Unsupported(f"-m {module} " + " ".join(f"{'! ' if n else ''}{o} {' '.join(a)}".strip()
                                                       for o, a, n in opts))]
     raise ValueError(f"unknown match module {module!r}")
