@@ -109,7 +109,7 @@ def main() -> None:
         tracemalloc.stop()
         loads = {v: load_time(rendered.text, v, args.restore_timeout) if kernel else None for v in ("nft", "legacy")}
         rules = rendered.filter_rules + rendered.nat_rules
-        cells = [fmt(loads[v], args.restore_timeout) for v in ("nft", "legacy")]
+        cells = [fmt(loads[v], args.restore_timeout) if kernel else "-" for v in ("nft", "legacy")]
         ratios = [f"{render_s / loads[v]:.3f}" if loads[v] else "-" for v in ("nft", "legacy")]
         print(
             f"{size:>8} {size * args.endpoints:>9} {rules:>8} {parse_s:>8.3f} {render_s:>9.3f} {peak:>9.1f}"
