@@ -96,7 +96,13 @@ def _fail(message: str, code: int = 2) -> None:
 @click.option("--manifests", "manifests", multiple=True, required=True, help="YAML/JSON files or folders (repeatable).")
 @click.option("--nfacct/--no-nfacct", default=True, help="Whether the node's kernel has nfacct counters.")
 @click.option("--conntrack-tcp-be-liberal", is_flag=True, help="The node sets nf_conntrack_tcp_be_liberal.")
-def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: bool, **flags: Any) -> None:
+@click.option(
+    "--with-jumps",
+    is_flag=True,
+    help="Also append upstream's jumps from PREROUTING, INPUT, ... (installed separately by kube-proxy), "
+    "for a self-contained rule set to trace.",
+)
+def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: bool, with_jumps: bool, **flags: Any) -> None:
     """Print the rules upstream kube-proxy would program for these objects.
 
     For --proxy-mode iptables: the iptables-restore --noflush input of a full sync.
@@ -125,7 +131,12 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
         )
     except ConfigError as exc:
         _fail(str(exc))
-    sys.stdout.write(result.rendered.text)
+    if with_jumps:
+        from kubeproxy.backends.iptables.jumps import with_jumps as add_jumps
+
+        sys.stdout.write(add_jumps(result.rendered.text))
+    else:
+        sys.stdout.write(result.rendered.text)
 
 
 @main.command()

@@ -8,6 +8,7 @@ from fractions import Fraction
 
 from kubeproxy.backends.iptables.names import is_service_chain
 
+BUILTIN_CHAINS = {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"}
 BUILTIN_TARGETS = {"ACCEPT", "DROP", "REJECT", "RETURN", "DNAT", "SNAT", "MASQUERADE", "MARK", "LOG"}
 _PROB = re.compile(r"--probability (\S+)")
 
@@ -38,7 +39,7 @@ def check_invariants(text: str) -> None:
     for table, (declared, rules) in parse(text).items():
         assert len(declared) == len(set(declared)), f"{table}: a chain is declared twice"
         for chain in rules:
-            assert chain in declared, f"{table}: rules appended to undeclared chain {chain}"
+            assert chain in declared or chain in BUILTIN_CHAINS, f"{table}: rules appended to undeclared chain {chain}"
         targets = set()
         for chain, chain_rules in rules.items():
             for rule in chain_rules:

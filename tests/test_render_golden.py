@@ -113,3 +113,14 @@ def test_chain_hash_matches_standard_base32() -> None:
         assert names._base32_16(hashlib.sha256(text.encode()).digest()) == expected
     # A known upstream name (TestOverallIPTablesRules: ns1/svc1:p80).
     assert names.service_chain("ns1/svc1:p80", "tcp") == "KUBE-SVC-XPGD46QRK7WJZT7O"
+
+
+def test_with_jumps_appends_upstreams_jump_rules_in_node_order() -> None:
+    path = GOLDEN / "cluster_ip.yaml"
+    result = CliRunner().invoke(main, ["render", "--manifests", str(path), "--cluster-cidr", "10.244.0.0/16", "--with-jumps"])
+    assert result.exit_code == 0, result.output
+    inputs = [line.split(" -j ")[1] for line in result.stdout.splitlines() if line.startswith("-A INPUT ")]
+    # Each jump is prepended by upstream, kubelet's last: so a node lists them in reverse.
+    assert inputs == ["KUBE-FIREWALL", "KUBE-PROXY-FIREWALL", "KUBE-NODEPORTS", "KUBE-EXTERNAL-SERVICES"]
+    assert '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' in result.stdout
+    check_invariants(result.stdout)

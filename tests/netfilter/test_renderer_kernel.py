@@ -1,16 +1,16 @@
 """Our iptables renderer's output, traced and compared with the kernel (render -> restore -> probe).
 
-The renderer writes KUBE-* chains only; the jumps from the built-in chains are added here the
-way upstream's proxier adds them (`iptables -I`), for the chains the rendering holds.
+The renderer writes KUBE-* chains only; upstream's jumps from the built-in chains are added
+with backends.iptables.jumps, as a node ends up with them.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
+from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.netfilter import iptables_save
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
@@ -18,30 +18,6 @@ from tests.netfilter.kernel_bed import assert_kernel_agrees, bed
 
 pytestmark = pytest.mark.root
 DEMO = Path(__file__).parents[2] / "kubeproxy" / "examples" / "demo.yaml"
-
-# upstream's iptablesJumpChains, in its order
-JUMPS = [
-    ("filter", "INPUT", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
-     "KUBE-PROXY-FIREWALL"),
-    ("filter", "INPUT", "-m comment --comment \"kubernetes health check service ports\"", "KUBE-NODEPORTS"),
-    ("filter", "INPUT", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible "
-     "service portals\"", "KUBE-EXTERNAL-SERVICES"),
-    ("filter", "INPUT", "", "KUBE-FIREWALL"),
-    ("filter", "FORWARD", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
-     "KUBE-PROXY-FIREWALL"),
-    ("filter", "FORWARD", "-m comment --comment \"kubernetes forwarding rules\"", "KUBE-FORWARD"),
-    ("filter", "FORWARD", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
-     "KUBE-SERVICES"),
-    ("filter", "FORWARD", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible "
-     "service portals\"", "KUBE-EXTERNAL-SERVICES"),
-    ("filter", "OUTPUT", "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
-     "KUBE-SERVICES"),
-    ("filter", "OUTPUT", "", "KUBE-FIREWALL"),
-    ("nat", "OUTPUT", "-m comment --comment \"kubernetes service portals\"", "KUBE-SERVICES"),
-    ("nat", "PREROUTING", "-m comment --comment \"kubernetes service portals\"", "KUBE-SERVICES"),
-    ("nat", "POSTROUTING", "-m comment --comment \"kubernetes postrouting rules\"", "KUBE-POSTROUTING"),
-]
-
 
 def _rendered() -> str:
     render = pytest.importorskip("kubeproxy.render")
@@ -51,18 +27,7 @@ def _rendered() -> str:
     text = render.render_iptables(
         loaded.state, ProxyConfig(cluster_cidr=("10.244.0.0/16",)), nfacct_counters=()
     ).rendered.text
-    out: list[str] = []
-    table = ""
-    for line in text.splitlines():
-        if line.startswith("*"):
-            table = line[1:]
-        if line == "COMMIT":
-            declared = set(re.findall(r"^:(\S+)", "\n".join(out), re.M))
-            for t, base, match, chain in JUMPS:
-                if t == table and chain in declared:
-                    out.append(f"-A {base} {match} -j {chain}".replace("  ", " "))
-        out.append(line)
-    return "\n".join(out) + "\n"
+    return with_jumps(text)
 
 
 @pytest.mark.parametrize(
