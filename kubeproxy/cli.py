@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -86,7 +86,7 @@ def build_config(**flags: Any) -> ProxyConfig:
     return validate(replace(cfg, **changes))
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     click.echo(f"kubeproxy: {message}", err=True)
     sys.exit(code)
 

@@ -65,9 +65,6 @@ class ProxyConfig:
         # Upstream formats 1<<bit with Go's "%#08x": eight digits after the 0x.
         return f"0x{1 << self.masquerade_bit:08x}"
 
-    def with_(self, **changes: Any) -> ProxyConfig:
-        return replace(self, **changes)
-
 
 def validate(cfg: ProxyConfig) -> ProxyConfig:
     if cfg.mode not in PROXY_MODES:

@@ -6,7 +6,6 @@ abstractions (pkg/proxy) closely enough that every backend makes the same decisi
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -166,7 +165,3 @@ def build_view(
     services: Iterable[Service], slices: Iterable[EndpointSlice], family: str, node_name: str
 ) -> NodeView:
     return NodeView(service_ports(services, family), endpoints_map(slices, family, node_name))
-
-
-def parse_family(ip: str) -> str:
-    return family_of(ipaddress.ip_address(ip))

@@ -72,6 +72,11 @@ class IptablesOptions:
     conntrack_tcp_liberal: bool = False
     prefer_same_node: bool = True
 
+    @property
+    def localhost_nodeports_enabled(self) -> bool:
+        # route_localnet, which localhost NodePorts rely on, exists for IPv4 only.
+        return self.localhost_nodeports and self.family != IPV6
+
 
 @dataclass(frozen=True)
 class Rendered:
@@ -183,7 +188,7 @@ def render(
     w = _Writer()
     ipv6 = opts.family == IPV6
     mark = opts.masquerade_mark
-    localhost_nodeports = opts.localhost_nodeports and not ipv6
+    localhost_nodeports = opts.localhost_nodeports_enabled
 
     for chain in (KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL):
         w.filter_chains.append(f":{chain} - [0:0]")
@@ -353,7 +358,7 @@ def _render_service(
 
     if svc.node_port:
         if has_endpoints:
-            if opts.localhost_nodeports and opts.family != IPV6 and NFACCT_LOCALHOST_NODEPORT in opts.nfacct_counters:
+            if opts.localhost_nodeports_enabled and NFACCT_LOCALHOST_NODEPORT in opts.nfacct_counters:
                 w.nat_rules.append(
                     f"-A {KUBE_NODEPORTS} -m comment --comment {spn} {match} -d 127.0.0.0/8 --dport {svc.node_port} "
                     f"-m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {ext_chain}"
