@@ -149,6 +149,8 @@ class Reflector:
     resource_version: str | None = field(default=None, init=False)
     cache: dict[Key, dict[str, Any]] = field(default_factory=dict, init=False)
     synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    # Loop time of the first error since the API server last answered; None while it answers.
+    failing_since: float | None = field(default=None, init=False)
     _progress: asyncio.Condition = field(default_factory=asyncio.Condition, init=False, repr=False)
 
     async def wait_synced(self) -> None:
@@ -180,7 +182,13 @@ class Reflector:
             except (SourceError, httpx2.HTTPError, ValueError) as e:
                 await self._back_off(e)
 
+    @property
+    def connected(self) -> bool:
+        return self.failing_since is None
+
     async def _back_off(self, error: Exception) -> None:
+        if self.failing_since is None:
+            self.failing_since = asyncio.get_running_loop().time()
         delay = self.backoff.next()
         log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(error))
         await self.sleep(delay)
@@ -204,6 +212,7 @@ class Reflector:
         self.cache = fresh
         await self._advance(rv)
         self.backoff.reset()
+        self.failing_since = None
         log.info("listed %d %s at resourceVersion %s (%d changes)", len(fresh), self.spec, rv, len(changes))
         for event in changes:
             self._deliver(event)
@@ -258,6 +267,7 @@ class Reflector:
             if resp.status_code != 200:
                 await resp.aread()
                 raise _status_error(str(resp.url), resp.status_code, _json_body(resp))
+            self.failing_since = None
             async for line in resp.aiter_lines():
                 if line.strip():
                     await self._on_line(str(resp.url), line)
@@ -372,6 +382,11 @@ class ApiSource:
     @property
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
+
+    @property
+    def connected(self) -> bool:
+        """False while any reflector is backing off: what we know may be going stale."""
+        return all(r.connected for r in self.reflectors)
 
     async def wait_synced(self) -> None:
         for r in self.reflectors:

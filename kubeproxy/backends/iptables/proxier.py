@@ -1,0 +1,213 @@
+"""The iptables backend of the live proxy: one sync turns the node model into kernel rules.
+
+What a sync does, in upstream's order:
+
+1. Look for the canary chains (`KUBE-PROXY-CANARY` in mangle, nat and filter). If one is gone,
+   someone flushed the tables (a firewall reload): recreate them and do a full sync.
+2. Render (`render.py`, pure): a full sync writes every chain; a partial sync rewrites only the
+   chains of services whose objects changed, plus the shared chains.
+3. On a full sync, add the jumps from the built-in chains that are missing (`-I`, as upstream
+   prepends them), inside the same restore so that they and their targets appear together.
+4. Feed it to `iptables-restore -w --noflush --counters`: one atomic transaction per sync.
+   Stale service chains found with `iptables-save -t nat` are flushed and deleted in it too
+   (in large clusters at most once per syncPeriod, because iptables-save is slow there).
+
+A failed restore raises `RestoreError`; the caller counts it and asks for a full sync, because
+a partial sync builds on the rules the failed one did not install.
+
+All kernel access goes through one `run` callable, so tests drive a network namespace.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.iptables import jumps, names
+from kubeproxy.backends.iptables.apply import RestoreError, Runner, local_run, restore
+from kubeproxy.backends.iptables.render import (
+    KUBE_EXTERNAL_SERVICES,
+    KUBE_FIREWALL,
+    KUBE_FORWARD,
+    KUBE_MARK_MASQ,
+    KUBE_NODEPORTS,
+    KUBE_POSTROUTING,
+    KUBE_PROXY_CANARY,
+    KUBE_PROXY_FIREWALL,
+    KUBE_SERVICES,
+    IptablesOptions,
+    Rendered,
+    is_large_cluster,
+    render,
+)
+from kubeproxy.proxy.model import IPV6, NodeView
+
+log = logging.getLogger("kubeproxy.iptables")
+
+CANARY_TABLES = ("mangle", "nat", "filter")
+
+# Chains we remove on cleanup besides the per-service ones. KUBE-MARK-MASQ and KUBE-FIREWALL are
+# shared with kubelet: they go only if nothing else still jumps to them.
+OWN_CHAINS = {
+    "nat": (KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING),
+    "filter": (KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL),
+}
+SHARED_CHAINS = {"nat": (KUBE_MARK_MASQ,), "filter": (KUBE_FIREWALL,)}
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What one sync did, for logs and metrics."""
+
+    full: bool
+    rendered: Rendered
+    render_seconds: float
+    restore_seconds: float
+    jumps_added: int = 0
+
+
+def chains_in_save(text: str) -> set[str]:
+    """Chain names declared in `iptables-save` output (lines `:NAME POLICY [p:b]`)."""
+    return {line[1:].split(" ", 1)[0] for line in text.splitlines() if line.startswith(":")}
+
+
+@dataclass
+class IptablesProxier:
+    """One IP family's iptables rules on this node; `sync` is called by the runner only."""
+
+    ipv6: bool = False
+    run: Runner = local_run
+    sync_period: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    _last_stale_cleanup: float = field(default=float("-inf"), init=False)
+
+    @property
+    def family(self) -> str:
+        return IPV6 if self.ipv6 else "IPv4"
+
+    def _iptables(self, *args: str, check: bool = False) -> bool:
+        binary = "ip6tables" if self.ipv6 else "iptables"
+        return self.run([binary, "-w", *args], check=check).returncode == 0
+
+    def canary_present(self) -> bool:
+        return all(self._iptables("-t", table, "-S", KUBE_PROXY_CANARY) for table in CANARY_TABLES)
+
+    def ensure_canary(self) -> None:
+        for table in CANARY_TABLES:
+            if not self._iptables("-t", table, "-S", KUBE_PROXY_CANARY):
+                self._iptables("-t", table, "-N", KUBE_PROXY_CANARY)
+
+    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport:
+        """Program the rules for `view`. `changed_services` None: a full sync."""
+        if not self.canary_present():
+            log.info("KUBE-PROXY-CANARY is gone: the tables were flushed, doing a full sync")
+            self.ensure_canary()
+            changed_services = None
+        full = changed_services is None
+
+        large = is_large_cluster(view)
+        cleanup_due = not large or self.clock() - self._last_stale_cleanup >= self.sync_period
+        existing = self._nat_chains() if cleanup_due else None
+
+        started = time.perf_counter()
+        rendered = render(
+            view, opts, changed_services=changed_services, existing_nat_chains=existing, stale_cleanup_due=cleanup_due
+        )
+        text, added = self._with_missing_jumps(rendered) if full else (rendered.text, 0)
+        rendered_at = time.perf_counter()
+        restore(text, self.run, ipv6=self.ipv6)
+        done = time.perf_counter()
+        if rendered.stale_cleanup_done:
+            self._last_stale_cleanup = self.clock()
+        return SyncReport(full, rendered, rendered_at - started, done - rendered_at, added)
+
+    def _save(self, table: str) -> str | None:
+        binary = "ip6tables-save" if self.ipv6 else "iptables-save"
+        proc = self.run([binary, "-t", table], check=False)
+        if proc.returncode != 0:
+            log.warning("%s -t %s failed: %s", binary, table, proc.stderr.strip())
+            return None
+        return proc.stdout
+
+    def _nat_chains(self) -> set[str] | None:
+        text = self._save("nat")
+        return None if text is None else chains_in_save(text)
+
+    def _missing_jumps(self, declared: dict[str, set[str]]) -> list[jumps.Jump]:
+        # A jump to a chain this rendering does not create (KUBE-FIREWALL without localhost
+        # NodePorts) is kubelet's business, not ours.
+        wanted = [j for j in jumps.ENSURE_ORDER if j.target in declared.get(j.table, set())]
+        return [j for j in wanted if not self._iptables("-t", j.table, "-C", *_rule_args(j))]
+
+    def _with_missing_jumps(self, rendered: Rendered) -> tuple[str, int]:
+        """The restore text plus `-I` lines for missing jumps, in upstream's prepend order."""
+        declared: dict[str, set[str]] = {}
+        table = ""
+        for line in rendered.text.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":"):
+                declared.setdefault(table, set()).add(line[1:].split(" ", 1)[0])
+        missing = _group_by_table(self._missing_jumps(declared))
+        if not missing:
+            return rendered.text, 0
+        out: list[str] = []
+        for line in rendered.text.splitlines():
+            if line == "COMMIT":
+                out.extend(f"-I {_rule_spec(j)}" for j in missing.get(table, []))
+            elif line.startswith("*"):
+                table = line[1:]
+            out.append(line)
+        return "\n".join(out) + "\n", sum(len(v) for v in missing.values())
+
+    def cleanup(self) -> list[str]:
+        """Remove our jumps and chains, and nothing else. Returns what was removed."""
+        removed: list[str] = []
+        for j in jumps.ENSURE_ORDER:
+            while self._iptables("-t", j.table, "-D", *_rule_args(j)):
+                removed.append(f"{j.table} {j.builtin} -> {j.target}")
+        for table in ("nat", "filter"):
+            present = self._save(table)
+            if present is None:
+                continue
+            ours = sorted(
+                c for c in chains_in_save(present) if c in OWN_CHAINS[table] or (table == "nat" and names.is_service_chain(c))
+            )
+            if ours:
+                lines = [f"*{table}", *(f":{c} - [0:0]" for c in ours), *(f"-X {c}" for c in ours), "COMMIT", ""]
+                try:
+                    restore("\n".join(lines), self.run, ipv6=self.ipv6)
+                    removed.extend(f"{table} {c}" for c in ours)
+                except RestoreError as exc:
+                    log.error("could not remove our %s chains: %s", table, exc)
+            after = self._save(table) or ""
+            for shared in SHARED_CHAINS[table]:
+                # Flushing a chain kubelet's rules still jump to would break them: only an
+                # unreferenced one is ours alone.
+                unused = shared in chains_in_save(after) and f"-j {shared}" not in after
+                if unused and self._iptables("-t", table, "-F", shared) and self._iptables("-t", table, "-X", shared):
+                    removed.append(f"{table} {shared}")
+        for table in CANARY_TABLES:
+            if self._iptables("-t", table, "-X", KUBE_PROXY_CANARY):
+                removed.append(f"{table} {KUBE_PROXY_CANARY}")
+        return removed
+
+
+def _rule_args(j: jumps.Jump) -> list[str]:
+    """The jump as an argument list for `iptables -C/-D/-I CHAIN ...`."""
+    return [j.builtin, *shlex.split(j.match), "-j", j.target]
+
+
+def _rule_spec(j: jumps.Jump) -> str:
+    """The jump as restore text after `-I ` (match keeps its quoted comment)."""
+    return f"{j.builtin} {j.match} -j {j.target}" if j.match else f"{j.builtin} -j {j.target}"
+
+
+def _group_by_table(items: list[jumps.Jump]) -> dict[str, list[jumps.Jump]]:
+    out: dict[str, list[jumps.Jump]] = {}
+    for j in items:
+        out.setdefault(j.table, []).append(j)
+    return out

@@ -1,0 +1,151 @@
+"""The iptables backend's sync in a real kernel: jumps, partial syncs, the canary, stale chains, cleanup."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from kubeproxy import render as offline
+from kubeproxy.backends.iptables import jumps
+from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
+from kubeproxy.backends.iptables.proxier import IptablesProxier
+from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.model import NodeView
+
+pytestmark = pytest.mark.root
+DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
+CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
+
+# Rules and chains someone else owns: a sync must keep them, cleanup must leave them.
+FOREIGN = """*nat
+:OTHER-DNAT - [0:0]
+:KUBE-MARK-DROP - [0:0]
+-A PREROUTING -d 192.0.2.1/32 -j OTHER-DNAT
+-A OTHER-DNAT -p udp -j DNAT --to-destination 10.9.9.9:53
+COMMIT
+*filter
+:OTHER-FILTER - [0:0]
+-A INPUT -j OTHER-FILTER
+-A OTHER-FILTER -s 198.51.100.0/24 -j DROP
+COMMIT
+"""
+
+
+def _demo(counters: set[str]):
+    loaded = offline.load([DEMO])
+    return offline.render_iptables(loaded.state, CFG, nfacct_counters=counters)
+
+
+def _save(ns) -> str:
+    return "\n".join(line for line in ns.run(["iptables-save"]).stdout.splitlines() if not line.startswith("#"))
+
+
+def _rules(ns, table: str, chain: str) -> list[str]:
+    return ns.run(["iptables", "-w", "-t", table, "-S", chain]).stdout.splitlines()[1:]
+
+
+def _drop_service(view: NodeView, namespace: str, name: str) -> NodeView:
+    keep = {k: v for k, v in view.services.items() if k.service != (namespace, name)}
+    return NodeView(keep, {k: v for k, v in view.endpoints.items() if k in keep})
+
+
+@pytest.fixture
+def node(netns):
+    netns.run(["iptables-restore", "--noflush"], input=FOREIGN)
+    counters = ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)
+    proxier = IptablesProxier(run=netns.run)
+    proxier.ensure_canary()
+    return netns, proxier, _demo(counters)
+
+
+def test_full_sync_adds_each_jump_once_and_keeps_foreign_rules(node) -> None:
+    ns, proxier, demo = node
+    first = proxier.sync(demo.view, demo.options, None)
+    assert first.full and first.jumps_added == len(jumps.ENSURE_ORDER)
+    again = proxier.sync(demo.view, demo.options, None)
+    assert again.jumps_added == 0
+    # Prepended in upstream's order, ahead of the rules that were there, each exactly once.
+    for table, builtin in (("nat", "PREROUTING"), ("nat", "OUTPUT"), ("filter", "INPUT"), ("filter", "FORWARD")):
+        expected = [jumps.rule(j) for j in jumps.node_order() if (j.table, j.builtin) == (table, builtin)]
+        assert _rules(ns, table, builtin)[: len(expected)] == expected
+    assert _rules(ns, "nat", "PREROUTING")[-1] == "-A PREROUTING -d 192.0.2.1/32 -j OTHER-DNAT"
+    assert _rules(ns, "filter", "INPUT")[-1] == "-A INPUT -j OTHER-FILTER"
+    assert _rules(ns, "filter", "OTHER-FILTER") == ["-A OTHER-FILTER -s 198.51.100.0/24 -j DROP"]
+
+
+def test_partial_sync_rewrites_only_changed_services(node) -> None:
+    ns, proxier, demo = node
+    proxier.sync(demo.view, demo.options, None)
+    # Someone edits a service chain behind our back; a partial sync for another service keeps
+    # the edit (the chain is not rewritten), a sync that names the service repairs it.
+    web = next(n for n in demo.view.services if n.service == ("default", "web"))
+    from kubeproxy.backends.iptables import names
+
+    chain = names.service_chain(str(web), web.protocol.lower())
+    ns.run(["iptables", "-w", "-t", "nat", "-A", chain, "-j", "RETURN"])
+    report = proxier.sync(demo.view, demo.options, frozenset({("dns", "bind")}))
+    assert not report.full and report.rendered.skipped_nat_rules > 0
+    assert _rules(ns, "nat", chain)[-1] == f"-A {chain} -j RETURN"
+    proxier.sync(demo.view, demo.options, frozenset({("default", "web")}))
+    assert f"-A {chain} -j RETURN" not in _rules(ns, "nat", chain)
+
+
+def test_flushed_tables_bring_a_full_sync_through_the_canary(node) -> None:
+    ns, proxier, demo = node
+    proxier.sync(demo.view, demo.options, None)
+    before = _save(ns)
+    # A firewall reload: everything flushed and deleted, ours and the canary alike.
+    for table in ("nat", "filter", "mangle"):
+        ns.run(["iptables", "-w", "-t", table, "-F"])
+        ns.run(["iptables", "-w", "-t", table, "-X"])
+    assert not proxier.canary_present()
+    ns.run(["iptables-restore", "--noflush"], input=FOREIGN)
+    report = proxier.sync(demo.view, demo.options, frozenset())  # asked for a no-op partial sync
+    assert report.full and proxier.canary_present()
+    assert sorted(_save(ns).splitlines()) == sorted(before.splitlines())
+
+
+def test_removed_service_chains_are_deleted(node) -> None:
+    ns, proxier, demo = node
+    proxier.sync(demo.view, demo.options, None)
+    smaller = _drop_service(demo.view, "default", "session")
+    report = proxier.sync(smaller, demo.options, frozenset({("default", "session")}))
+    assert report.rendered.deleted_chains
+    nat = ns.run(["iptables-save", "-t", "nat"]).stdout
+    for chain in report.rendered.deleted_chains:
+        assert f":{chain} " not in nat
+
+
+def test_failed_restore_raises_and_leaves_the_rules(node) -> None:
+    ns, proxier, demo = node
+    proxier.sync(demo.view, demo.options, None)
+    before = _save(ns)
+    broken = dataclasses.replace(demo.options, masquerade_mark="not-a-mark")
+    with pytest.raises(RestoreError):
+        proxier.sync(demo.view, broken, None)
+    assert _save(ns) == before
+
+
+def test_cleanup_removes_ours_and_nothing_else(node) -> None:
+    ns, proxier, demo = node
+    pristine = _save(ns)
+    proxier.sync(demo.view, demo.options, None)
+    removed = proxier.cleanup()
+    assert any("KUBE-SERVICES" in r for r in removed)
+    after = _save(ns)
+    assert "KUBE-" not in after.replace("KUBE-MARK-DROP", "")
+    assert sorted(line for line in after.splitlines() if "CANARY" not in line) == sorted(
+        line for line in pristine.splitlines() if "CANARY" not in line
+    )
+
+
+def test_cleanup_keeps_shared_chain_someone_else_uses(node) -> None:
+    ns, proxier, demo = node
+    proxier.sync(demo.view, demo.options, None)
+    # kubelet-style hostport rule using KUBE-MARK-MASQ
+    ns.run(["iptables", "-w", "-t", "nat", "-A", "OTHER-DNAT", "-s", "10.0.0.0/8", "-j", "KUBE-MARK-MASQ"])
+    proxier.cleanup()
+    assert _rules(ns, "nat", "KUBE-MARK-MASQ") == ["-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"]
