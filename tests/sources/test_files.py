@@ -1,0 +1,475 @@
+"""The manifest-file source against real files: first pass, edits, removals, bad saves, duplicates, scale."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubeproxy.cluster.errors import ManifestError
+from kubeproxy.sources import files
+from kubeproxy.sources.events import WatchEvent
+from kubeproxy.sources.files import FileSource
+
+pytestmark = pytest.mark.timeout(90)
+
+Events = asyncio.Queue[WatchEvent]
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def svc(name: str, port: int = 80, ns: str | None = "default") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name} | ({"namespace": ns} if ns else {})
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {"ports": [{"port": port, "protocol": "TCP"}]}}
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def write(path: Path, *objs: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump_all(objs, sort_keys=False))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def following(
+    *paths: Path, interval: float = 3600.0, sink: Callable[[WatchEvent], None] | None = None
+) -> AsyncIterator[tuple[FileSource, Events]]:
+    """A running source, synced. With the default interval only `check()` and `poke()` make it look again."""
+    queue: Events = asyncio.Queue()
+    source = FileSource(paths, sink or queue.put_nowait, interval=interval)
+    task = asyncio.create_task(source.run())
+    try:
+        await asyncio.wait_for(source.wait_synced(), 30)
+        yield source, queue
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def drain(queue: Events) -> list[WatchEvent]:
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
+    return out
+
+
+async def changes(source: FileSource, queue: Events) -> list[str]:
+    """One look at the files: what it delivered to the sink (and returned: the same list)."""
+    returned = await source.check()
+    delivered = drain(queue)
+    assert delivered == returned
+    return sorted(str(e) for e in delivered)
+
+
+async def next_event(queue: Events) -> WatchEvent:
+    return await asyncio.wait_for(queue.get(), 10)
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "kubeproxy.sources.files" and r.levelno >= logging.WARNING]
+
+
+def test_first_pass_delivers_every_object_as_added_then_synced(tmp_path: Path) -> None:
+    folder = tmp_path / "cluster"
+    write(folder / "a.yaml", svc("web"), svc("db", ns="data"), node("node-1"))
+    write(folder / "sub" / "b.yml", {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}})
+    slice_list = {
+        "apiVersion": "v1",
+        "kind": "EndpointSliceList",
+        "items": [{"metadata": {"name": "web-abc", "namespace": "default"}, "addressType": "IPv4", "endpoints": []}],
+    }
+    (folder / "c.json").write_text(json.dumps(slice_list))
+    (folder / "notes.txt").write_text("kind: Service\nmetadata: {name: not-a-manifest}\n")
+    extra = write(tmp_path / "extra.yaml", svc("api", ns=None))
+    seen_synced: list[bool] = []
+
+    async def main() -> None:
+        queue: Events = asyncio.Queue()
+
+        def sink(event: WatchEvent) -> None:
+            seen_synced.append(source.synced)
+            queue.put_nowait(event)
+
+        source = FileSource([folder, extra], sink)
+        assert not source.synced
+        task = asyncio.create_task(source.run())
+        await asyncio.wait_for(source.wait_synced(), 30)
+        events = drain(queue)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert sorted(str(e) for e in events) == [
+            "ADDED EndpointSlice default/web-abc",
+            "ADDED Node node-1",
+            "ADDED Service data/db",
+            "ADDED Service default/api",  # no namespace in the file: "default", as kubectl would put it
+            "ADDED Service default/web",
+        ]
+        by_name = {e.name: e for e in events}
+        assert by_name["web"].obj == svc("web")
+        # A list item without kind or apiVersion gets both, as the API source's objects always have them.
+        assert by_name["web-abc"].obj["kind"] == "EndpointSlice"
+        assert by_name["web-abc"].obj["apiVersion"] == "discovery.k8s.io/v1"
+        assert source.synced and source.broken == {}
+
+    run(main())
+    assert seen_synced == [False] * 5  # synced only once every object is delivered
+
+
+def test_one_changed_object_is_one_modified(tmp_path: Path) -> None:
+    path = write(tmp_path / "svc.yaml", svc("a"), svc("b"), svc("c"))
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            drain(queue)
+            write(path, svc("a"), svc("b", port=8080), svc("c"))
+            returned = await source.check()
+            assert [str(e) for e in returned] == ["MODIFIED Service default/b"]
+            assert returned[0].obj["spec"]["ports"][0]["port"] == 8080
+            assert drain(queue) == returned
+            assert await changes(source, queue) == []  # and nothing more on the next look
+
+    run(main())
+
+
+def test_object_removed_from_a_file_is_deleted_with_its_last_state(tmp_path: Path) -> None:
+    path = write(tmp_path / "svc.yaml", svc("a"), svc("b", port=81))
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            drain(queue)
+            write(path, svc("a"))
+            returned = await source.check()
+            assert [str(e) for e in returned] == ["DELETED Service default/b"]
+            assert returned[0].obj == svc("b", port=81)
+
+    run(main())
+
+
+def test_removed_file_deletes_all_its_objects_and_comes_back(tmp_path: Path) -> None:
+    keep = write(tmp_path / "d" / "keep.yaml", svc("keep"))
+    gone = write(tmp_path / "d" / "gone.yaml", svc("x"), svc("y"), node("n1"))
+    single = write(tmp_path / "single.yaml", svc("s"))
+
+    async def main() -> None:
+        async with following(keep.parent, single) as (source, queue):
+            drain(queue)
+            gone.unlink()
+            single.unlink()  # a PATH given by name that disappears: its objects go too, no error
+            assert await changes(source, queue) == [
+                "DELETED Node n1",
+                "DELETED Service default/s",
+                "DELETED Service default/x",
+                "DELETED Service default/y",
+            ]
+            write(single, svc("s"))
+            assert await changes(source, queue) == ["ADDED Service default/s"]
+
+    run(main())
+
+
+def test_folder_that_becomes_empty_is_just_empty(tmp_path: Path) -> None:
+    folder = tmp_path / "d"
+    path = write(folder / "a.yaml", svc("a"))
+
+    async def main() -> None:
+        async with following(folder) as (source, queue):
+            drain(queue)
+            path.unlink()
+            assert await changes(source, queue) == ["DELETED Service default/a"]
+            assert await changes(source, queue) == []
+            folder.rmdir()  # even the folder itself: nothing to read is not an error
+            assert await changes(source, queue) == []
+            write(folder / "new.yaml", svc("b"))
+            assert await changes(source, queue) == ["ADDED Service default/b"]
+
+    run(main())
+
+
+def test_new_files_in_a_folder_are_added(tmp_path: Path) -> None:
+    folder = tmp_path / "d"
+    write(folder / "a.yaml", svc("a"))
+
+    async def main() -> None:
+        async with following(folder) as (source, queue):
+            drain(queue)
+            write(folder / "deeper" / "b.json", svc("b"))
+            (folder / "c.yaml.swp").write_text("editor junk")
+            assert await changes(source, queue) == ["ADDED Service default/b"]
+
+    run(main())
+
+
+BAD_SAVES = {
+    "invalid YAML": "kind: Service\nmetadata: {name: a\n",
+    "half written": yaml.safe_dump_all([svc("a"), svc("b")])[:150],
+    "no kind": yaml.safe_dump_all([svc("a"), {"metadata": {"name": "b"}}]),
+    "no name": yaml.safe_dump_all([svc("a"), {"apiVersion": "v1", "kind": "Service", "metadata": {}}]),
+    "not an object": yaml.safe_dump_all([svc("a"), ["a", "list"]]),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_SAVES.values(), ids=BAD_SAVES.keys())
+def test_bad_save_keeps_the_objects_and_the_fix_gives_only_the_differences(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, bad: str
+) -> None:
+    path = write(tmp_path / "svc.yaml", svc("a"), svc("b"), svc("c"))
+    caplog.set_level(logging.INFO, logger="kubeproxy.sources.files")
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            drain(queue)
+            path.write_text(bad)
+            assert await changes(source, queue) == []
+            assert list(source.broken) == [str(path)]
+            assert len(warnings := warnings_of(caplog)) == 1 and str(path) in warnings[0]
+            assert "keeping the 3 objects" in warnings[0]
+            path.write_text(bad)  # saved again, still broken: no second warning
+            assert await changes(source, queue) == []
+            assert len(warnings_of(caplog)) == 1
+            write(path, svc("a"), svc("b", port=8080))
+            assert await changes(source, queue) == ["DELETED Service default/c", "MODIFIED Service default/b"]
+            assert source.broken == {}
+
+    run(main())
+
+
+def test_file_broken_from_the_start_gives_nothing_until_fixed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = write(tmp_path / "good.yaml", svc("a"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: [Service\n")
+
+    async def main() -> None:
+        async with following(good, bad) as (source, queue):
+            assert sorted(str(e) for e in drain(queue)) == ["ADDED Service default/a"]
+            assert f"{bad}:2" in warnings_of(caplog)[0]  # the file and the line
+            write(bad, svc("b"))
+            assert await changes(source, queue) == ["ADDED Service default/b"]
+
+    run(main())
+
+
+def test_same_object_in_two_files_the_later_wins_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = write(tmp_path / "d" / "a.yaml", svc("web", port=1, ns=None))  # no namespace: "default"
+    second = write(tmp_path / "d" / "b.yaml", svc("web", port=2))
+
+    async def main() -> None:
+        async with following(first.parent) as (source, queue):
+            events = drain(queue)
+            assert [str(e) for e in events] == ["ADDED Service default/web"]
+            assert events[0].obj["spec"]["ports"][0]["port"] == 2
+            [warning] = warnings_of(caplog)
+            assert str(first) in warning and str(second) in warning and "Service default/web" in warning
+            assert await changes(source, queue) == []
+            assert len(warnings_of(caplog)) == 1  # once, not at every look
+            second.unlink()
+            returned = await source.check()
+            assert [str(e) for e in returned] == ["MODIFIED Service default/web"]
+            assert returned[0].obj["spec"]["ports"][0]["port"] == 1
+
+    run(main())
+
+
+def test_same_object_twice_in_one_file_the_later_document_wins(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path / "svc.yaml", svc("web", port=1), svc("web", port=2))
+
+    async def main() -> None:
+        async with following(path) as (_, queue):
+            [event] = drain(queue)
+            assert event.obj["spec"]["ports"][0]["port"] == 2
+            [warning] = warnings_of(caplog)
+            assert f"{path}#1" in warning and f"{path}#2" in warning
+
+    run(main())
+
+
+def test_kind_list_documents(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+
+    def save(port: int) -> None:
+        bare = {"metadata": {"name": "c", "namespace": "default"}, "spec": {}}  # as a ServiceList holds them
+        write(
+            path,
+            {"apiVersion": "v1", "kind": "List", "items": [svc("a"), svc("b", port=port)]},
+            {"kind": "ServiceList", "items": [bare]},
+        )
+
+    save(80)
+    by_name: dict[str, WatchEvent] = {}
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            first = drain(queue)
+            by_name.update((e.name, e) for e in first)
+            assert sorted(str(e) for e in first) == [
+                "ADDED Service default/a",
+                "ADDED Service default/b",
+                "ADDED Service default/c",
+            ]
+            save(90)
+            assert await changes(source, queue) == ["MODIFIED Service default/b"]
+        assert {"kind": "Service", "apiVersion": "v1"}.items() <= by_name["c"].obj.items()
+
+    run(main())
+
+
+def test_missing_path_is_an_error_when_the_source_is_built(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", svc("a"))
+    with pytest.raises(ManifestError, match=r"nope\.yaml: no such file or folder"):
+        FileSource([tmp_path, tmp_path / "nope.yaml"], lambda e: None)
+    with pytest.raises(ManifestError, match="standard input cannot be watched"):
+        FileSource(["-"], lambda e: None)
+
+
+def test_touched_file_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "svc.yaml", svc("a"))
+    parsed: list[str] = []
+    real = files.parse_documents
+
+    def counting(text: str, source: str) -> Any:
+        parsed.append(source)
+        return real(text, source)
+
+    monkeypatch.setattr(files, "parse_documents", counting)
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            drain(queue)
+            assert parsed == [str(path)]
+            os.utime(path)
+            assert await changes(source, queue) == []
+            assert parsed == [str(path)]
+
+    run(main())
+
+
+def test_same_size_saves_in_quick_succession_are_all_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saves within one tick of the file clock leave the same stat; the racy-mtime re-read catches them.
+
+    Recent kernels hand out fine-grained times to files whose times were just looked at, so the
+    test makes the clock coarse itself: whole seconds, as on filesystems with 1 s timestamps.
+    """
+    real = files._Stat.of
+
+    def whole_seconds(cls: type[files._Stat], path: Path) -> files._Stat:
+        st = real(path)
+        return dataclasses.replace(st, mtime_ns=st.mtime_ns // 10**9 * 10**9, ctime_ns=st.ctime_ns // 10**9 * 10**9)
+
+    monkeypatch.setattr(files._Stat, "of", classmethod(whole_seconds))
+    path = write(tmp_path / "svc.yaml", svc("a", port=10))
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            drain(queue)
+            for port in range(11, 31):
+                write(path, svc("a", port=port))
+                returned = await source.check()
+                assert [(str(e), e.obj["spec"]["ports"][0]["port"]) for e in returned] == [("MODIFIED Service default/a", port)]
+
+    run(main())
+
+
+def test_a_file_that_changes_while_it_is_read_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "svc.yaml", svc("a"), svc("b"))
+    real = files.read_text
+    torn: list[str] = []
+
+    def racing_writer(p: Path) -> str:
+        text = real(p)
+        if not torn:  # the first read sees half a save, and the writer is still at it
+            torn.append(text[: text.index("---")])
+            with p.open("a") as f:
+                f.write("# the rest of the save\n")
+            return torn[0]
+        return text
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            drain(queue)
+            write(path, svc("a"), svc("b"), svc("c"))
+            monkeypatch.setattr(files, "read_text", racing_writer)
+            assert await changes(source, queue) == []  # not "DELETED b": the torn text is never used
+            assert await changes(source, queue) == ["ADDED Service default/c"]
+            assert torn and "name: b" not in torn[0]
+
+    run(main())
+
+
+def test_run_polls_by_itself(tmp_path: Path) -> None:
+    folder = tmp_path / "d"
+    path = write(folder / "a.yaml", svc("a"))
+
+    async def main() -> None:
+        async with following(folder, interval=0.02) as (_, queue):
+            drain(queue)
+            write(path, svc("a", port=81))
+            assert str(await next_event(queue)) == "MODIFIED Service default/a"
+            write(folder / "b.yaml", svc("b"))
+            assert str(await next_event(queue)) == "ADDED Service default/b"
+
+    run(main())
+
+
+def test_poke_looks_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.yaml", svc("a"))
+
+    async def main() -> None:
+        async with following(path) as (source, queue):  # an hour between polls: only the poke can do it
+            drain(queue)
+            write(path, svc("a", port=81))
+            source.poke()
+            assert str(await next_event(queue)) == "MODIFIED Service default/a"
+
+    run(main())
+
+
+def test_a_failing_consumer_does_not_stop_the_source(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path / "a.yaml", svc("a"), svc("b"))
+    got: list[str] = []
+
+    def sink(event: WatchEvent) -> None:
+        if event.name == "a":
+            raise RuntimeError("consumer bug")
+        got.append(str(event))
+
+    async def main() -> None:
+        async with following(path, sink=sink) as (source, _):
+            write(path, svc("a", port=1), svc("b", port=1))
+            await source.check()
+
+    run(main())
+    assert got == ["ADDED Service default/b", "MODIFIED Service default/b"]
+    assert any("consumer bug" in r.getMessage() for r in caplog.records)
+
+
+def service_yaml(i: int, port: int = 80) -> str:
+    return f"---\nkind: Service\nmetadata:\n  name: svc-{i}\n  namespace: default\nspec:\n  ports:\n  - port: {port}\n"
+
+
+def test_one_change_in_a_10k_object_file_is_one_event(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("".join(service_yaml(i) for i in range(10_000)))
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            assert queue.qsize() == 10_000
+            drain(queue)
+            path.write_text("".join(service_yaml(i, 8080 if i == 4242 else 80) for i in range(10_000)))
+            assert await changes(source, queue) == ["MODIFIED Service default/svc-4242"]
+
+    run(main())
