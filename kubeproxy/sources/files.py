@@ -23,6 +23,9 @@ What it promises:
 - A file that cannot be read or parsed (a half-written save, invalid YAML, a document without
   kind or name) gets one warning naming it, and the objects it last gave stay in place: a bad
   save never drops rules. Once it is fixed, the events are the difference against those objects.
+  A file already unusable at the first pass gives nothing until it is fixed (synced is still set).
+- If the files cannot even be listed (a folder on the way became unreadable), nothing changes
+  and `connected` is False until they can, as `ApiSource.connected` is during an API outage.
 - A removed file deletes its objects. A folder that becomes empty is just empty; a PATH that
   disappears later is treated the same way, and read again when it comes back.
 - The same object twice: the later one wins, deterministically. Files are ordered as the PATHs
@@ -160,6 +163,14 @@ class FileSource:
 
     async def wait_synced(self) -> None:
         await self._synced.wait()
+
+    @property
+    def connected(self) -> bool:
+        """False while the files cannot even be listed: what we deliver may then be going stale.
+
+        An unusable file does not count: its last good objects stay in effect and `broken` names it.
+        """
+        return self._scan_error is None
 
     @property
     def broken(self) -> dict[str, str]:

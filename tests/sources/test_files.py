@@ -410,6 +410,32 @@ def test_a_file_that_changes_while_it_is_read_is_read_again(tmp_path: Path, monk
     run(main())
 
 
+def test_files_that_cannot_be_listed_keep_their_objects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path / "d" / "a.yaml", svc("a"))
+
+    def denied(paths: Any) -> list[Path]:
+        raise PermissionError(13, "Permission denied", str(path.parent))
+
+    async def main() -> None:
+        async with following(path.parent) as (source, queue):
+            drain(queue)
+            assert source.connected
+            with monkeypatch.context() as m:
+                m.setattr(files, "manifest_files", denied)
+                assert await changes(source, queue) == []  # not "DELETED a"
+                assert await changes(source, queue) == []
+                assert not source.connected
+            [warning] = warnings_of(caplog)  # once per outage, not at every look
+            assert f"{path.parent}: Permission denied" in warning
+            write(path, svc("a", port=81))
+            assert await changes(source, queue) == ["MODIFIED Service default/a"]
+            assert source.connected
+
+    run(main())
+
+
 def test_run_polls_by_itself(tmp_path: Path) -> None:
     folder = tmp_path / "d"
     path = write(folder / "a.yaml", svc("a"))
