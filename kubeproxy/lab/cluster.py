@@ -1,0 +1,471 @@
+"""A one-node cluster made of network namespaces: the bed for end-to-end tests and the demo.
+
+    with MiniCluster.build(pods=["a", "b"], remote_pods=["r"]) as cluster:
+        objs = [service(...), endpoint_slice(..., cluster.backends("a", "r"), ...)]  # lab.objects
+        cluster.write_manifests([cluster.node_object(), *objs])
+        cluster.start_proxy()
+        cluster.wait_applied(objs)
+        cluster.request("tcp", cluster.client, "192.168.0.2:30080")
+
+Without a running proxy, `load_rendered(objs)` loads the offline renderer's rules instead.
+
+Layout (every box is a network namespace; all of them, and every process started in them, are
+removed when the block ends, whether it ended well or not):
+
+    client 192.168.0.10/24 (+ .11-.13) ── eth0 ── node-1 192.168.0.2/24 ──┬─ cali… ── pod a 10.244.1.10/32
+      routes 10.96.0.0/12 and the                  ip_forward, rp_filter  ├─ cali… ── pod b 10.244.1.11/32
+      external/LB ranges via the node              loose, route_localnet, └─ cali… ── pod r 10.244.2.10/32
+                                                   default via the client            ("on node-2")
+
+Pods are wired as Calico wires them: no bridge, one veth per pod, a /32 route to it on the node
+and, in the pod, a default route via a link-local gateway whose MAC is the node end's. So the
+node routes every pod packet (hairpin works without a bridge's hairpin mode) and a pod sees the
+source address the node really sent. "Remote" pods are routed by node-1 in the same way; only
+their EndpointSlice says they run on node-2, so a proxy treats them as non-local.
+
+Every pod runs `python -m kubeproxy.lab.probe serve` on its IP for the cluster's TCP and UDP
+ports; its answer names the destination it was reached at and the source it saw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import selectors
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import yaml
+
+from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
+from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+from kubeproxy.cluster.state import build_state
+from kubeproxy.lab import netns as L
+from kubeproxy.lab import objects
+from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.render import render_iptables
+
+NODE_NAME = "node-1"
+REMOTE_NODE_NAME = "node-2"
+NODE_IP = "192.168.0.2"
+CLIENT_IP = "192.168.0.10"
+CLIENT_EXTRA_IPS = ("192.168.0.11", "192.168.0.12", "192.168.0.13")
+UPLINK_PREFIX = 24
+POD_CIDR = "10.244.1.0/24"
+REMOTE_POD_CIDR = "10.244.2.0/24"
+CLUSTER_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/12"
+# Documentation ranges (RFC 5737) for externalIPs and load-balancer IPs: the client routes them to the node.
+EXTERNAL_CIDRS = ("203.0.113.0/24", "198.51.100.0/24")
+HEALTHZ_BIND = "0.0.0.0:10256"
+METRICS_BIND = "127.0.0.1:10249"
+SYNC_METRIC = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+
+_POD_GATEWAY = "169.254.1.1"
+_GATEWAY_MAC = "ee:ee:ee:ee:ee:ee"  # Calico gives every host-side veth this MAC
+_FIRST_POD_HOST = 10
+PROBE = [sys.executable, "-m", "kubeproxy.lab.probe"]
+_METRICS_GET = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())"
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """The bed could not be built, or a wait ran out; the message says what and shows the evidence."""
+
+
+def poll(what: str, check: Callable[[], T | None], *, timeout: float, interval: float = 0.05) -> T:
+    """Call `check` until it returns something other than None (or False); give up after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() >= deadline:
+            raise ClusterError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Pod:
+    name: str
+    ip: str
+    node_name: str
+    ns: L.NetNS
+    host_if: str  # the veth end in the node's namespace
+    removed: bool = False
+
+    def backend(self, *, ready: bool = True, serving: bool = True, terminating: bool = False) -> objects.Backend:
+        return objects.Backend(self.ip, self.node_name, ready=ready, serving=serving, terminating=terminating)
+
+
+Source = L.NetNS | Pod
+
+
+@dataclass
+class MiniCluster:
+    node: L.NetNS
+    client: L.NetNS
+    workdir: Path
+    tcp_ports: tuple[int, ...]
+    udp_ports: tuple[int, ...]
+    pods: dict[str, Pod] = field(default_factory=dict)
+    proxy: subprocess.Popen[str] | None = None
+    _stack: ExitStack = field(default_factory=ExitStack, repr=False)
+    _next_host: dict[str, int] = field(default_factory=dict, repr=False)
+    _jumps_loaded: bool = field(default=False, repr=False)
+
+    # ---- building and tearing down -------------------------------------------------------
+
+    @classmethod
+    @contextmanager
+    def build(
+        cls,
+        pods: Sequence[str] = ("a", "b"),
+        remote_pods: Sequence[str] = ("r",),
+        *,
+        tcp_ports: Sequence[int] = (8080,),
+        udp_ports: Sequence[int] = (5353,),
+    ) -> Iterator[MiniCluster]:
+        """The node, the client and the pods, each pod serving `tcp_ports` and `udp_ports`."""
+        with ExitStack() as stack:
+            workdir = Path(tempfile.mkdtemp(prefix="kp-cluster-"))
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+            node = stack.enter_context(L.netns("kpnode"))
+            client = stack.enter_context(L.netns("kpcli"))
+            cluster = cls(node, client, workdir, tuple(tcp_ports), tuple(udp_ports), _stack=stack)
+            (workdir / "manifests").mkdir()
+            cluster._wire_node_and_client()
+            # Pods are torn down after the proxy (ExitStack unwinds in reverse), the node and client last.
+            for name in pods:
+                cluster.add_pod(name)
+            for name in remote_pods:
+                cluster.add_pod(name, node_name=REMOTE_NODE_NAME)
+            stack.callback(cluster.stop_proxy)
+            yield cluster
+
+    def _wire_node_and_client(self) -> None:
+        L.link(self.client, "eth0", f"{CLIENT_IP}/{UPLINK_PREFIX}", self.node, "eth0", f"{NODE_IP}/{UPLINK_PREFIX}")
+        client_cmds = [f"addr add {ip}/{UPLINK_PREFIX} dev eth0" for ip in CLIENT_EXTRA_IPS]
+        client_cmds += [f"route add {cidr} via {NODE_IP}" for cidr in (SERVICE_CIDR, *EXTERNAL_CIDRS)]
+        _ip_batch(self.client, client_cmds)
+        # a node's uplink has a gateway; without a route the node's own connections to service IPs
+        # would fail before netfilter sees them
+        _ip_batch(self.node, [f"route add default via {CLIENT_IP}"])
+        self.node.run(
+            [
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+                # kube-proxy needs loose (or no) reverse-path filtering and, for localhost NodePorts, route_localnet
+                "net.ipv4.conf.all.rp_filter=2",
+                "net.ipv4.conf.default.rp_filter=2",
+                "net.ipv4.conf.all.route_localnet=1",
+                # REJECT answers with ICMP, which the kernel rate-limits per peer; tests must see every answer
+                "net.ipv4.icmp_ratelimit=0",
+                "net.ipv4.icmp_msgs_per_sec=100000",
+                "net.ipv4.icmp_msgs_burst=100000",
+            ]
+        )
+
+    def add_pod(self, name: str, *, node_name: str = NODE_NAME) -> Pod:
+        """A pod namespace with the next free IP of its node's podCIDR, serving the cluster's ports."""
+        if name in self.pods:
+            raise ClusterError(f"pod {name!r} exists already")
+        cidr = ipaddress.ip_network(POD_CIDR if node_name == NODE_NAME else REMOTE_POD_CIDR)
+        host = self._next_host.get(node_name, _FIRST_POD_HOST)
+        self._next_host[node_name] = host + 1
+        ip = str(cidr[host])
+        ns = L.create("kppod")
+        host_if = "cali" + hashlib.sha1(f"{ns.name}/{name}".encode()).hexdigest()[:11]
+        pod = Pod(name, ip, node_name, ns, host_if)
+        self.pods[name] = pod
+        self._stack.callback(self._delete_pod, pod)
+        self.node.run(
+            ["ip", "link", "add", host_if, "address", _GATEWAY_MAC, "type", "veth", "peer", "name", "eth0", "netns", ns.name]
+        )
+        _ip_batch(self.node, [f"link set {host_if} up", f"route add {ip}/32 dev {host_if} scope link"])
+        _ip_batch(
+            ns,
+            [
+                f"addr add {ip}/32 dev eth0",
+                "link set eth0 up",
+                f"route add {_POD_GATEWAY} dev eth0 scope link",
+                f"route add default via {_POD_GATEWAY} dev eth0",
+                f"neigh replace {_POD_GATEWAY} lladdr {_GATEWAY_MAC} dev eth0 nud permanent",
+            ],
+        )
+        self._serve(pod)
+        return pod
+
+    def _serve(self, pod: Pod) -> None:
+        # Started together, awaited together: interpreter start-up is the slow part.
+        children = [
+            self._start_probe(pod.ns, proto, [f"{pod.ip}:{port}" for port in ports], f"pod-{pod.name}")
+            for proto, ports in (("tcp", self.tcp_ports), ("udp", self.udp_ports))
+            if ports
+        ]
+        for what, child in children:
+            _await_ready(what, child, timeout=15)
+
+    def serve(self, where: Source, proto: str, listens: Sequence[str]) -> None:
+        """Start a probe receiver in any namespace of the bed (e.g. the node or the client) on `ip:port`s."""
+        ns = where.ns if isinstance(where, Pod) else where
+        _await_ready(*self._start_probe(ns, proto, listens, ns.name), timeout=15)
+
+    def _start_probe(self, ns: L.NetNS, proto: str, listens: Sequence[str], label: str) -> tuple[str, subprocess.Popen[str]]:
+        args = [arg for spec in listens for arg in ("--listen", spec)]
+        log = self._log_file(f"{label}-{proto}.log")
+        child = ns.popen([*PROBE, "serve", "--proto", proto, *args], stdout=subprocess.PIPE, stderr=log)
+        return f"{proto} probe in {label} on {', '.join(listens)}", child
+
+    def remove_pod(self, name: str) -> None:
+        """Kill a pod and remove its namespace and route (its endpoint should be gone from the slice first)."""
+        self._delete_pod(self.pods.pop(name))
+
+    def _delete_pod(self, pod: Pod) -> None:
+        if pod.removed:
+            return
+        pod.removed = True
+        self.pods.pop(pod.name, None)
+        pod.ns.delete()  # the veth pair and the node's route to it go with the namespace
+
+    def _log_file(self, name: str) -> IO[str]:
+        # appended to, so that a restarted proxy's log follows the previous one's
+        return self._stack.enter_context((self.workdir / name).open("a"))
+
+    # ---- objects ---------------------------------------------------------------------------
+
+    @property
+    def manifests(self) -> Path:
+        return self.workdir / "manifests"
+
+    def node_object(self) -> objects.JSON:
+        """node-1's Node: its podCIDR and InternalIP, so the proxy knows its own addresses."""
+        return objects.node(NODE_NAME, NODE_IP, POD_CIDR)
+
+    def backends(self, *names: str) -> list[objects.Backend]:
+        return [self.pods[n].backend() for n in names]
+
+    def write_manifests(self, objs: Iterable[objects.JSON], filename: str = "cluster.yaml") -> Path:
+        """Write objects as one multi-document YAML file, atomically: a watcher never sees half a file."""
+        path = self.manifests / filename
+        tmp = path.with_name(f".{filename}.tmp")
+        tmp.write_text(yaml.safe_dump_all(list(objs), sort_keys=False))
+        os.replace(tmp, path)
+        return path
+
+    # ---- rules without a running proxy -----------------------------------------------------
+
+    def load_rendered(self, objs: Iterable[objects.JSON], cfg: ProxyConfig | None = None) -> str:
+        """Render `objs` as node-1 with the offline renderer and load the result into the node.
+
+        The first load also adds the jumps from the built-in chains (as a proxy's start-up
+        would); later loads are full syncs of our chains only. Returns the loaded text.
+        """
+        cfg = cfg or ProxyConfig(hostname_override=NODE_NAME)
+        state, warnings = build_state(objs)
+        if warnings:
+            raise ClusterError("objects rejected: " + "; ".join(warnings))
+        counters = ensure_nfacct_counters(NFACCT_COUNTERS, self.node.run)
+        text = render_iptables(state, cfg, nfacct_counters=counters).rendered.text
+        if not self._jumps_loaded:
+            text = with_jumps(text)
+        restore(text, run=self.node.run)
+        self._jumps_loaded = True
+        return text
+
+    # ---- the proxy under test --------------------------------------------------------------
+
+    def start_proxy(self, *extra_args: str) -> subprocess.Popen[str]:
+        """`kubeproxy -v 2 run` inside the node namespace, reading the manifests folder; output in proxy.log."""
+        if self.proxy is not None and self.proxy.poll() is None:
+            raise ClusterError("a proxy is running already; stop_proxy() first")
+        argv = [
+            _kubeproxy_binary(),
+            "-v",
+            "2",
+            "run",
+            "--manifests",
+            str(self.manifests),
+            "--hostname-override",
+            NODE_NAME,
+            "--healthz-bind-address",
+            HEALTHZ_BIND,
+            "--metrics-bind-address",
+            METRICS_BIND,
+            *extra_args,
+        ]
+        log = self._log_file("proxy.log")
+        self.proxy = self.node.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        return self.proxy
+
+    def stop_proxy(self, timeout: float = 10) -> int | None:
+        """SIGTERM, then SIGKILL if it has not exited within `timeout` s. Returns its exit status."""
+        proc, self.proxy = self.proxy, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        return proc.returncode
+
+    def proxy_log(self) -> str:
+        path = self.workdir / "proxy.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def last_sync(self) -> float | None:
+        """The proxy's `kubeproxy_sync_proxy_rules_last_timestamp_seconds`, or None before the first sync."""
+        proc = self.node.run([sys.executable, "-c", _METRICS_GET, f"http://{METRICS_BIND}/metrics"], check=False)
+        if proc.returncode != 0:
+            return None
+        for line in proc.stdout.splitlines():
+            if line.startswith(SYNC_METRIC):
+                value = float(line.split()[-1])
+                return value or None
+        return None
+
+    def wait_synced(self, after: float | None = None, timeout: float = 15) -> float:
+        """Wait for a sync that completed after `after` (a `time.time()`); any sync if None.
+
+        To be sure a change is in: `t = time.time(); write_manifests(...); wait_synced(t)`, or,
+        since a sync that was already running at `t` may have missed the change, wait for the
+        rules themselves with `wait_rules` / `wait_endpoints`.
+        """
+
+        def synced() -> float | None:
+            self._check_proxy_alive()
+            ts = self.last_sync()
+            return ts if ts is not None and (after is None or ts > after) else None
+
+        return self._poll_with_log("a sync" + (f" after {after:.3f}" if after else ""), synced, timeout)
+
+    def iptables_save(self, table: str = "nat") -> str:
+        return self.node.run(["iptables-save", "-t", table]).stdout
+
+    def wait_rules(self, what: str, check: Callable[[str], bool], table: str = "nat", timeout: float = 15) -> str:
+        """Poll `iptables-save -t table` of the node until `check(text)` holds; return that text."""
+
+        def matched() -> str | None:
+            text = self.iptables_save(table)
+            return text if check(text) else None
+
+        return self._poll_with_log(what, matched, timeout)
+
+    def endpoints_in_rules(self, service_port: str, text: str | None = None) -> set[str]:
+        """`ip:port` targets of the DNAT rules commented `service_port` (`ns/name:port`, as upstream writes it)."""
+        text = self.iptables_save("nat") if text is None else text
+        found = set()
+        for line in text.splitlines():
+            if not (line.startswith("-A KUBE-SEP-") and "--to-destination" in line):
+                continue
+            words = shlex.split(line)
+            if "--comment" in words and words[words.index("--comment") + 1] == service_port:
+                found.add(words[words.index("--to-destination") + 1])
+        return found
+
+    def wait_endpoints(self, service_port: str, expected: Iterable[str], timeout: float = 15) -> None:
+        """Wait until the node's DNAT rules for `service_port` go to exactly `expected` (`ip:port`)."""
+        want = set(expected)
+        self.wait_rules(
+            f"{service_port} endpoints {sorted(want)} in the node's rules",
+            lambda text: self.endpoints_in_rules(service_port, text) == want,
+            timeout=timeout,
+        )
+
+    def wait_applied(self, objs: Sequence[objects.JSON], timeout: float = 15) -> None:
+        """Wait until the node's rules send every service port in `objs` to the endpoints its
+        slices give it, and reject those without endpoints (see `objects.expected_endpoints`)."""
+        expected = objects.expected_endpoints(objs)
+
+        def applied() -> bool:
+            nat, filter_text = self.iptables_save("nat"), ""
+            for service_port, want in expected.items():
+                if want and self.endpoints_in_rules(service_port, nat) != want:
+                    return False
+                if not want:
+                    filter_text = filter_text or self.iptables_save("filter")
+                    if f'"{service_port} has no endpoints"' not in filter_text:
+                        return False
+            return True
+
+        self._poll_with_log(f"the rules of {len(expected)} service ports", applied, timeout)
+
+    def _check_proxy_alive(self) -> None:
+        if self.proxy is not None and self.proxy.poll() is not None:
+            raise ClusterError(f"the proxy exited with status {self.proxy.returncode}:\n{_tail(self.proxy_log())}")
+
+    def _poll_with_log(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
+        try:
+            return poll(what, check, timeout=timeout)
+        except ClusterError as exc:
+            if self.proxy is None:
+                raise
+            raise ClusterError(f"{exc}; proxy log:\n{_tail(self.proxy_log())}") from None
+
+    # ---- traffic ---------------------------------------------------------------------------
+
+    def request(
+        self,
+        proto: str,
+        src: Source,
+        dst: str,
+        count: int = 1,
+        src_ip: str | None = None,
+        timeout: float = 1.0,
+    ) -> list[Any]:
+        """`count` probes (one new connection each) from `src` to `dst` (`ip:port`).
+
+        Each result is the receiver's {"dst", "src"} (as `ip:port` strings), "refused" (a REJECT)
+        or "timeout" (a DROP), as `kubeproxy.lab.probe send` reports them.
+        """
+        ns = src.ns if isinstance(src, Pod) else src
+        argv = [*PROBE, "send", "--proto", proto, "--dst", dst, "--count", str(count), "--timeout", str(timeout)]
+        if src_ip:
+            argv += ["--src", src_ip]
+        out = ns.run(argv, timeout=30 + count * timeout).stdout
+        results: list[Any] = json.loads(out)
+        return results
+
+
+def _ip_batch(ns: L.NetNS, commands: Sequence[str]) -> None:
+    """Several `ip` commands in one process: building a pod takes one spawn instead of five."""
+    ns.run(["ip", "-batch", "-"], input="\n".join(commands) + "\n")
+
+
+def _await_ready(what: str, child: subprocess.Popen[str], timeout: float) -> None:
+    assert child.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(child.stdout, selectors.EVENT_READ)
+        line = child.stdout.readline() if sel.select(timeout) else ""
+    if line.strip() != "ready":
+        status = child.poll()
+        raise ClusterError(f"{what} did not start (exit status {status}, said {line.strip()!r})")
+
+
+def _kubeproxy_binary() -> str:
+    beside = Path(sys.executable).parent / "kubeproxy"
+    found = str(beside) if beside.exists() else shutil.which("kubeproxy")
+    if not found:
+        raise ClusterError(f"no kubeproxy executable beside {sys.executable} or on PATH")
+    return found
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
