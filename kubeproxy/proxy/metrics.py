@@ -1,0 +1,301 @@
+"""kube-proxy's Prometheus metrics, with upstream's names, types, labels and buckets (v1.33+).
+
+`ProxyMetrics` owns its registry (no process-global state) and registers what upstream
+registers for the proxy mode: the common set for every mode, plus the iptables or nftables
+extras. Metrics of another mode still exist as attributes, so a caller may update them
+unconditionally; they are just not exposed, as upstream.
+
+Since v1.33 most metrics carry an `ip_family` label ("IPv4"/"IPv6"). The proxier runs one
+family, so the family-labelled attributes are bound to `metrics.ip_family`:
+
+    metrics.ip_family = "IPv6"
+    metrics.sync_duration.observe(0.12)                       # ...{ip_family="IPv6"}
+    metrics.iptables_total.labels(table="nat").set(1200)      # ...{ip_family="IPv6",table="nat"}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+IP_FAMILIES = ("IPv4", "IPv6")
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+
+def exponential_buckets(start: float, factor: float, count: int) -> list[float]:
+    return [start * factor**i for i in range(count)]
+
+
+def linear_buckets(start: float, width: float, count: int) -> list[float]:
+    return [start + width * i for i in range(count)]
+
+
+SYNC_BUCKETS = exponential_buckets(0.001, 2, 15)  # 1 ms … 16.384 s
+# Upstream merges its ranges onto a leading 0 bucket.
+NETWORK_PROGRAMMING_BUCKETS = [
+    0.0,
+    *linear_buckets(0.25, 0.25, 2),
+    *linear_buckets(1, 1, 59),
+    *linear_buckets(60, 5, 12),
+    *linear_buckets(120, 30, 7),
+]
+
+# The nfacct counters upstream's iptables mode exposes as counters of its own.
+NFACCT_METRICS = (
+    (
+        "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+        "packets dropped by iptables to work around conntrack problems",
+        "ct_state_invalid_dropped_pkts",
+    ),
+    (
+        "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+        "Number of packets accepted on nodeports of loopback interface",
+        "localhost_nps_accepted_pkts",
+    ),
+)
+
+NfacctReader = Callable[[str], int | None]
+
+
+class _FamilyChild:
+    """Reading the attribute gives the metric's child for the owner's current `ip_family`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._vec = f"_{name}"
+
+    def __get__(self, obj: ProxyMetrics | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj, self._vec).labels(ip_family=obj.ip_family)
+
+
+class _FamilyLabels:
+    """Like `_FamilyChild` for metrics with more labels: `.labels(**others)` adds `ip_family`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._vec = f"_{name}"
+
+    def __get__(self, obj: ProxyMetrics | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return _BoundLabels(getattr(obj, self._vec), obj.ip_family)
+
+
+class _BoundLabels:
+    def __init__(self, vec: Any, family: str) -> None:
+        self._vec, self._family = vec, family
+
+    def labels(self, **labels: str) -> Any:
+        return self._vec.labels(ip_family=self._family, **labels)
+
+
+class ProxyMetrics:
+    """The metrics one proxy updates and `/metrics` exposes."""
+
+    sync_duration = _FamilyChild()
+    sync_full_duration = _FamilyChild()
+    sync_partial_duration = _FamilyChild()
+    last_timestamp = _FamilyChild()
+    last_queued_timestamp = _FamilyChild()
+    network_programming_duration = _FamilyChild()
+    restore_failures_total = _FamilyChild()
+    partial_restore_failures_total = _FamilyChild()
+    nftables_sync_failures_total = _FamilyChild()
+    nftables_cleanup_failures_total = _FamilyChild()
+    conntrack_reconciler_sync_duration = _FamilyChild()
+    conntrack_reconciler_deleted_entries_total = _FamilyChild()
+    iptables_total = _FamilyLabels()
+    iptables_last = _FamilyLabels()
+    no_local_endpoints_total = _FamilyLabels()
+
+    def __init__(self, proxy_mode: str = "iptables", *, ip_family: str = "IPv4", nfacct: NfacctReader | None = None) -> None:
+        """`nfacct(name)` returns an nfacct counter's packet count (None: unavailable); given in
+        iptables mode, the two nfacct-backed counters are exposed, read at scrape time."""
+        self.proxy_mode = proxy_mode
+        self.ip_family = ip_family
+        self.registry = CollectorRegistry()
+        fam = ["ip_family"]
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(f"kubeproxy_{name}", doc, fam, buckets=buckets, registry=None)
+
+        self._sync_duration = histogram("sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", SYNC_BUCKETS)
+        self._sync_full_duration = histogram(
+            "sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs", SYNC_BUCKETS
+        )
+        self._sync_partial_duration = histogram(
+            "sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs", SYNC_BUCKETS
+        )
+        self._last_timestamp = Gauge(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            fam,
+            registry=None,
+        )
+        self._last_queued_timestamp = Gauge(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            fam,
+            registry=None,
+        )
+        self._network_programming_duration = histogram(
+            "network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            NETWORK_PROGRAMMING_BUCKETS,
+        )
+        self.endpoint_changes_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes", registry=None
+        )
+        self.endpoint_changes_total = Counter(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes", registry=None
+        )
+        self.service_changes_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes", registry=None
+        )
+        self.service_changes_total = Counter(
+            "kubeproxy_sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes", registry=None
+        )
+        self._restore_failures_total = Counter(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "Cumulative proxy iptables restore failures",
+            fam,
+            registry=None,
+        )
+        self._partial_restore_failures_total = Counter(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+            "Cumulative proxy iptables partial restore failures",
+            fam,
+            registry=None,
+        )
+        self._iptables_total = Gauge(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            [*fam, "table"],
+            registry=None,
+        )
+        self._iptables_last = Gauge(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            [*fam, "table"],
+            registry=None,
+        )
+        self._nftables_sync_failures_total = Counter(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            "Cumulative proxy nftables sync failures",
+            fam,
+            registry=None,
+        )
+        self._nftables_cleanup_failures_total = Counter(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+            "Cumulative proxy nftables cleanup failures",
+            fam,
+            registry=None,
+        )
+        self.proxy_healthz_total = Counter(
+            "kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status", ["code"], registry=None
+        )
+        self.proxy_livez_total = Counter(
+            "kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status", ["code"], registry=None
+        )
+        self._no_local_endpoints_total = Gauge(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            [*fam, "traffic_policy"],
+            registry=None,
+        )
+        self._conntrack_reconciler_sync_duration = histogram(
+            "conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", SYNC_BUCKETS
+        )
+        self._conntrack_reconciler_deleted_entries_total = Counter(
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            fam,
+            registry=None,
+        )
+
+        common = [
+            self._sync_duration,
+            self._last_queued_timestamp,
+            self._last_timestamp,
+            self.endpoint_changes_pending,
+            self.endpoint_changes_total,
+            self.service_changes_pending,
+            self.service_changes_total,
+            self.proxy_healthz_total,
+            self.proxy_livez_total,
+            self._network_programming_duration,
+            self._no_local_endpoints_total,
+            self._conntrack_reconciler_sync_duration,
+            self._conntrack_reconciler_deleted_entries_total,
+        ]
+        per_mode: dict[str, list[Collector]] = {
+            "iptables": [
+                self._sync_full_duration,
+                self._sync_partial_duration,
+                self._restore_failures_total,
+                self._partial_restore_failures_total,
+                self._iptables_total,
+                self._iptables_last,
+            ],
+            "ipvs": [self._restore_failures_total],
+            "nftables": [self._nftables_sync_failures_total, self._nftables_cleanup_failures_total],
+        }
+        for collector in (*common, *per_mode.get(proxy_mode, [])):
+            self.registry.register(collector)
+        if proxy_mode == "iptables" and nfacct is not None:
+            self.registry.register(_NfacctCollector(nfacct))
+        # Upstream's Go runtime exposes process_* metrics; these are the same names for this process.
+        ProcessCollector(registry=self.registry)
+
+    @property
+    def ip_family(self) -> str:
+        return self._ip_family
+
+    @ip_family.setter
+    def ip_family(self, family: str) -> None:
+        if family not in IP_FAMILIES:
+            raise ValueError(f"ip_family {family!r}: want one of {', '.join(IP_FAMILIES)}")
+        self._ip_family = family
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format 0.0.4, as upstream's /metrics writes it."""
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated:
+    """The registry minus prometheus_client's `*_created` series, which Go's client never writes."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
+class _NfacctCollector(Collector):
+    def __init__(self, read: NfacctReader) -> None:
+        self._read = read
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # values come from the kernel at scrape time
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, counter in NFACCT_METRICS:
+            try:
+                packets = self._read(counter)
+            except Exception as exc:
+                # Upstream logs and leaves the metric out; a scrape must not fail over it.
+                log.error('"failed to collect nfacct counter" counter="%s" err="%s"', counter, exc)
+                continue
+            if packets is not None:
+                yield CounterMetricFamily(name, doc, value=packets)
