@@ -20,7 +20,15 @@ from kubeproxy.netfilter import simulate as nf_simulate
 from kubeproxy.netfilter.model import ParseError
 from kubeproxy.netfilter.node import Node, NodeError
 from kubeproxy.netfilter.packet import PacketError, make_packet
-from kubeproxy.proxy.config import DETECT_LOCAL_MODES, PROXY_MODES, ConfigError, ProxyConfig, load_config_file, validate
+from kubeproxy.proxy.config import (
+    DETECT_LOCAL_MODES,
+    PROXY_MODES,
+    ConfigError,
+    ProxyConfig,
+    load_config_file,
+    parse_duration,
+    validate,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -137,6 +145,104 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
         sys.stdout.write(add_jumps(result.rendered.text))
     else:
         sys.stdout.write(result.rendered.text)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@main.command("run")
+@proxy_options
+@click.option("--manifests", multiple=True, help="Watch these YAML/JSON files or folders instead of an API server.")
+@click.option("--kubeconfig", help="Kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config).")
+@click.option("--master", help="API server URL (overrides the kubeconfig's server).")
+@click.option("--healthz-bind-address", help="ip:port of /healthz and /livez (default 0.0.0.0:10256; '' disables).")
+@click.option("--metrics-bind-address", help="ip:port of /metrics (default 127.0.0.1:10249; '' disables).")
+@click.option("--min-sync-period", "--iptables-min-sync-period", "min_sync_period", callback=_duration,
+              help="Least time between syncs (Go duration, default 1s).")
+@click.option("--sync-period", "--iptables-sync-period", "sync_period", callback=_duration,
+              help="Most time between syncs (Go duration, default 30s).")
+def run_cmd(
+    manifests: tuple[str, ...],
+    kubeconfig: str | None,
+    master: str | None,
+    healthz_bind_address: str | None,
+    metrics_bind_address: str | None,
+    min_sync_period: float | None,
+    sync_period: float | None,
+    **flags: Any,
+) -> None:
+    """Run the proxy on this node: watch Services and EndpointSlices, program the kernel.
+
+    Objects come from the API server (--kubeconfig/--master, or the in-cluster service account)
+    or, with --manifests, from files that are re-read when they change. The rules stay in the
+    kernel when the proxy exits; `kubeproxy cleanup` removes them.
+    """
+    import asyncio
+    import socket
+
+    from kubeproxy import live
+    from kubeproxy.backends.iptables.options import node_name
+
+    try:
+        cfg = build_config(**flags)
+        changes: dict[str, Any] = {}
+        for key, value in (
+            ("healthz_bind_address", healthz_bind_address),
+            ("metrics_bind_address", metrics_bind_address),
+            ("min_sync_period", min_sync_period),
+            ("sync_period", sync_period),
+            ("kubeconfig", kubeconfig),
+        ):
+            if value is not None:
+                changes[key] = value
+        cfg = validate(replace(cfg, **changes))
+    except (ConfigError, ManifestError) as exc:
+        _fail(str(exc))
+    if cfg.mode != "iptables":
+        _fail(f"--proxy-mode {cfg.mode}: not implemented yet")
+    proxy = live.LiveProxy(cfg, node_name(cfg, socket.gethostname()))
+    try:
+        source = _source(cfg, manifests, master, proxy)
+    except (ManifestError, ConfigError) as exc:
+        _fail(str(exc))
+    asyncio.run(live.run_until_signalled(proxy, source))
+
+
+def _source(cfg: ProxyConfig, manifests: tuple[str, ...], master: str | None, proxy: Any) -> Any:
+    if manifests:
+        from kubeproxy.sources.files import FileSource
+
+        return FileSource(list(manifests), proxy.on_event)
+    from kubeproxy.sources.api import ApiSource
+    from kubeproxy.sources.connection import ConnectionConfigError, connect, load_config
+
+    try:
+        client = connect(load_config(cfg.kubeconfig or None, master=master))
+    except ConnectionConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return ApiSource(client, proxy.node_name, proxy.on_event)
+
+
+@main.command()
+@click.option("--ipv6", is_flag=True, help="Clean the IPv6 tables (ip6tables) instead.")
+def cleanup(ipv6: bool) -> None:
+    """Remove the chains and jump rules kubeproxy installed, and nothing else.
+
+    Chains shared with kubelet (KUBE-MARK-MASQ, KUBE-FIREWALL) go only if nothing else uses them.
+    """
+    from kubeproxy.backends.iptables.proxier import IptablesProxier
+
+    removed = IptablesProxier(ipv6=ipv6).cleanup()
+    for item in removed:
+        click.echo(f"removed {item}")
+    if not removed:
+        click.echo("nothing to remove")
 
 
 @main.command()

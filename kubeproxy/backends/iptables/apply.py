@@ -56,3 +56,19 @@ def ensure_nfacct_counters(names: Collection[str], run: Runner = local_run) -> s
         if listed.returncode == 0:
             present.add(name)
     return present
+
+
+def nfacct_packets(name: str, run: Runner = local_run) -> int | None:
+    """The packet count of one nfacct counter (`nfacct get NAME`), None if it cannot be read."""
+    try:
+        proc = run(["nfacct", "get", name], check=False)
+    except (FileNotFoundError, OSError):
+        return None
+    # `{ pkts = 00000000000000000042, bytes = 00000000000000003360 } = NAME;`
+    fields = proc.stdout.replace("{", " ").replace("}", " ").replace(",", " ").split()
+    if proc.returncode != 0 or "pkts" not in fields:
+        return None
+    try:
+        return int(fields[fields.index("pkts") + 2])
+    except (IndexError, ValueError):
+        return None

@@ -80,6 +80,8 @@ class IptablesProxier:
 
     ipv6: bool = False
     run: Runner = local_run
+    # "legacy" or "nft" to pick iptables-legacy / iptables-nft explicitly; "" is the system's.
+    variant: str = ""
     sync_period: float = 30.0
     clock: Callable[[], float] = time.monotonic
     _last_stale_cleanup: float = field(default=float("-inf"), init=False)
@@ -88,8 +90,11 @@ class IptablesProxier:
     def family(self) -> str:
         return IPV6 if self.ipv6 else "IPv4"
 
+    def _binary(self, tool: str = "") -> str:
+        return ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "") + tool
+
     def _iptables(self, *args: str, check: bool = False) -> bool:
-        binary = "ip6tables" if self.ipv6 else "iptables"
+        binary = self._binary()
         return self.run([binary, "-w", *args], check=check).returncode == 0
 
     def canary_present(self) -> bool:
@@ -118,14 +123,14 @@ class IptablesProxier:
         )
         text, added = self._with_missing_jumps(rendered) if full else (rendered.text, 0)
         rendered_at = time.perf_counter()
-        restore(text, self.run, ipv6=self.ipv6)
+        restore(text, self.run, ipv6=self.ipv6, variant=self.variant)
         done = time.perf_counter()
         if rendered.stale_cleanup_done:
             self._last_stale_cleanup = self.clock()
         return SyncReport(full, rendered, rendered_at - started, done - rendered_at, added)
 
     def _save(self, table: str) -> str | None:
-        binary = "ip6tables-save" if self.ipv6 else "iptables-save"
+        binary = self._binary("-save")
         proc = self.run([binary, "-t", table], check=False)
         if proc.returncode != 0:
             log.warning("%s -t %s failed: %s", binary, table, proc.stderr.strip())
@@ -179,7 +184,7 @@ class IptablesProxier:
             if ours:
                 lines = [f"*{table}", *(f":{c} - [0:0]" for c in ours), *(f"-X {c}" for c in ours), "COMMIT", ""]
                 try:
-                    restore("\n".join(lines), self.run, ipv6=self.ipv6)
+                    restore("\n".join(lines), self.run, ipv6=self.ipv6, variant=self.variant)
                     removed.extend(f"{table} {c}" for c in ours)
                 except RestoreError as exc:
                     log.error("could not remove our %s chains: %s", table, exc)

@@ -1,0 +1,322 @@
+"""The live proxy (`kubeproxy run`): sources → cluster state → change tracker → runner → backend.
+
+One asyncio loop runs everything: a source (the API reflectors or the manifest-file watcher)
+delivers events to `on_event`, which updates the cluster state, notes what changed and asks the
+bounded-frequency runner for a sync; the runner calls `sync` at most every minSyncPeriod and at
+least every syncPeriod. A sync builds this node's view, takes the changes since the last one and
+hands both to the backend in a worker thread (rendering 10k services takes most of a second and
+must not stall the watches and the health servers), then clears stale UDP conntrack entries and
+updates health, the per-service health-check servers and the metrics.
+
+Failure handling, as upstream:
+- the first sync waits until the source has delivered its initial state, so that a restart
+  never programs a half-empty rule set;
+- a failed restore is logged and counted, and the next sync (retried after minSyncPeriod, not
+  after a whole syncPeriod) is a full one;
+- while the source cannot reach the API server the rules already programmed stay, periodic
+  syncs keep them in place, and /healthz turns unhealthy once the outage is older than the
+  health timeout (2 × syncPeriod): the node's rules may no longer match the cluster;
+- SIGTERM stops the loop and leaves the rules in the kernel, so traffic keeps flowing while a
+  new proxy starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from kubeproxy.backends import conntrack
+from kubeproxy.backends.iptables.apply import RestoreError, Runner, ensure_nfacct_counters, local_run, nfacct_packets
+from kubeproxy.backends.iptables.options import iptables_options
+from kubeproxy.backends.iptables.proxier import IptablesProxier, SyncReport
+from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+from kubeproxy.cluster.state import ClusterState
+from kubeproxy.proxy.changes import Changes, ChangeTracker
+from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
+from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.model import IPV6, NodeView, build_view
+from kubeproxy.proxy.runner import BoundedFrequencyRunner
+from kubeproxy.render import primary_family
+from kubeproxy.sources.events import WatchEvent
+
+log = logging.getLogger("kubeproxy.proxy")
+
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+TCP_BE_LIBERAL = Path("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
+
+
+class Source(Protocol):
+    async def run(self) -> None: ...
+
+    async def wait_synced(self) -> None: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+
+def kv(message: str, **fields: object) -> str:
+    """A log line in klog's structured form: `"Message" key="value" ...`, as upstream writes them."""
+    return " ".join([f'"{message}"', *(f'{k}="{v}"' for k, v in fields.items())])
+
+
+def _trigger_time(obj: dict[str, object]) -> float | None:
+    """The EndpointSlice controller's note of when the change that produced this slice happened."""
+    meta = obj.get("metadata")
+    raw = (meta.get("annotations") or {}).get(TRIGGER_TIME_ANNOTATION) if isinstance(meta, dict) else None
+    if not isinstance(raw, str):
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass
+class LiveProxy:
+    """The proxy for one node. `serve(source)` runs it until cancelled."""
+
+    cfg: ProxyConfig
+    node_name: str
+    run_cmd: Runner = local_run
+    wall_clock: Callable[[], float] = time.time
+    state: ClusterState = field(default_factory=ClusterState)
+    metrics: ProxyMetrics = field(init=False)
+    source: Source | None = None
+    tracker: ChangeTracker = field(init=False)
+    health: ProxyHealth = field(init=False)
+    service_health: ServiceHealthServers = field(init=False)
+    runner: BoundedFrequencyRunner = field(init=False)
+    backend: IptablesProxier = field(init=False)
+    _initialized: bool = field(default=False, init=False)
+    _family: str = field(default="IPv4", init=False)
+    _nfacct: tuple[str, ...] = field(default=(), init=False)
+    _triggers: list[float] = field(default_factory=list, init=False)
+    _pending_services: int = field(default=0, init=False)
+    _pending_endpoints: int = field(default=0, init=False)
+    syncs: int = field(default=0, init=False)  # successful syncs
+    failed_syncs: int = field(default=0, init=False)
+    last_report: SyncReport | None = field(default=None, init=False)
+    servers: dict[str, asyncio.Server] = field(default_factory=dict, init=False)
+    _progress: asyncio.Condition | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = ProxyMetrics(self.cfg.mode, nfacct=self._nfacct_packets)
+        self.tracker = ChangeTracker(self.node_name)
+        self.health = ProxyHealth(2 * self.cfg.sync_period, clock=self.wall_clock)
+        self.service_health = ServiceHealthServers(self.health)
+        self.runner = BoundedFrequencyRunner(
+            self.sync,
+            min_interval=self.cfg.min_sync_period,
+            max_interval=self.cfg.sync_period,
+            # Only an unexpected exception gets here; restore failures schedule their own retry.
+            retry_interval=self.cfg.sync_period,
+            name="iptables-sync",
+        )
+        self.backend = IptablesProxier(ipv6=False, run=self.run_cmd, sync_period=self.cfg.sync_period)
+
+    # -- events
+
+    def on_event(self, event: WatchEvent) -> None:
+        warning = self.tracker.apply(self.state, event.obj, deleted=event.type == "DELETED")
+        if warning:
+            log.warning("%s: %s", event, warning)
+            return
+        ref = f"{event.namespace}/{event.name}" if event.namespace else event.name
+        if event.kind == "Service":
+            self._pending_services += 1
+            self.metrics.service_changes_total.inc()
+            verb = {"ADDED": "Adding new service", "MODIFIED": "Updating existing service", "DELETED": "Removing service"}
+            log.info(kv(verb[event.type], service=ref))
+        elif event.kind == "EndpointSlice":
+            self._pending_endpoints += 1
+            self.metrics.endpoint_changes_total.inc()
+            trigger = _trigger_time(event.obj)
+            if trigger is not None:
+                self._triggers.append(trigger)
+            count = sum(len(ep.get("addresses") or []) for ep in event.obj.get("endpoints") or [] if isinstance(ep, dict))
+            log.info(kv("Setting endpoints" if event.type != "DELETED" else "Removing endpoints", slice=ref, addresses=count))
+        elif event.kind == "Node":
+            log.info(kv("Node changed", node=ref, event=event.type))
+        self.metrics.service_changes_pending.set(self._pending_services)
+        self.metrics.endpoint_changes_pending.set(self._pending_endpoints)
+        self.health.queued_update(self._family)
+        self.metrics.last_queued_timestamp.set(self.wall_clock())
+        if self._initialized:
+            self.runner.run()
+
+    # -- sync
+
+    def _view(self) -> tuple[NodeView, object]:
+        node = self.state.nodes.get(self.node_name)
+        family = primary_family(self.cfg, node)
+        opts = iptables_options(
+            self.cfg,
+            family=family,
+            hostname=self.node_name,
+            node=node,
+            nfacct_counters=self._nfacct,
+            conntrack_tcp_liberal=_tcp_liberal(),
+        )
+        self.backend.ipv6 = family == IPV6
+        self.metrics.ip_family = family
+        self._family = family
+        view = build_view(self.state.services.values(), self.state.slices.values(), family, opts.node_name)
+        return view, opts
+
+    async def sync(self) -> None:
+        """One sync, called by the runner only."""
+        if not self._initialized:
+            log.debug("not syncing: the source has not delivered its initial state yet")
+            return
+        started = time.perf_counter()
+        view, opts = self._view()
+        changes = self.tracker.take(view)
+        triggers, self._triggers = self._triggers, []
+        self._pending_services = self._pending_endpoints = 0
+        log.info(kv("Syncing iptables rules", full=changes.full, services=len(changes.services)))
+        try:
+            report = await asyncio.to_thread(self.backend.sync, view, opts, changes.changed_services)  # type: ignore[arg-type]
+        except (RestoreError, OSError, TimeoutError) as exc:
+            # What the failed sync consumed is lost: the retry rewrites everything.
+            self.tracker.request_full_sync()
+            self.metrics.restore_failures_total.inc()
+            if not changes.full:
+                self.metrics.partial_restore_failures_total.inc()
+            log.error(kv("Failed to execute iptables-restore", err=exc))
+            self.runner.retry_after(self.cfg.min_sync_period)
+            self.failed_syncs += 1
+            await self._finished()
+            return
+        elapsed = time.perf_counter() - started
+        self._record(report, elapsed, triggers)
+        await self._after_sync(view, changes)
+        log.info(kv("SyncProxyRules complete", elapsed=f"{elapsed * 1000:.1f}ms", full=report.full))
+        await self._finished()
+
+    async def wait_for_syncs(self, count: int) -> None:
+        """Until `count` syncs (successful or failed) have finished: for tests and benchmarks."""
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: self.syncs + self.failed_syncs >= count)
+
+    def _condition(self) -> asyncio.Condition:
+        if self._progress is None:
+            self._progress = asyncio.Condition()
+        return self._progress
+
+    async def _finished(self) -> None:
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+
+    def _record(self, report: SyncReport, elapsed: float, triggers: list[float]) -> None:
+        self.syncs += 1
+        self.last_report = report
+        m = self.metrics
+        m.sync_duration.observe(elapsed)
+        (m.sync_full_duration if report.full else m.sync_partial_duration).observe(elapsed)
+        now = self.wall_clock()
+        m.last_timestamp.set(now)
+        m.service_changes_pending.set(0)
+        m.endpoint_changes_pending.set(0)
+        r = report.rendered
+        m.iptables_total.labels(table="filter").set(r.filter_rules)
+        m.iptables_total.labels(table="nat").set(r.nat_rules_total)
+        m.no_local_endpoints_total.labels(traffic_policy="internal").set(r.no_local_endpoints_internal)
+        m.no_local_endpoints_total.labels(traffic_policy="external").set(r.no_local_endpoints_external)
+        for trigger in triggers:
+            if now >= trigger:
+                m.network_programming_duration.observe(now - trigger)
+        source = self.source
+        if source is None or source.connected:
+            self.health.updated(self._family)
+        else:
+            # The rules are in place but may be stale: leave the queued update pending, so
+            # /healthz fails once the outage outlasts the health timeout.
+            self.health.queued_update(self._family)
+
+    async def _after_sync(self, view: NodeView, changes: Changes) -> None:
+        ports = {}
+        local: dict[tuple[str, str], int] = {}
+        for name, info in view.services.items():
+            if info.health_check_node_port:
+                ports[name.service] = info.health_check_node_port
+                local[name.service] = sum(1 for ep in view.endpoints.get(name, []) if ep.is_local and ep.ready)
+        await self.service_health.sync_services(ports)
+        self.service_health.sync_endpoints(local)
+        if changes.full or changes.deleted_udp_endpoints or changes.newly_active_udp_services or changes.deleted_udp_cluster_ips:
+            started = time.perf_counter()
+            family = "IPv6" if self.backend.ipv6 else "IPv4"
+            deleted = await asyncio.to_thread(conntrack.reconcile, view, family, self.run_cmd)
+            self.metrics.conntrack_reconciler_sync_duration.observe(time.perf_counter() - started)
+            self.metrics.conntrack_reconciler_deleted_entries_total.inc(deleted)
+            if deleted:
+                log.info(kv("Deleted stale UDP conntrack entries", count=deleted))
+
+    # -- running
+
+    def prepare(self) -> None:
+        """Kernel set-up before the first sync: nfacct counters and the canary chains."""
+        self._nfacct = tuple(sorted(ensure_nfacct_counters(NFACCT_COUNTERS, self.run_cmd)))
+        self.backend.ensure_canary()
+
+    def _nfacct_packets(self, name: str) -> int | None:
+        return nfacct_packets(name, self.run_cmd) if name in self._nfacct else None
+
+    async def serve(self, source: Source) -> None:
+        """Run until cancelled: source, runner, health and metrics servers."""
+        self.source = source
+        self.prepare()
+        # As upstream: a proxy that never manages a first sync must not look healthy forever.
+        self.health.updated(self._family)
+        for what, bind, start in (
+            ("healthz", self.cfg.healthz_bind_address, lambda b: serve_healthz(self.health, self.metrics, b)),
+            ("metrics", self.cfg.metrics_bind_address, lambda b: serve_metrics(self.metrics, b, self.cfg.mode)),
+        ):
+            if not bind:  # an empty address disables the server, as upstream
+                continue
+            try:
+                self.servers[what] = await start(bind)
+            except OSError as exc:
+                # Upstream keeps proxying without the server; so do we, loudly.
+                log.error(kv("Failed to start server", address=bind, err=exc))
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(source.run(), name="source")
+                group.create_task(self.runner.loop(), name="sync-runner")
+                await source.wait_synced()
+                self._initialized = True
+                log.info(kv("Initial state received, syncing"))
+                self.runner.run()
+        finally:
+            for server in self.servers.values():
+                server.close()
+            await self.service_health.close()
+
+
+def _tcp_liberal() -> bool:
+    try:
+        return TCP_BE_LIBERAL.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+async def run_until_signalled(proxy: LiveProxy, source: Source) -> None:
+    """Serve until SIGTERM or SIGINT; the rules stay in the kernel (upstream does the same)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await proxy.serve(source)
+    log.info(kv("Exiting, leaving the rules in place"))
