@@ -1,0 +1,145 @@
+"""The only code that runs `conntrack`: list the UDP entries of one family, delete the stale ones.
+
+Every function takes a `run` callable (argv, input=, check=, timeout=) so that the same code
+drives the host or a test namespace (`NetNS.run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.conntrack.flows import Flow, parse_flows
+from kubeproxy.backends.conntrack.stale import Filter, stale_filters
+from kubeproxy.backends.iptables.apply import Runner, local_run
+from kubeproxy.proxy.model import IPV4, IPV6, NodeView
+
+log = logging.getLogger("kubeproxy.conntrack")
+
+_DELETED = re.compile(r"(\d+) flow entries have been deleted")
+# `ip netns exec` reports a missing program on stderr instead of raising FileNotFoundError.
+_NOT_FOUND = re.compile(r'exec of ".*" failed: No such file or directory')
+
+
+class ConntrackError(RuntimeError):
+    """conntrack failed; the message carries the command and its complaint."""
+
+
+class ConntrackMissing(ConntrackError):
+    """The conntrack program is not installed."""
+
+
+def _call(run: Runner, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = run(list(argv), check=False, timeout=timeout)
+    except FileNotFoundError:
+        raise ConntrackMissing(f"{argv[0]}: not found (install conntrack-tools)") from None
+    except subprocess.TimeoutExpired:
+        raise ConntrackError(f"{' '.join(argv)}: no answer within {timeout:g}s") from None
+    except OSError as exc:
+        raise ConntrackError(f"{' '.join(argv)}: {exc}") from None
+    if proc.returncode != 0 and _NOT_FOUND.search(proc.stderr):
+        raise ConntrackMissing(f"{argv[0]}: not found (install conntrack-tools)")
+    return proc
+
+
+def _family_flag(family: str) -> str:
+    if family not in (IPV4, IPV6):
+        raise ValueError(f"IP family must be {IPV4} or {IPV6}, not {family!r}")
+    return "ipv6" if family == IPV6 else "ipv4"
+
+
+def list_flows(family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60) -> list[Flow]:
+    """The UDP conntrack entries of one family."""
+    argv = [binary, "-L", "-p", "udp", "-f", _family_flag(family)]
+    proc = _call(run, argv, timeout)
+    if proc.returncode != 0:
+        raise ConntrackError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+    return parse_flows(proc.stdout)
+
+
+def delete(flt: Filter, family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60) -> int:
+    """Delete the entries `flt` selects; returns how many went. None matching is not an error
+    (conntrack exits 1 then)."""
+    _family_flag(family)
+    argv = [binary, "-D", *flt.argv(family)]
+    proc = _call(run, argv, timeout)
+    counted = _DELETED.search(proc.stderr)
+    if proc.returncode == 0:
+        # conntrack prints each deleted entry on stdout and the total on stderr.
+        return int(counted.group(1)) if counted else len(parse_flows(proc.stdout))
+    if proc.returncode == 1 and counted and counted.group(1) == "0":
+        return 0
+    raise ConntrackError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+
+
+def reconcile(view: NodeView, family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60) -> int:
+    """Delete every stale UDP entry of `family` (see `stale`); returns the number deleted.
+
+    Raises ConntrackError (ConntrackMissing without the program) when the table cannot be
+    listed; a failed delete is logged and the others still run, as upstream does. `Reconciler`
+    wraps this for a long-running proxy: it never raises and reports a missing program once.
+    """
+    started = time.perf_counter()
+    log.debug("Started to reconcile conntrack entries ipFamily=%s", family)
+    flows = list_flows(family, run, binary=binary, timeout=timeout)
+    deleted = failed = 0
+    for flt in stale_filters(flows, view):
+        try:
+            n = delete(flt, family, run, binary=binary, timeout=timeout)
+        except ConntrackMissing:
+            raise
+        except ConntrackError as exc:
+            failed += 1
+            log.error("Failed to clear conntrack entries ipFamily=%s filter=%s err=%s", family, " ".join(flt.argv(family)), exc)
+            continue
+        log.debug("Deleted conntrack entries filter=%s count=%d", " ".join(flt.argv(family)), n)
+        deleted += n
+    took = time.perf_counter() - started
+    if failed:
+        log.error(
+            "Failed to clear all conntrack entries ipFamily=%s entriesDeleted=%d failedFilters=%d took=%.3fs",
+            family,
+            deleted,
+            failed,
+            took,
+        )
+    else:
+        log.debug(
+            "Finished reconciling conntrack entries ipFamily=%s entries=%d entriesDeleted=%d took=%.3fs",
+            family,
+            len(flows),
+            deleted,
+            took,
+        )
+    return deleted
+
+
+@dataclass
+class Reconciler:
+    """`reconcile` for the live proxy: errors are logged, never raised, and a missing conntrack
+    program is reported once (a node without conntrack-tools still proxies; only the UDP
+    cleanup is lost)."""
+
+    run: Runner = local_run
+    binary: str = "conntrack"
+    timeout: float = 60
+    _missing_reported: bool = field(default=False, init=False)
+
+    def reconcile(self, view: NodeView, family: str) -> int:
+        try:
+            deleted = reconcile(view, family, self.run, binary=self.binary, timeout=self.timeout)
+        except ConntrackMissing as exc:
+            if not self._missing_reported:
+                log.warning("Cannot clean up stale UDP conntrack entries: %s", exc)
+                self._missing_reported = True
+            return 0
+        except ConntrackError as exc:
+            log.error("Failed to list conntrack entries ipFamily=%s err=%s", family, exc)
+            return 0
+        self._missing_reported = False  # installed since: say so again if it goes away
+        return deleted

@@ -1,0 +1,496 @@
+"""Stale UDP conntrack cleanup without a kernel: parsing `conntrack -L`, upstream's reconciler
+cases (pkg/proxy/conntrack/cleanup_test.go), the deletion commands and their failures.
+
+Reconcile runs against `FakeConntrack`, a runner that keeps a table of `conntrack -L` lines and
+implements `-L -p udp -f F` and `-D` with the tuple options by its own matching (not ours), so
+"what is left afterwards" is checked as upstream's fake netlink handler checks it. The real
+conntrack program's matching is covered by tests/test_conntrack_kernel.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kubeproxy.backends.conntrack import (
+    ConntrackError,
+    ConntrackMissing,
+    Filter,
+    Flow,
+    Reconciler,
+    cleanup_required,
+    delete,
+    parse_flows,
+    reconcile,
+    stale,
+    stale_filters,
+)
+from kubeproxy.cluster.objects import parse_endpoint_slice, parse_service
+from kubeproxy.cluster.state import ClusterState
+from kubeproxy.proxy.changes import Changes, ChangeTracker
+from kubeproxy.proxy.model import IPV4, IPV6, NodeView, ServicePortName, build_view
+
+# -- upstream's fixture: one service with TCP, UDP and SCTP ports on the same numbers
+
+CLUSTER_IP = "172.30.1.1"
+EXTERNAL_IP = "192.168.99.100"
+LB_IP = "1.2.3.4"
+SERVING_EP = "10.240.0.4"
+NON_SERVING_EP = "10.240.1.5"
+DELETED_EP = "10.240.2.6"
+OLD_EP_PORT = 8080  # the endpoint kept its IP but moved to EP_PORT
+EP_PORT = 9090
+SVC_PORT = 8000
+NODE_PORT = 32000
+NON_SVC_PORT = 3000  # flows to the service IPs on a port that is not the service's
+NODE_IP = "10.0.0.1"
+PROTO_NUM = {"tcp": 6, "udp": 17, "sctp": 132}
+
+
+def service_obj(name: str = "cleanup-test", ports: Sequence[tuple[str, str, int]] | None = None) -> dict[str, Any]:
+    ports = ports or [("test-tcp", "TCP", 0), ("test-udp", "UDP", NODE_PORT), ("test-sctp", "SCTP", NODE_PORT)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": "test", "name": name},
+        "spec": {
+            "type": "LoadBalancer",
+            "clusterIP": CLUSTER_IP,
+            "externalIPs": [EXTERNAL_IP],
+            "ports": [{"name": n, "protocol": p, "port": SVC_PORT, **({"nodePort": np} if np else {})} for n, p, np in ports],
+        },
+        "status": {"loadBalancer": {"ingress": [{"ip": LB_IP}]}},
+    }
+
+
+def slice_obj(service: str = "cleanup-test", protocols: Sequence[str] = ("TCP", "UDP", "SCTP")) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"namespace": "test", "name": "cleanup-test-0", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": f"test-{p.lower()}", "protocol": p, "port": EP_PORT} for p in protocols],
+        "endpoints": [
+            {"addresses": [SERVING_EP], "conditions": {"serving": True}},
+            {"addresses": [NON_SERVING_EP], "conditions": {"ready": False, "serving": False}},
+        ],
+    }
+
+
+def view_of(services: list[dict[str, Any]], slices: list[dict[str, Any]], family: str = IPV4) -> NodeView:
+    return build_view([parse_service(s) for s in services], [parse_endpoint_slice(e) for e in slices], family, "test-worker")
+
+
+class Lines:
+    """`conntrack -L` lines, each flow from its own client port so that every one is distinct."""
+
+    def __init__(self) -> None:
+        self._sport = 10000
+
+    def __call__(self, proto: str, orig_dst: str, orig_dport: int, reply_src: str, reply_sport: int) -> str:
+        self._sport += 1
+        client, sport = "10.0.0.99", self._sport
+        state = "ESTABLISHED " if proto == "tcp" else ""
+        return (
+            f"{proto:<8} {PROTO_NUM[proto]} 29 {state}src={client} dst={orig_dst} sport={sport} dport={orig_dport} "
+            f"[UNREPLIED] src={reply_src} dst={client} sport={reply_sport} dport={sport} mark=0 use=1"
+        )
+
+
+@dataclass
+class FakeConntrack:
+    """A runner that behaves like conntrack-tools 1.4.7 on a table of `-L` lines."""
+
+    table: list[str]
+    calls: list[list[str]] = field(default_factory=list)
+
+    def __call__(
+        self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        argv = list(argv)
+        self.calls.append(argv)
+        opts = dict(zip(argv[2::2], argv[3::2], strict=True))
+        assert argv[0] == "conntrack" and opts["-p"] == "udp" and opts["-f"] in ("ipv4", "ipv6")
+        udp = [line for line in self.table if line.startswith("udp ")]
+        if argv[1] == "-L":
+            return self._done(argv, 0, "".join(f"{line}\n" for line in udp), f"{len(udp)} flow entries have been shown.")
+        assert argv[1] == "-D"
+        gone = [line for line in udp if self._selects(opts, line.split())]
+        self.table = [line for line in self.table if line not in gone]
+        out = "".join(f"{line}\n" for line in gone)
+        return self._done(argv, 0 if gone else 1, out, f"{len(gone)} flow entries have been deleted.")
+
+    @staticmethod
+    def _selects(opts: dict[str, str], tokens: list[str]) -> bool:
+        fields = [t for t in tokens if "=" in t]
+        orig = dict(f.split("=") for f in fields[:4])
+        reply = dict(f.split("=") for f in fields[4:8])
+        wanted = {
+            "--orig-dst": orig["dst"],
+            "--orig-port-dst": orig["dport"],
+            "--reply-src": reply["src"],
+            "--reply-port-src": reply["sport"],
+        }
+        return all(opts[k] == v for k, v in wanted.items() if k in opts)
+
+    @staticmethod
+    def _done(argv: list[str], rc: int, out: str, summary: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, rc, out, f"conntrack v1.4.7 (conntrack-tools): {summary}\n")
+
+
+def upstream_view() -> NodeView:
+    view = view_of([service_obj()], [slice_obj()])
+    # The same sanity checks upstream makes on its fixture.
+    assert {(n.port, n.protocol) for n in view.services} == {("test-tcp", "TCP"), ("test-udp", "UDP"), ("test-sctp", "SCTP")}
+    for eps in view.endpoints.values():
+        assert [(e.ip, e.port, e.serving) for e in eps] == [(SERVING_EP, EP_PORT, True), (NON_SERVING_EP, EP_PORT, False)]
+    return view
+
+
+# -- upstream's TestCleanStaleEntries
+
+
+def upstream_table() -> tuple[list[str], list[str]]:
+    """(the table before cleanup, the lines expected to survive it), built as upstream builds them."""
+    line = Lines()
+    before: list[str] = []
+    after: list[str] = []
+    # Endpoint kept its IP, changed its port: entries to the old port are stale.
+    for dst in (CLUSTER_IP, LB_IP, EXTERNAL_IP):
+        before.append(line("udp", dst, SVC_PORT, SERVING_EP, OLD_EP_PORT))
+    for dnat in (SERVING_EP, NON_SERVING_EP, DELETED_EP):
+        for proto in ("tcp", "udp", "sctp"):
+            for dst in (CLUSTER_IP, LB_IP, EXTERNAL_IP):
+                for port in (SVC_PORT, NON_SVC_PORT):
+                    entry = line(proto, dst, port, dnat, EP_PORT)
+                    before.append(entry)
+                    if not (proto == "udp" and port == SVC_PORT and dnat != SERVING_EP):
+                        after.append(entry)
+            # NodePort: any destination address.
+            entry = line(proto, NODE_IP, NODE_PORT, dnat, EP_PORT)
+            before.append(entry)
+            if not (proto == "udp" and dnat != SERVING_EP):
+                after.append(entry)
+    # Never DNATed (made while the service had no endpoints): the reply comes from the frontend.
+    for ip in (CLUSTER_IP, LB_IP, EXTERNAL_IP):
+        for port in (SVC_PORT, NON_SVC_PORT):
+            entry = line("udp", ip, port, ip, port)
+            before.append(entry)
+            if port != SVC_PORT:
+                after.append(entry)
+    return before, after
+
+
+def test_upstream_clean_stale_entries_pure() -> None:
+    before, after = upstream_table()
+    flows = parse_flows(before)
+    assert len(flows) == len(before) == 3 + 63 + 6
+    survivors = set(parse_flows(after))
+    assert set(stale(flows, upstream_view())) == set(flows) - survivors
+    assert len(survivors) == len(after)
+
+
+def test_upstream_clean_stale_entries_through_conntrack() -> None:
+    before, after = upstream_table()
+    ct = FakeConntrack(list(before))
+    deleted = reconcile(upstream_view(), IPV4, ct)
+    udp_before = [line for line in before if line.startswith("udp ")]
+    assert sorted(ct.table) == sorted(after)
+    assert deleted == len(before) - len(after) == len(udp_before) - len([x for x in after if x.startswith("udp ")])
+    # One `conntrack -D` per (frontend, stale backend); here every stale entry has its own pair.
+    deletes = [c for c in ct.calls if c[1] == "-D"]
+    assert len(deletes) == len(stale_filters(parse_flows(before), upstream_view())) == deleted
+
+
+def test_upstream_performance_one_delete_for_many_stale_entries() -> None:
+    """Upstream's TestPerformanceCleanStaleEntries, with 60k entries instead of 1M: every stale
+    entry shares one frontend and backend, so one listing and one delete do it all."""
+    view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
+    line = Lines()
+    table = [line("udp", EXTERNAL_IP, SVC_PORT, SERVING_EP, EP_PORT), line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT)]
+    rng = random.Random(1)
+    expected_deleted, expected_left = 1, 1
+    for _ in range(60_000):
+        port = rng.randrange(1, 65536)
+        table.append(line("udp", EXTERNAL_IP, port, DELETED_EP, EP_PORT))
+        if port == SVC_PORT:
+            expected_deleted += 1
+        else:
+            expected_left += 1
+    ct = FakeConntrack(table)
+    assert reconcile(view, IPV4, ct) == expected_deleted
+    assert len(ct.table) == expected_left
+    assert [c[1] for c in ct.calls] == ["-L", "-D"]
+    assert ct.calls[1][2:] == Filter(SVC_PORT, DELETED_EP, EP_PORT, EXTERNAL_IP).argv(IPV4)
+
+
+def test_upstream_service_without_endpoints_keeps_its_entries() -> None:
+    # The slice belongs to another service: this one has no endpoints, so nothing is cleaned.
+    view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(service="non-existing-service", protocols=["UDP"])])
+    line = Lines()
+    table = [line("udp", EXTERNAL_IP, SVC_PORT, SERVING_EP, EP_PORT), line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT)]
+    ct = FakeConntrack(list(table))
+    assert reconcile(view, IPV4, ct) == 0
+    assert ct.table == table
+    assert [c[1] for c in ct.calls] == ["-L"]
+
+
+@pytest.mark.parametrize(
+    ("flt", "family", "argv"),
+    [
+        (
+            Filter(53, "10.244.0.3", 5353, "10.96.0.10"),
+            IPV4,
+            "-p udp -f ipv4 --orig-dst 10.96.0.10 --orig-port-dst 53 --reply-src 10.244.0.3 --reply-port-src 5353",
+        ),
+        (
+            Filter(8000, "4001:ab8::2", 9090, "2001:db8:1::2"),
+            IPV6,
+            "-p udp -f ipv6 --orig-dst 2001:db8:1::2 --orig-port-dst 8000 --reply-src 4001:ab8::2 --reply-port-src 9090",
+        ),
+        (
+            Filter(30053, "2001:db8:1::2", 53),
+            IPV6,
+            "-p udp -f ipv6 --orig-port-dst 30053 --reply-src 2001:db8:1::2 --reply-port-src 53",
+        ),
+    ],
+)
+def test_filter_argv(flt: Filter, family: str, argv: str) -> None:
+    """Upstream's TestFilterForIPPortNAT / TestFilterForPortNAT, as conntrack options."""
+    assert flt.argv(family) == argv.split()
+
+
+# -- our own cases
+
+
+def test_ipv6_addresses_compare_in_canonical_form() -> None:
+    svc = service_obj(ports=[("test-udp", "UDP", 0)])
+    svc["spec"].update(clusterIP="fd00:96::10", externalIPs=[])
+    svc["status"] = {}
+    eps = slice_obj(protocols=["UDP"])
+    eps["addressType"] = "IPv6"
+    eps["endpoints"] = [{"addresses": ["fd00:244::4"], "conditions": {"serving": True}}]
+    view = view_of([svc], [eps], IPV6)
+    text = (
+        "udp      17 29 src=fd00::99 dst=fd00:96:0:0::10 sport=40000 dport=8000 src=fd00:244:0::4 dst=fd00::99 "
+        "sport=9090 dport=40000 [ASSURED] mark=0 use=1\n"
+        "udp      17 29 src=fd00::99 dst=FD00:96::10 sport=40001 dport=8000 src=fd00:244::5 dst=fd00::99 "
+        "sport=9090 dport=40001 mark=0 use=1\n"
+    )
+    flows = parse_flows(text)
+    assert flows[0].orig_dst == "fd00:96::10" and flows[0].reply_src == "fd00:244::4"
+    assert stale(flows, view) == [flows[1]]
+    assert stale_filters(flows, view) == [Filter(8000, "fd00:244::5", 9090, "fd00:96::10")]
+
+
+def test_node_port_filter_covers_frontend_filter_for_the_same_backend() -> None:
+    # Service port == NodePort number: a stale flow to clusterIP:port is also stale as *:nodePort;
+    # the broader filter alone deletes it, one process instead of two.
+    svc = service_obj(ports=[("test-udp", "UDP", 30000)])
+    svc["spec"]["ports"][0]["port"] = 30000
+    view = view_of([svc], [slice_obj(protocols=["UDP"])])
+    line = Lines()
+    flows = parse_flows([line("udp", CLUSTER_IP, 30000, DELETED_EP, EP_PORT), line("udp", NODE_IP, 30000, DELETED_EP, EP_PORT)])
+    assert stale_filters(flows, view) == [Filter(30000, DELETED_EP, EP_PORT)]
+    assert len(stale(flows, view)) == 2
+
+
+def test_shared_frontend_keeps_flows_to_either_services_endpoints() -> None:
+    # Two UDP services on the same external IP and port: a flow to either one's endpoint stays.
+    a = service_obj("a", ports=[("test-udp", "UDP", 0)])
+    b = service_obj("b", ports=[("test-udp", "UDP", 0)])
+    b["spec"]["clusterIP"] = "172.30.1.2"
+    b["status"] = {}
+    sa = slice_obj("a", protocols=["UDP"])
+    sb = slice_obj("b", protocols=["UDP"])
+    sb["metadata"]["name"] = "b-0"
+    sb["endpoints"] = [{"addresses": ["10.240.9.9"], "conditions": {"serving": True}}]
+    view = view_of([a, b], [sa, sb])
+    line = Lines()
+    flows = parse_flows(
+        [
+            line("udp", EXTERNAL_IP, SVC_PORT, SERVING_EP, EP_PORT),
+            line("udp", EXTERNAL_IP, SVC_PORT, "10.240.9.9", EP_PORT),
+            line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT),
+        ]
+    )
+    assert stale(flows, view) == [flows[2]]
+
+
+def test_terminating_but_serving_endpoint_keeps_its_flows() -> None:
+    eps = slice_obj(protocols=["UDP"])
+    eps["endpoints"] = [
+        {"addresses": [SERVING_EP], "conditions": {"ready": False, "serving": True, "terminating": True}},
+        {"addresses": ["10.240.0.5"], "conditions": {"ready": True, "serving": True}},
+    ]
+    view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [eps])
+    flows = parse_flows([Lines()("udp", CLUSTER_IP, SVC_PORT, SERVING_EP, EP_PORT)])
+    assert stale(flows, view) == []
+
+
+# -- parsing
+
+
+CAPTURED = """\
+udp      17 29 src=10.0.0.2 dst=10.96.0.10 sport=40000 dport=53 [UNREPLIED] src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40000 mark=0 use=1
+udp      17 29 src=10.0.0.2 dst=10.0.0.1 sport=40000 dport=53 packets=1 bytes=29 [UNREPLIED] src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40000 packets=0 bytes=0 mark=0 delta-time=1 use=1
+ipv4     2 udp      17 29 src=10.0.0.2 dst=10.0.0.1 sport=40000 dport=53 [UNREPLIED] src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40000 mark=0 use=1 id=262948508
+udp      17 176 src=10.0.0.2 dst=10.96.0.10 sport=40001 dport=53 src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40001 [ASSURED] mark=0 zone=7 use=2
+udp      17 29 src=fd00::2 dst=fd00::1 sport=37456 dport=53 packets=1 bytes=49 [UNREPLIED] src=fd00:244::1 dst=fd00::2 sport=5300 dport=37456 packets=0 bytes=0 mark=0 delta-time=1 use=1
+tcp      6 431999 ESTABLISHED src=10.0.0.2 dst=10.96.0.1 sport=51000 dport=443 src=10.244.0.9 dst=10.0.0.2 sport=6443 dport=51000 [ASSURED] mark=0 use=1
+"""  # noqa: E501
+
+
+def test_parse_captured_lines() -> None:
+    flows = parse_flows(CAPTURED)
+    assert flows[0] == Flow("udp", "10.0.0.2", "10.96.0.10", 40000, 53, "10.244.1.1", "10.0.0.2", 5300, 40000)
+    assert flows[1] == Flow("udp", "10.0.0.2", "10.0.0.1", 40000, 53, "10.244.1.1", "10.0.0.2", 5300, 40000)
+    assert flows[2] == flows[1]  # -o extended,id prefix and suffix
+    assert flows[3].orig_sport == 40001 and flows[3].reply_src == "10.244.1.1"
+    assert flows[4] == Flow("udp", "fd00::2", "fd00::1", 37456, 53, "fd00:244::1", "fd00::2", 5300, 37456)
+    assert flows[5].protocol == "tcp" and flows[5].reply_sport == 6443
+    assert len(flows) == 6
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown.",
+        "udp 17 29 src=10.0.0.2 dst=10.96.0.10 sport=40000 dport=53 [UNREPLIED]",  # no reply tuple
+        "udp 17 29 src=10.0.0.2 dst=10.96.0.10 sport=40000 src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40000",
+        "udp 17 29 src=10.0.0.2 dst=10.96.0.10 sport=40000 dport=99999 src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40000",
+        "udp 17 29 src=10.0.0.2 dst=10.96.0.300 sport=40000 dport=53 src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40000",
+        "udp 17 29 src=10.0.0.2 dst=10.96.0.10 sport=x dport=53 src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=40000",
+        "icmp 1 29 src=10.0.0.2 dst=10.96.0.10 type=8 code=0 id=7 src=10.96.0.10 dst=10.0.0.2 type=0 code=0 id=7 mark=0 use=1",
+        "udp 17 29 src=10.0.0.2 dst=10.96.0.10 sport=1 dport=53 src=10.244.1.1 dst=10.0.0.2 sport=5300 dport=1 src=1.1.1.1",
+        "garbage",
+    ],
+)
+def test_unparsable_line_is_skipped_with_a_debug_log(line: str, caplog: pytest.LogCaptureFixture) -> None:
+    good = CAPTURED.splitlines()[0]
+    with caplog.at_level(logging.DEBUG, logger="kubeproxy.conntrack"):
+        flows = parse_flows([good, line, good])
+    assert len(flows) == 2
+    assert any("skipping conntrack line 2" in r.getMessage() for r in caplog.records)
+
+
+# -- running conntrack: exit codes and failures
+
+
+def runner(*results: tuple[int, str, str] | BaseException) -> Any:
+    calls: list[list[str]] = []
+    queue = list(results)
+
+    def run(argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None) -> Any:
+        calls.append(list(argv))
+        result = queue.pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        rc, out, err = result
+        return subprocess.CompletedProcess(list(argv), rc, out, err)
+
+    run.calls = calls  # type: ignore[attr-defined]
+    return run
+
+
+def test_delete_nothing_matched_is_not_an_error() -> None:
+    run = runner((1, "", "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n"))
+    assert delete(Filter(53, "10.244.1.1", 5300, "10.96.0.10"), IPV4, run) == 0
+    assert run.calls == [["conntrack", "-D", *Filter(53, "10.244.1.1", 5300, "10.96.0.10").argv(IPV4)]]
+
+
+def test_delete_other_failure_is_an_error() -> None:
+    run = runner((1, "", "conntrack v1.4.7 (conntrack-tools): Operation failed: invalid parameters\n"))
+    with pytest.raises(ConntrackError, match="invalid parameters"):
+        delete(Filter(53, "10.244.1.1", 5300), IPV4, run)
+
+
+def test_failed_delete_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    line = Lines()
+    table = line("udp", CLUSTER_IP, SVC_PORT, DELETED_EP, EP_PORT) + "\n" + line("udp", LB_IP, SVC_PORT, DELETED_EP, EP_PORT)
+    run = runner(
+        (0, table, ""),
+        (1, "", "conntrack v1.4.7 (conntrack-tools): Operation failed: such entry\n"),
+        (0, "x\n", "conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n"),
+    )
+    view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
+    with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
+        assert reconcile(view, IPV4, run) == 1
+    assert len(run.calls) == 3
+    assert any("Failed to clear all conntrack entries" in r.getMessage() for r in caplog.records)
+
+
+def test_listing_failure_raises_from_reconcile_and_is_logged_by_reconciler(caplog: pytest.LogCaptureFixture) -> None:
+    view = upstream_view()
+    with pytest.raises(ConntrackError, match="Operation not permitted"):
+        reconcile(view, IPV4, runner((1, "", "conntrack v1.4.7 (conntrack-tools): Operation not permitted\n")))
+    rec = Reconciler(runner((1, "", "conntrack v1.4.7 (conntrack-tools): Operation not permitted\n")))
+    with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
+        assert rec.reconcile(view, IPV4) == 0
+    assert "Failed to list conntrack entries" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "missing",
+    [
+        FileNotFoundError(2, "No such file or directory", "conntrack"),  # subprocess on the host
+        (1, "", 'exec of "conntrack" failed: No such file or directory\n'),  # ip netns exec
+    ],
+)
+def test_missing_conntrack_is_reported_once(missing: Any, caplog: pytest.LogCaptureFixture) -> None:
+    view = upstream_view()
+    with pytest.raises(ConntrackMissing):
+        reconcile(view, IPV4, runner(missing))
+    rec = Reconciler(runner(missing, missing, missing))
+    with caplog.at_level(logging.DEBUG, logger="kubeproxy.conntrack"):
+        assert [rec.reconcile(view, IPV4) for _ in range(3)] == [0, 0, 0]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "conntrack: not found" in warnings[0].getMessage()
+
+
+def test_real_missing_binary_on_the_host() -> None:
+    rec = Reconciler(binary="conntrack-not-installed-here")
+    assert rec.reconcile(upstream_view(), IPV4) == 0
+
+
+def test_bad_family_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="IPv4 or IPv6, not 'ipv4'"):
+        reconcile(upstream_view(), "ipv4", runner())
+
+
+# -- when to run
+
+
+def test_cleanup_required_follows_udp_changes() -> None:
+    spn = ServicePortName("ns", "dns", "p", "UDP")
+    assert cleanup_required(Changes(full=True))
+    assert not cleanup_required(Changes(full=False, services=frozenset({("ns", "dns")})))
+    assert cleanup_required(Changes(full=False, newly_active_udp_services=frozenset({spn})))
+    assert cleanup_required(Changes(full=False, deleted_udp_cluster_ips=frozenset({"10.96.0.10"})))
+
+
+def test_cleanup_required_with_the_change_tracker() -> None:
+    state, tracker = ClusterState(), ChangeTracker(node_name="test-worker")
+
+    def take() -> Changes:
+        return tracker.take(build_view(state.services.values(), state.slices.values(), IPV4, "test-worker"))
+
+    udp = service_obj(ports=[("test-udp", "UDP", 0)])
+    eps = slice_obj(protocols=["UDP"])
+    tracker.apply(state, udp)
+    tracker.apply(state, eps)
+    assert cleanup_required(take())  # first sync is full
+    assert not cleanup_required(take())  # nothing changed
+    eps["endpoints"].append({"addresses": ["10.240.0.7"], "conditions": {"serving": True}})
+    tracker.apply(state, eps)
+    assert not cleanup_required(take())  # an endpoint added: nothing can be stale
+    eps["endpoints"] = eps["endpoints"][:1]
+    eps["endpoints"][0]["conditions"] = {"serving": False, "ready": False}
+    tracker.apply(state, eps)
+    assert cleanup_required(take())  # the last serving endpoint stopped serving
