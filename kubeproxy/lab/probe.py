@@ -3,9 +3,11 @@
     python -m kubeproxy.lab.probe serve --proto udp --listen 10.2.0.2:53 [--listen ...]
         prints `ready` once every socket is bound, then answers each datagram / connection with
         JSON {"dst": "ip:port it arrived at", "src": "ip:port it came from"}.
-    python -m kubeproxy.lab.probe send --proto udp --dst 10.96.0.10:53 --count 100 [--src IP]
+    python -m kubeproxy.lab.probe send --proto udp --dst 10.96.0.10:53 --count 100 [--src IP] [--sport N]
         one new socket (so one new connection) per probe; prints one JSON list: per probe either
         {"dst": ..., "src": ...} as the receiver saw it, "refused" (REJECT) or "timeout" (DROP).
+        A fixed --sport makes every UDP probe the same flow to conntrack (for TCP it would
+        collide with the previous connection's TIME_WAIT).
 
 Traffic only ever goes to addresses the caller names (tests use their own namespaces).
 """
@@ -53,12 +55,12 @@ def serve(proto: str, listens: list[str]) -> None:
                     conn.sendall(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode())
 
 
-def _one(proto: str, dst: tuple[str, int], src: str | None, timeout: float) -> object:
+def _one(proto: str, dst: tuple[str, int], src: str | None, timeout: float, sport: int = 0) -> object:
     kind = socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM
     with socket.socket(socket.AF_INET, kind) as s:
         s.settimeout(timeout)
-        if src:
-            s.bind((src, 0))
+        if src or sport:
+            s.bind((src or "", sport))
         try:
             s.connect(dst)
             if proto == "udp":
@@ -76,9 +78,9 @@ def _one(proto: str, dst: tuple[str, int], src: str | None, timeout: float) -> o
             return "garbled"
 
 
-def send(proto: str, dst: str, count: int, src: str | None, timeout: float) -> None:
+def send(proto: str, dst: str, count: int, src: str | None, timeout: float, sport: int = 0) -> None:
     target = _addr(dst)
-    print(json.dumps([_one(proto, target, src, timeout) for _ in range(count)]), flush=True)
+    print(json.dumps([_one(proto, target, src, timeout, sport) for _ in range(count)]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,11 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     sd.add_argument("--count", type=int, default=1)
     sd.add_argument("--src", default=None)
     sd.add_argument("--timeout", type=float, default=1.0)
+    sd.add_argument("--sport", type=int, default=0)
     a = ap.parse_args(argv)
     if a.cmd == "serve":
         serve(a.proto, a.listen)
     else:
-        send(a.proto, a.dst, a.count, a.src, a.timeout)
+        send(a.proto, a.dst, a.count, a.src, a.timeout, a.sport)
 
 
 if __name__ == "__main__":
