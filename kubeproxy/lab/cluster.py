@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -84,6 +85,10 @@ T = TypeVar("T")
 
 class ClusterError(RuntimeError):
     """The bed could not be built, or a wait ran out; the message says what and shows the evidence."""
+
+
+class ProxyExited(ClusterError):
+    """The proxy under test exited while a test waited on it; the message carries its log's tail."""
 
 
 def poll(what: str, check: Callable[[], T | None], *, timeout: float, interval: float = 0.05) -> T:
@@ -294,7 +299,7 @@ class MiniCluster:
         if self.proxy is not None and self.proxy.poll() is None:
             raise ClusterError("a proxy is running already; stop_proxy() first")
         argv = [
-            _kubeproxy_binary(),
+            kubeproxy_binary(),
             "-v",
             "2",
             "run",
@@ -346,11 +351,10 @@ class MiniCluster:
 
         To be sure a change is in: `t = time.time(); write_manifests(...); wait_synced(t)`, or,
         since a sync that was already running at `t` may have missed the change, wait for the
-        rules themselves with `wait_rules` / `wait_endpoints`.
+        rules themselves with `wait_applied`, `wait_endpoints` or `wait_rules`.
         """
 
         def synced() -> float | None:
-            self._check_proxy_alive()
             ts = self.last_sync()
             return ts if ts is not None and (after is None or ts > after) else None
 
@@ -409,11 +413,17 @@ class MiniCluster:
 
     def _check_proxy_alive(self) -> None:
         if self.proxy is not None and self.proxy.poll() is not None:
-            raise ClusterError(f"the proxy exited with status {self.proxy.returncode}:\n{_tail(self.proxy_log())}")
+            raise ProxyExited(f"the proxy exited with status {self.proxy.returncode}:\n{_tail(self.proxy_log())}")
 
     def _poll_with_log(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
+        def checked() -> T | None:
+            self._check_proxy_alive()
+            return check()
+
         try:
-            return poll(what, check, timeout=timeout)
+            return poll(what, checked, timeout=timeout)
+        except ProxyExited:
+            raise
         except ClusterError as exc:
             if self.proxy is None:
                 raise
@@ -429,19 +439,66 @@ class MiniCluster:
         count: int = 1,
         src_ip: str | None = None,
         timeout: float = 1.0,
+        sport: int = 0,
     ) -> list[Any]:
         """`count` probes (one new connection each) from `src` to `dst` (`ip:port`).
 
         Each result is the receiver's {"dst", "src"} (as `ip:port` strings), "refused" (a REJECT)
-        or "timeout" (a DROP), as `kubeproxy.lab.probe send` reports them.
+        or "timeout" (a DROP), as `kubeproxy.lab.probe send` reports them. A fixed UDP `sport`
+        makes all of them one flow to conntrack.
         """
         ns = src.ns if isinstance(src, Pod) else src
         argv = [*PROBE, "send", "--proto", proto, "--dst", dst, "--count", str(count), "--timeout", str(timeout)]
         if src_ip:
             argv += ["--src", src_ip]
+        if sport:
+            argv += ["--sport", str(sport)]
         out = ns.run(argv, timeout=30 + count * timeout).stdout
         results: list[Any] = json.loads(out)
         return results
+
+    @contextmanager
+    def traffic(self, proto: str, src: Source, dst: str, batch: int = 10, timeout: float = 1.0) -> Iterator[Traffic]:
+        """Probes sent back to back (`batch` per sender process) from `src` to `dst` until the block ends.
+
+        Results accumulate in the yielded `Traffic` while the test changes things; the batch in
+        flight is finished (and counted) when the block ends.
+        """
+        flow = Traffic(f"{proto} {dst}")
+        stop = threading.Event()
+
+        def loop() -> None:
+            try:
+                while not stop.is_set():
+                    flow.results.extend(self.request(proto, src, dst, count=batch, timeout=timeout))
+            except Exception as exc:  # reported in the test's thread, below
+                flow.error = exc
+
+        sender = threading.Thread(target=loop, name=f"traffic {flow.what}", daemon=True)
+        sender.start()
+        try:
+            yield flow
+        finally:
+            stop.set()
+            sender.join()
+        if flow.error is not None:
+            raise ClusterError(f"traffic {flow.what} stopped: {flow.error}") from flow.error
+
+
+@dataclass
+class Traffic:
+    what: str
+    results: list[Any] = field(default_factory=list)
+    error: Exception | None = None
+
+    def failures(self) -> list[Any]:
+        """Probes that were refused, timed out or failed otherwise."""
+        return [r for r in self.results if not isinstance(r, dict)]
+
+    def wait_for_more(self, count: int, timeout: float = 15) -> None:
+        """Wait until `count` more probes have been answered (or have failed) than now."""
+        target = len(self.results) + count
+        poll(f"{count} more probes of {self.what}", lambda: len(self.results) >= target, timeout=timeout)
 
 
 def _ip_batch(ns: L.NetNS, commands: Sequence[str]) -> None:
@@ -459,7 +516,7 @@ def _await_ready(what: str, child: subprocess.Popen[str], timeout: float) -> Non
         raise ClusterError(f"{what} did not start (exit status {status}, said {line.strip()!r})")
 
 
-def _kubeproxy_binary() -> str:
+def kubeproxy_binary() -> str:
     beside = Path(sys.executable).parent / "kubeproxy"
     found = str(beside) if beside.exists() else shutil.which("kubeproxy")
     if not found:

@@ -123,6 +123,50 @@ def no_endpoints_is_refused(c: MiniCluster, load: Load) -> None:
         assert c.request(proto, c.pods["c"], dst, count=3, timeout=5) == ["refused"] * 3
 
 
+def endpoints_scale_under_traffic(c: MiniCluster, load: Load) -> None:
+    steady = [service("steady", "10.96.0.60", [HTTP]), endpoint_slice("steady", c.backends("a"), [HTTP])]
+
+    def web(*pods: str) -> list[JSON]:
+        return [*steady, service("web", "10.96.0.10", [HTTP]), endpoint_slice("web", c.backends(*pods), [HTTP])]
+
+    load(web("b"))
+    b = at(c, "b")
+    caller = c.pods["c"]
+    with c.traffic("tcp", caller, "10.96.0.60:80") as unchanged, c.traffic("tcp", caller, "10.96.0.10:80") as scaled:
+        scaled.wait_for_more(10)
+        c.add_pod("d")  # up: the pod serves before its endpoint is published
+        load(web("b", "d"))
+        scaled.wait_for_more(20)
+        load(web("d"))  # down: the endpoint goes first, the pod afterwards
+        scaled.wait_for_more(10)
+        c.remove_pod("b")
+        c.add_pod("e")
+        load(web("d", "e"))
+        scaled.wait_for_more(20)
+    assert unchanged.results and unchanged.failures() == [], unchanged.failures()
+    assert destinations(unchanged.results) == at(c, "a")
+    # done in that order, not even the scaled service fails a request
+    assert scaled.failures() == [], scaled.failures()
+    assert destinations(scaled.results) == b | at(c, "d", "e"), destinations(scaled.results)
+
+
+UDP_FLOW_PORT = 40053  # one fixed source port: every probe is the same conntrack entry
+
+
+def udp_flow_moves_to_the_new_pod(c: MiniCluster, load: Load) -> None:
+    def dns(*pods: str) -> list[JSON]:
+        return [service("dns", "10.96.0.53", [DNS]), endpoint_slice("dns", c.backends(*pods), [DNS])]
+
+    load(dns("a"))
+    caller = c.pods["c"]
+    assert destinations(c.request("udp", caller, "10.96.0.53:53", count=3, sport=UDP_FLOW_PORT)) == at(c, "a", port=5353)
+    load(dns("b"))
+    c.remove_pod("a")
+    # the flow's conntrack entry still says "DNAT to a": only its removal lets the flow reach b
+    got = c.request("udp", caller, "10.96.0.53:53", count=3, sport=UDP_FLOW_PORT)
+    assert destinations(got) == at(c, "b", port=5353), got
+
+
 ALL: list[Scenario] = [
     cluster_ip_from_a_pod,
     cluster_ip_from_the_node,
@@ -133,4 +177,7 @@ ALL: list[Scenario] = [
     hairpin,
     client_ip_affinity_sticks,
     no_endpoints_is_refused,
+    endpoints_scale_under_traffic,
 ]
+# These need the proxy's conntrack clean-up; the offline renderer alone cannot pass them.
+NEEDS_CONNTRACK_CLEANUP: list[Scenario] = [udp_flow_moves_to_the_new_pod]

@@ -1,5 +1,6 @@
-"""The bed itself: every namespace reaches the others it should, and, with the offline renderer's
-rules loaded into the node, services behave as they must (before a live proxy exists to test)."""
+"""The bed itself: every namespace reaches the others it should, it leaves nothing behind, and the
+scenarios pass on the offline renderer's rules loaded into the node (test_live_proxy.py runs the
+same scenarios against `kubeproxy run`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.lab.cluster import CLIENT_EXTRA_IPS, CLIENT_IP, NODE_IP, MiniCluster
+from kubeproxy.lab.cluster import CLIENT_EXTRA_IPS, CLIENT_IP, CLUSTER_CIDR, NODE_IP, NODE_NAME, MiniCluster
 from kubeproxy.lab.objects import JSON
+from kubeproxy.proxy.config import ProxyConfig
 from tests.e2e import scenarios
 
 pytestmark = pytest.mark.root
@@ -64,8 +66,10 @@ def test_teardown_removes_namespaces_and_processes() -> None:
 
 @pytest.fixture
 def load(cluster: MiniCluster) -> scenarios.Load:
+    cfg = ProxyConfig(hostname_override=NODE_NAME, cluster_cidr=(CLUSTER_CIDR,))
+
     def load(objs: list[JSON]) -> None:
-        cluster.load_rendered([cluster.node_object(), *objs])
+        cluster.load_rendered([cluster.node_object(), *objs], cfg)
 
     return load
 
@@ -73,3 +77,13 @@ def load(cluster: MiniCluster) -> scenarios.Load:
 @pytest.mark.parametrize("scenario", scenarios.ALL, ids=lambda f: f.__name__)
 def test_rendered_rules(cluster: MiniCluster, load: scenarios.Load, scenario: scenarios.Scenario) -> None:
     scenario(cluster, load)
+
+
+def test_udp_flow_sticks_to_its_dead_pod_without_conntrack_cleanup(cluster: MiniCluster, load: scenarios.Load) -> None:
+    """Why the live proxy's UDP scenario is a real test: rules alone do not move an existing flow."""
+    with pytest.raises(AssertionError, match="timeout"):
+        scenarios.udp_flow_moves_to_the_new_pod(cluster, load)
+    # what the proxy's clean-up must do: forget the flows that were DNATed to the removed endpoint
+    cluster.node.run(["conntrack", "-D", "-p", "udp", "--orig-dst", "10.96.0.53"])
+    got = cluster.request("udp", cluster.pods["c"], "10.96.0.53:53", sport=scenarios.UDP_FLOW_PORT)
+    assert scenarios.destinations(got) == scenarios.at(cluster, "b", port=5353)

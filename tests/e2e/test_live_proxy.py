@@ -1,0 +1,56 @@
+"""`kubeproxy run` in the node namespace, reading manifest files: the scenarios with real packets,
+while the proxy (not the test) decides when and what to sync."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from kubeproxy.lab.cluster import CLUSTER_CIDR, MiniCluster, kubeproxy_binary
+from kubeproxy.lab.objects import JSON, endpoint_slice, service
+from tests.e2e import scenarios
+
+
+def _has_run_command() -> bool:
+    try:
+        return subprocess.run([kubeproxy_binary(), "run", "--help"], capture_output=True, timeout=30).returncode == 0
+    except Exception:
+        return False
+
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(not _has_run_command(), reason="`kubeproxy run` is not available yet"),
+]
+
+
+@pytest.fixture
+def load(cluster: MiniCluster) -> scenarios.Load:
+    """Write the objects where the proxy watches; start it on first use; return once the node's rules show them."""
+
+    def load(objs: list[JSON]) -> None:
+        cluster.write_manifests([cluster.node_object(), *objs])
+        if cluster.proxy is None:
+            cluster.start_proxy("--min-sync-period", "0s", "--cluster-cidr", CLUSTER_CIDR)
+            cluster.wait_synced()
+        cluster.wait_applied(objs)
+
+    return load
+
+
+@pytest.mark.parametrize("scenario", scenarios.ALL + scenarios.NEEDS_CONNTRACK_CLEANUP, ids=lambda f: f.__name__)
+def test_live_proxy(cluster: MiniCluster, load: scenarios.Load, scenario: scenarios.Scenario) -> None:
+    scenario(cluster, load)
+
+
+def test_a_change_is_synced_and_reported(cluster: MiniCluster, load: scenarios.Load) -> None:
+    web = [service("web", "10.96.0.10", [scenarios.HTTP]), endpoint_slice("web", cluster.backends("a"), [scenarios.HTTP])]
+    load(web)
+    first = cluster.wait_synced()
+    changed = time.time()
+    cluster.write_manifests([cluster.node_object(), *web[:1], endpoint_slice("web", cluster.backends("b"), [scenarios.HTTP])])
+    assert cluster.wait_synced(after=changed) > first
+    cluster.wait_endpoints("default/web:http", scenarios.at(cluster, "b"))
+    assert "SyncProxyRules complete" in cluster.proxy_log()
