@@ -167,6 +167,9 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Least time between syncs (Go duration, default 1s).")
 @click.option("--sync-period", "--iptables-sync-period", "sync_period", callback=_duration,
               help="Most time between syncs (Go duration, default 30s).")
+@click.option("--iptables-variant", type=click.Choice(["legacy", "nft"]), default=None,
+              help="Drive iptables-legacy or iptables-nft explicitly (default: the system's iptables). "
+              "iptables-nft loads 10k services ~10x slower than legacy; see bench/render.py.")
 def run_cmd(
     manifests: tuple[str, ...],
     kubeconfig: str | None,
@@ -175,6 +178,7 @@ def run_cmd(
     metrics_bind_address: str | None,
     min_sync_period: float | None,
     sync_period: float | None,
+    iptables_variant: str | None,
     **flags: Any,
 ) -> None:
     """Run the proxy on this node: watch Services and EndpointSlices, program the kernel.
@@ -206,7 +210,7 @@ def run_cmd(
         _fail(str(exc))
     if cfg.mode != "iptables":
         _fail(f"--proxy-mode {cfg.mode}: not implemented yet")
-    proxy = live.LiveProxy(cfg, node_name(cfg, socket.gethostname()))
+    proxy = live.LiveProxy(cfg, node_name(cfg, socket.gethostname()), iptables_variant=iptables_variant or "")
     try:
         source = _source(cfg, manifests, master, proxy)
     except (ManifestError, ConfigError) as exc:

@@ -87,6 +87,7 @@ class LiveProxy:
     cfg: ProxyConfig
     node_name: str
     run_cmd: Runner = local_run
+    iptables_variant: str = ""  # "legacy" / "nft": which iptables to drive; "" the system's
     wall_clock: Callable[[], float] = time.time
     state: ClusterState = field(default_factory=ClusterState)
     metrics: ProxyMetrics = field(init=False)
@@ -105,6 +106,7 @@ class LiveProxy:
     syncs: int = field(default=0, init=False)  # successful syncs
     failed_syncs: int = field(default=0, init=False)
     last_report: SyncReport | None = field(default=None, init=False)
+    last_changes: Changes | None = field(default=None, init=False)
     servers: dict[str, asyncio.Server] = field(default_factory=dict, init=False)
     _progress: asyncio.Condition | None = field(default=None, init=False)
 
@@ -121,7 +123,9 @@ class LiveProxy:
             retry_interval=self.cfg.sync_period,
             name="iptables-sync",
         )
-        self.backend = IptablesProxier(ipv6=False, run=self.run_cmd, sync_period=self.cfg.sync_period)
+        self.backend = IptablesProxier(
+            ipv6=False, run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant
+        )
 
     # -- events
 
@@ -180,6 +184,7 @@ class LiveProxy:
         started = time.perf_counter()
         view, opts = self._view()
         changes = self.tracker.take(view)
+        self.last_changes = changes
         triggers, self._triggers = self._triggers, []
         self._pending_services = self._pending_endpoints = 0
         log.info(kv("Syncing iptables rules", full=changes.full, services=len(changes.services)))
