@@ -150,6 +150,10 @@ class LiveProxy:
             log.info(kv("Setting endpoints" if event.type != "DELETED" else "Removing endpoints", slice=ref, addresses=count))
         elif event.kind == "Node":
             log.info(kv("Node changed", node=ref, event=event.type))
+            if event.name == self.node_name:
+                node = self.state.nodes.get(self.node_name)
+                gone = event.type == "DELETED" or node is None
+                self.health.sync_node(deleting=gone or node.deleting, taints=() if node is None else node.taints)
         self.metrics.service_changes_pending.set(self._pending_services)
         self.metrics.endpoint_changes_pending.set(self._pending_endpoints)
         self.health.queued_update(self._family)

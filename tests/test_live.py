@@ -211,3 +211,17 @@ def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path) -> None:
     rest = proc.stderr.read()
     assert proc.wait(timeout=20) == 0, rest
     assert "KUBE-SVC-" in _nat(netns)
+
+
+def test_node_being_deleted_fails_healthz_but_not_livez(netns, server, tmp_path) -> None:
+    async def body(proxy: LiveProxy) -> None:
+        base = f"http://127.0.0.1:{_port(proxy, 'healthz')}"
+        node = server.get("Node", "", "node-1")
+        node["spec"]["taints"] = [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]
+        server.apply(node)
+        await _until(proxy, lambda: _get(f"{base}/healthz")[0] == 503, "healthz to fail for a node on its way out")
+        _, text = await asyncio.to_thread(_get, f"{base}/healthz")
+        assert json.loads(text)["nodeEligible"] is False
+        assert (await asyncio.to_thread(_get, f"{base}/livez"))[0] == 200
+
+    asyncio.run(_with_proxy(netns, server, tmp_path, body))

@@ -114,6 +114,10 @@ class Node:
     labels: Mapping[str, str]
     addresses: tuple[tuple[str, IPAddress], ...]  # (type, ip), e.g. ("InternalIP", 192.168.0.2)
     pod_cidrs: tuple[IPNetwork, ...]
+    # For /healthz only (a node on its way out fails it); not part of equality, because a
+    # change of either does not change a single rule and must not force a full sync.
+    deleting: bool = field(default=False, compare=False)
+    taints: tuple[str, ...] = field(default=(), compare=False)  # taint keys
 
     def ips(self) -> list[IPAddress]:
         """Node IPs in upstream's order of preference: InternalIP first, then ExternalIP."""
@@ -270,6 +274,8 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
         labels=top.map("metadata").str_map("labels"),
         addresses=tuple(addresses),
         pod_cidrs=tuple(pod_cidrs),
+        deleting=bool(top.map("metadata").str("deletionTimestamp")),
+        taints=tuple(t.required_str("key") for t in spec.maps("taints")),
     )
 
 
