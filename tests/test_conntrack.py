@@ -24,6 +24,7 @@ from kubeproxy.backends.conntrack import (
     Filter,
     Flow,
     Reconciler,
+    clean_stale_entries,
     cleanup_required,
     delete,
     parse_flows,
@@ -426,14 +427,15 @@ def test_failed_delete_is_logged_and_the_others_still_run(caplog: pytest.LogCapt
     assert any("Failed to clear all conntrack entries" in r.getMessage() for r in caplog.records)
 
 
-def test_listing_failure_raises_from_reconcile_and_is_logged_by_reconciler(caplog: pytest.LogCaptureFixture) -> None:
+def test_listing_failure_raises_from_clean_stale_entries_and_is_logged_by_reconcile(caplog: pytest.LogCaptureFixture) -> None:
     view = upstream_view()
+    refused = (1, "", "conntrack v1.4.7 (conntrack-tools): Operation not permitted\n")
     with pytest.raises(ConntrackError, match="Operation not permitted"):
-        reconcile(view, IPV4, runner((1, "", "conntrack v1.4.7 (conntrack-tools): Operation not permitted\n")))
-    rec = Reconciler(runner((1, "", "conntrack v1.4.7 (conntrack-tools): Operation not permitted\n")))
+        clean_stale_entries(view, IPV4, runner(refused))
     with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
-        assert rec.reconcile(view, IPV4) == 0
-    assert "Failed to list conntrack entries" in caplog.text
+        assert reconcile(view, IPV4, runner(refused)) == 0
+        assert Reconciler(runner(refused)).reconcile(view, IPV4) == 0
+    assert caplog.text.count("Failed to list conntrack entries") == 2
 
 
 @pytest.mark.parametrize(
@@ -446,7 +448,7 @@ def test_listing_failure_raises_from_reconcile_and_is_logged_by_reconciler(caplo
 def test_missing_conntrack_is_reported_once(missing: Any, caplog: pytest.LogCaptureFixture) -> None:
     view = upstream_view()
     with pytest.raises(ConntrackMissing):
-        reconcile(view, IPV4, runner(missing))
+        clean_stale_entries(view, IPV4, runner(missing))
     rec = Reconciler(runner(missing, missing, missing))
     with caplog.at_level(logging.DEBUG, logger="kubeproxy.conntrack"):
         assert [rec.reconcile(view, IPV4) for _ in range(3)] == [0, 0, 0]
@@ -455,8 +457,9 @@ def test_missing_conntrack_is_reported_once(missing: Any, caplog: pytest.LogCapt
 
 
 def test_real_missing_binary_on_the_host() -> None:
-    rec = Reconciler(binary="conntrack-not-installed-here")
-    assert rec.reconcile(upstream_view(), IPV4) == 0
+    with pytest.raises(ConntrackMissing, match="conntrack-not-installed-here: not found"):
+        clean_stale_entries(upstream_view(), IPV4, binary="conntrack-not-installed-here")
+    assert reconcile(upstream_view(), IPV4, binary="conntrack-not-installed-here") == 0
 
 
 def test_bad_family_names_the_choices() -> None:

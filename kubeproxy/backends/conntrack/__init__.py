@@ -7,13 +7,14 @@ frontend no longer has their backend among its serving endpoints.
 
     flows.py   parse `conntrack -L` output into `Flow`s (pure)
     stale.py   which flows are stale for a `NodeView`, as deletion `Filter`s (pure)
-    apply.py   run conntrack: list, delete, `reconcile`, `Reconciler`
+    apply.py   run conntrack: list, delete, `clean_stale_entries`, `reconcile`, `Reconciler`
 """
 
 from kubeproxy.backends.conntrack.apply import (
     ConntrackError,
     ConntrackMissing,
     Reconciler,
+    clean_stale_entries,
     delete,
     list_flows,
     reconcile,
@@ -28,6 +29,7 @@ __all__ = [
     "Flow",
     "Frontends",
     "Reconciler",
+    "clean_stale_entries",
     "cleanup_required",
     "delete",
     "filters_for",

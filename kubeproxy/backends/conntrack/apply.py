@@ -77,12 +77,13 @@ def delete(flt: Filter, family: str, run: Runner = local_run, *, binary: str = "
     raise ConntrackError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
 
 
-def reconcile(view: NodeView, family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60) -> int:
+def clean_stale_entries(
+    view: NodeView, family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60
+) -> int:
     """Delete every stale UDP entry of `family` (see `stale`); returns the number deleted.
 
     Raises ConntrackError (ConntrackMissing without the program) when the table cannot be
-    listed; a failed delete is logged and the others still run, as upstream does. `Reconciler`
-    wraps this for a long-running proxy: it never raises and reports a missing program once.
+    listed; a failed delete is logged and the others still run, as upstream does.
     """
     started = time.perf_counter()
     log.debug("Started to reconcile conntrack entries ipFamily=%s", family)
@@ -119,6 +120,15 @@ def reconcile(view: NodeView, family: str, run: Runner = local_run, *, binary: s
     return deleted
 
 
+def reconcile(view: NodeView, family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60) -> int:
+    """`clean_stale_entries` that never raises: failures are logged and count as 0 deleted.
+
+    A one-shot: a missing conntrack program is logged on every call. A long-running proxy holds
+    a `Reconciler`, which says it once.
+    """
+    return Reconciler(run, binary, timeout).reconcile(view, family)
+
+
 @dataclass
 class Reconciler:
     """`reconcile` for the live proxy: errors are logged, never raised, and a missing conntrack
@@ -132,7 +142,7 @@ class Reconciler:
 
     def reconcile(self, view: NodeView, family: str) -> int:
         try:
-            deleted = reconcile(view, family, self.run, binary=self.binary, timeout=self.timeout)
+            deleted = clean_stale_entries(view, family, self.run, binary=self.binary, timeout=self.timeout)
         except ConntrackMissing as exc:
             if not self._missing_reported:
                 log.warning("Cannot clean up stale UDP conntrack entries: %s", exc)
