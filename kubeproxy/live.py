@@ -96,6 +96,7 @@ class LiveProxy:
     health: ProxyHealth = field(init=False)
     service_health: ServiceHealthServers = field(init=False)
     runner: BoundedFrequencyRunner = field(init=False)
+    conntrack_cleaner: conntrack.Reconciler = field(init=False)
     backend: IptablesProxier = field(init=False)
     _initialized: bool = field(default=False, init=False)
     _family: str = field(default="IPv4", init=False)
@@ -113,6 +114,7 @@ class LiveProxy:
     def __post_init__(self) -> None:
         self.metrics = ProxyMetrics(self.cfg.mode, nfacct=self._nfacct_packets)
         self.tracker = ChangeTracker(self.node_name)
+        self.conntrack_cleaner = conntrack.Reconciler(run=self.run_cmd)
         self.health = ProxyHealth(2 * self.cfg.sync_period, clock=self.wall_clock)
         self.service_health = ServiceHealthServers(self.health)
         self.runner = BoundedFrequencyRunner(
@@ -262,10 +264,9 @@ class LiveProxy:
                 local[name.service] = sum(1 for ep in view.endpoints.get(name, []) if ep.is_local and ep.ready)
         await self.service_health.sync_services(ports)
         self.service_health.sync_endpoints(local)
-        if changes.full or changes.deleted_udp_endpoints or changes.newly_active_udp_services or changes.deleted_udp_cluster_ips:
+        if conntrack.cleanup_required(changes):
             started = time.perf_counter()
-            family = "IPv6" if self.backend.ipv6 else "IPv4"
-            deleted = await asyncio.to_thread(conntrack.reconcile, view, family, self.run_cmd)
+            deleted = await asyncio.to_thread(self.conntrack_cleaner.reconcile, view, self._family)
             self.metrics.conntrack_reconciler_sync_duration.observe(time.perf_counter() - started)
             self.metrics.conntrack_reconciler_deleted_entries_total.inc(deleted)
             if deleted:
