@@ -1,0 +1,5 @@
+"""`python -m kubeproxy.lab.dns check|load ...`: the same commands as `kubeproxy dns`."""
+
+from kubeproxy.lab.dns.commands import dns
+
+dns(prog_name="python -m kubeproxy.lab.dns")
