@@ -7,7 +7,13 @@
         cluster.wait_applied(objs)
         cluster.request("tcp", cluster.client, "192.168.0.2:30080")
 
-Without a running proxy, `load_rendered(objs)` loads the offline renderer's rules instead.
+Without a running proxy, `load_rendered(objs)` loads the offline renderer's rules instead. With an
+API server instead of files (the test API server, run in the node namespace, driven by the real
+`kubectl` there):
+
+        kubeconfig = cluster.start_apiserver()
+        cluster.kubectl_apply([cluster.node_object(), *objs])   # or cluster.kubectl("patch", ...)
+        cluster.start_proxy(kubeconfig=kubeconfig)
 
 Layout (every box is a network namespace; all of them, and every process started in them, are
 removed when the block ends, whether it ended well or not):
@@ -79,6 +85,16 @@ _GATEWAY_MAC = "ee:ee:ee:ee:ee:ee"  # Calico gives every host-side veth this MAC
 _FIRST_POD_HOST = 10
 PROBE = [sys.executable, "-m", "kubeproxy.lab.probe"]
 _METRICS_GET = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())"
+# One GET, run inside a namespace; prints {"status", "headers", "body"} whatever the status (a 503 is an answer too).
+_HTTP_GET = """
+import json, sys, urllib.error, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    r = opener.open(sys.argv[1], timeout=float(sys.argv[2]))
+except urllib.error.HTTPError as e:
+    r = e
+print(json.dumps({"status": r.status, "headers": dict(r.headers.items()), "body": r.read().decode(errors="replace")}))
+"""
 
 T = TypeVar("T")
 
@@ -89,6 +105,19 @@ class ClusterError(RuntimeError):
 
 class ProxyExited(ClusterError):
     """The proxy under test exited while a test waited on it; the message carries its log's tail."""
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    status: int
+    headers: dict[str, str]  # as sent; look them up with `header()`
+    body: str
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers.items() if k.lower() == name.lower()), None)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
 
 
 def poll(what: str, check: Callable[[], T | None], *, timeout: float, interval: float = 0.05) -> T:
@@ -128,9 +157,12 @@ class MiniCluster:
     udp_ports: tuple[int, ...]
     pods: dict[str, Pod] = field(default_factory=dict)
     proxy: subprocess.Popen[str] | None = None
+    apiserver: subprocess.Popen[str] | None = None
+    kubeconfig: Path | None = None  # reaches `apiserver` from inside the node namespace
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
     _next_host: dict[str, int] = field(default_factory=dict, repr=False)
     _jumps_loaded: bool = field(default=False, repr=False)
+    _applied: dict[tuple[str, str, str], objects.JSON] = field(default_factory=dict, repr=False)
 
     # ---- building and tearing down -------------------------------------------------------
 
@@ -272,6 +304,71 @@ class MiniCluster:
         os.replace(tmp, path)
         return path
 
+    # ---- objects through an API server and kubectl -----------------------------------------
+
+    def start_apiserver(self, timeout: float = 15) -> Path:
+        """The test API server (`python -m kubeproxy.lab.apiserver`) as a process in the node namespace.
+
+        It listens on 127.0.0.1 there, so only the node's processes (the proxy, `kubectl()`) reach
+        it. Returns the kubeconfig it wrote (also `self.kubeconfig`); its log is apiserver.log.
+        """
+        if self.apiserver is not None and self.apiserver.poll() is None:
+            raise ClusterError("an API server is running already")
+        path = self.workdir / "kubeconfig"
+        path.unlink(missing_ok=True)
+        log = self._log_file("apiserver.log")
+        argv = [sys.executable, "-m", "kubeproxy.lab.apiserver", "--kubeconfig", str(path), "--bookmark-interval", "5"]
+        self.apiserver = self.node.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+        def written() -> bool:
+            if self.apiserver is not None and self.apiserver.poll() is not None:
+                tail = _tail((self.workdir / "apiserver.log").read_text(errors="replace"))
+                raise ClusterError(f"the API server exited with status {self.apiserver.returncode}:\n{tail}")
+            # written after the server listens; complete once its last key is there
+            return path.exists() and "preferences" in path.read_text()
+
+        poll("the API server's kubeconfig", written, timeout=timeout)
+        self.kubeconfig = path
+        self._applied.clear()
+        return path
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The real `kubectl` inside the node namespace, against `start_apiserver()`'s server.
+
+        Nothing of the caller's ~/.kube or environment leaks in. A failure (with `check`) is a
+        ClusterError carrying kubectl's stderr.
+        """
+        if self.kubeconfig is None:
+            raise ClusterError("kubectl needs the API server: start_apiserver() first")
+        binary = shutil.which("kubectl")
+        if binary is None:
+            raise ClusterError("kubectl is not on PATH")
+        env = ["env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={self.workdir}"]
+        argv = [*env, binary, "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.workdir / "kube-cache"), *args]
+        proc = self.node.run(argv, input=input, check=False, timeout=30)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"kubectl {shlex.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def kubectl_apply(self, objs: Iterable[objects.JSON]) -> str:
+        """Make the API server hold `objs`, as an operator would: `kubectl apply -f` a file of them,
+        then `kubectl delete -f` the ones an earlier call applied and `objs` lacks. Returns what
+        kubectl said (`service/web created`, `... unchanged`, `... deleted`).
+        """
+        wanted = {_object_key(obj): obj for obj in objs}
+        gone = [obj for key, obj in self._applied.items() if key not in wanted]
+        said = []
+        if wanted:
+            path = self.workdir / "kubectl-apply.yaml"
+            path.write_text(yaml.safe_dump_all(list(wanted.values()), sort_keys=False))
+            said.append(self.kubectl("apply", "-f", str(path)).stdout)
+        if gone:
+            path = self.workdir / "kubectl-delete.yaml"
+            path.write_text(yaml.safe_dump_all(gone, sort_keys=False))
+            said.append(self.kubectl("delete", "-f", str(path)).stdout)
+        self._applied = wanted
+        return "".join(said)
+
     # ---- rules without a running proxy -----------------------------------------------------
 
     def load_rendered(self, objs: Iterable[objects.JSON], cfg: ProxyConfig | None = None) -> str:
@@ -294,17 +391,18 @@ class MiniCluster:
 
     # ---- the proxy under test --------------------------------------------------------------
 
-    def start_proxy(self, *extra_args: str) -> subprocess.Popen[str]:
-        """`kubeproxy -v 2 run` inside the node namespace, reading the manifests folder; output in proxy.log."""
+    def start_proxy(self, *extra_args: str, kubeconfig: Path | None = None) -> subprocess.Popen[str]:
+        """`kubeproxy -v 2 run` inside the node namespace, reading the manifests folder, or with
+        `kubeconfig` (see `start_apiserver`) watching that API server; output in proxy.log."""
         if self.proxy is not None and self.proxy.poll() is None:
             raise ClusterError("a proxy is running already; stop_proxy() first")
+        source = ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--manifests", str(self.manifests)]
         argv = [
             kubeproxy_binary(),
             "-v",
             "2",
             "run",
-            "--manifests",
-            str(self.manifests),
+            *source,
             "--hostname-override",
             NODE_NAME,
             "--healthz-bind-address",
@@ -457,6 +555,15 @@ class MiniCluster:
         results: list[Any] = json.loads(out)
         return results
 
+    def http_get(self, src: Source, url: str, timeout: float = 2.0) -> HttpAnswer:
+        """One HTTP GET from `src`'s namespace; any status is an answer (a refused connection raises)."""
+        ns = src.ns if isinstance(src, Pod) else src
+        proc = ns.run([sys.executable, "-c", _HTTP_GET, url, str(timeout)], check=False, timeout=timeout + 30)
+        if proc.returncode != 0:
+            raise ClusterError(f"GET {url} from {ns.name} failed: {_tail(proc.stderr, 3)}")
+        got = json.loads(proc.stdout)
+        return HttpAnswer(got["status"], got["headers"], got["body"])
+
     @contextmanager
     def traffic(self, proto: str, src: Source, dst: str, batch: int = 10, timeout: float = 1.0) -> Iterator[Traffic]:
         """Probes sent back to back (`batch` per sender process) from `src` to `dst` until the block ends.
@@ -522,6 +629,11 @@ def kubeproxy_binary() -> str:
     if not found:
         raise ClusterError(f"no kubeproxy executable beside {sys.executable} or on PATH")
     return found
+
+
+def _object_key(obj: objects.JSON) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(obj.get("kind")), str(meta.get("namespace", "")), str(meta.get("name")))
 
 
 def _tail(text: str, lines: int = 30) -> str:

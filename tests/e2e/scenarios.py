@@ -1,10 +1,11 @@
 """What a proxy must do to real packets, one function per behaviour, whoever puts the rules in.
 
 Each scenario takes the cluster and a `load(objects)` that returns once the node's kernel has the
-rules for those objects: the offline renderer loaded with iptables-restore (test_bed.py) or a
-live `kubeproxy run` reading the manifests (test_live_proxy.py). The pods answer with the
-destination they were reached at and the source they saw, so each assertion is about what a
-pod really received.
+rules for those objects: the offline renderer loaded with iptables-restore (test_bed.py), or a
+live `kubeproxy run` (`live_load`) to which the objects are published as manifest files
+(test_live_proxy.py) or with `kubectl` through an API server (test_live_kubectl.py). The pods
+answer with the destination they were reached at and the source they saw, so each assertion is
+about what a pod really received.
 """
 
 from __future__ import annotations
@@ -12,11 +13,42 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kubeproxy.lab.cluster import CLIENT_EXTRA_IPS, CLIENT_IP, NODE_IP, MiniCluster
+from kubeproxy.lab.cluster import (
+    CLIENT_EXTRA_IPS,
+    CLIENT_IP,
+    CLUSTER_CIDR,
+    HEALTHZ_BIND,
+    NODE_IP,
+    ClusterError,
+    HttpAnswer,
+    MiniCluster,
+    poll,
+)
 from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
 
 Load = Callable[[list[JSON]], None]
 Scenario = Callable[[MiniCluster, Load], None]
+# Puts the whole desired set of objects where the proxy reads them (files, or the API server).
+Publish = Callable[[list[JSON]], object]
+
+# Every change synced at once: the tests wait for rules, never for a period to pass.
+PROXY_ARGS = ("--min-sync-period", "0s", "--cluster-cidr", CLUSTER_CIDR)
+
+
+def live_load(c: MiniCluster, publish: Publish, start_proxy: Callable[[], object]) -> Load:
+    """The `load` of a live proxy: publish node-1's Node and the objects, start the proxy on first
+    use (after the first publish, so its first sync has them), and return once the node's rules
+    show them."""
+
+    def load(objs: list[JSON]) -> None:
+        publish([c.node_object(), *objs])
+        if c.proxy is None:
+            start_proxy()
+            c.wait_synced()
+        c.wait_applied(objs)
+
+    return load
+
 
 HTTP = Port("http", 80, 8080)
 DNS = Port("dns", 53, 5353, "UDP")
@@ -167,6 +199,76 @@ def udp_flow_moves_to_the_new_pod(c: MiniCluster, load: Load) -> None:
     assert destinations(got) == at(c, "b", port=5353), got
 
 
+HEALTH_CHECK_NODE_PORT = 32000
+
+
+def answer_eventually(c: MiniCluster, url: str, status: int, timeout: float = 10) -> HttpAnswer:
+    """GET `url` from the client until it answers `status`: a listener opens, and its count
+    changes, just after the sync whose rules `load` waited for."""
+    seen: list[str] = []
+
+    def check() -> HttpAnswer | None:
+        try:
+            got = c.http_get(c.client, url)
+        except ClusterError as exc:
+            seen.append(str(exc))
+            return None
+        seen.append(f"{got.status} {got.body!r}")
+        return got if got.status == status else None
+
+    try:
+        return poll(f"{status} from {url}", check, timeout=timeout, interval=0.1)
+    except ClusterError as exc:
+        raise AssertionError(f"{exc}; last answer: {seen[-1] if seen else 'none'}") from None
+
+
+def health_check_node_port(c: MiniCluster, load: Load) -> None:
+    port = Port("http", 80, 8080, node_port=NODE_PORT)
+
+    def shop(*pods: str) -> list[JSON]:
+        svc = service(
+            "shop",
+            "10.96.0.20",
+            [port],
+            type="LoadBalancer",
+            load_balancer_ips=[LB_IP],
+            external_traffic_policy="Local",
+            health_check_node_port=HEALTH_CHECK_NODE_PORT,
+        )
+        return [svc, endpoint_slice("shop", c.backends(*pods), [port])]
+
+    url = f"http://{NODE_IP}:{HEALTH_CHECK_NODE_PORT}/"
+    load(shop("a", "r"))
+    # a load balancer asks each node, from outside: this one has one local endpoint
+    got = answer_eventually(c, url, 200)
+    assert got.header("X-Load-Balancing-Endpoint-Weight") == "1", got
+    assert got.header("Content-Type") == "application/json", got
+    assert got.json() == {"service": {"namespace": "default", "name": "shop"}, "localEndpoints": 1, "serviceProxyHealthy": True}
+    load(shop("a", "b", "r"))
+    assert answer_eventually(c, url, 200).header("X-Load-Balancing-Endpoint-Weight") == "2"
+    load(shop("r"))
+    # only node-2 serves: this node must be taken out of the pool
+    got = answer_eventually(c, url, 503)
+    assert got.json()["localEndpoints"] == 0, got
+    assert got.header("X-Load-Balancing-Endpoint-Weight") == "0", got
+    # and what the health check says is what the rules do: outside traffic is dropped here
+    assert c.request("tcp", c.client, f"{LB_IP}:80", count=2, timeout=0.5) == ["timeout"] * 2
+
+
+def healthz_from_the_client(c: MiniCluster, load: Load) -> None:
+    load([service("web", "10.96.0.10", [HTTP]), endpoint_slice("web", c.backends("a"), [HTTP])])
+    port = HEALTHZ_BIND.rsplit(":", 1)[1]
+    for path in ("/healthz", "/livez"):
+        got = c.http_get(c.client, f"http://{NODE_IP}:{port}{path}")
+        assert got.status == 200, got
+        assert got.header("Content-Type") == "application/json", got
+        doc = got.json()
+        assert doc["healthy"] is True and doc["status"]["IPv4"]["healthy"] is True, doc
+        assert {"lastUpdated", "currentTime"} <= set(doc), doc
+        # only /healthz judges the node (a load balancer drains a node that is going away)
+        assert doc.get("nodeEligible") is (True if path == "/healthz" else None), doc
+
+
 ALL: list[Scenario] = [
     cluster_ip_from_a_pod,
     cluster_ip_from_the_node,
@@ -181,3 +283,6 @@ ALL: list[Scenario] = [
 ]
 # These need the proxy's conntrack clean-up; the offline renderer alone cannot pass them.
 NEEDS_CONNTRACK_CLEANUP: list[Scenario] = [udp_flow_moves_to_the_new_pod]
+# These need the proxy's health servers.
+NEEDS_HEALTH_SERVERS: list[Scenario] = [health_check_node_port, healthz_from_the_client]
+LIVE: list[Scenario] = ALL + NEEDS_CONNTRACK_CLEANUP + NEEDS_HEALTH_SERVERS

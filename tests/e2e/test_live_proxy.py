@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from kubeproxy.lab.cluster import CLUSTER_CIDR, MiniCluster, kubeproxy_binary
-from kubeproxy.lab.objects import JSON, endpoint_slice, service
+from kubeproxy.lab.cluster import MiniCluster, kubeproxy_binary
+from kubeproxy.lab.objects import endpoint_slice, service
 from tests.e2e import scenarios
 
 
@@ -29,18 +29,10 @@ pytestmark = [
 @pytest.fixture
 def load(cluster: MiniCluster) -> scenarios.Load:
     """Write the objects where the proxy watches; start it on first use; return once the node's rules show them."""
-
-    def load(objs: list[JSON]) -> None:
-        cluster.write_manifests([cluster.node_object(), *objs])
-        if cluster.proxy is None:
-            cluster.start_proxy("--min-sync-period", "0s", "--cluster-cidr", CLUSTER_CIDR)
-            cluster.wait_synced()
-        cluster.wait_applied(objs)
-
-    return load
+    return scenarios.live_load(cluster, cluster.write_manifests, lambda: cluster.start_proxy(*scenarios.PROXY_ARGS))
 
 
-@pytest.mark.parametrize("scenario", scenarios.ALL + scenarios.NEEDS_CONNTRACK_CLEANUP, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("scenario", scenarios.LIVE, ids=lambda f: f.__name__)
 def test_live_proxy(cluster: MiniCluster, load: scenarios.Load, scenario: scenarios.Scenario) -> None:
     scenario(cluster, load)
 
