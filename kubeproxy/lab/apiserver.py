@@ -6,12 +6,15 @@ It speaks enough of the real protocol that both our reflector and the real `kube
   `/openapi/v3` that tells `kubectl` the server validates fields itself (so `kubectl apply` does not
   need the full schema);
 - list and watch for Services, EndpointSlices, Nodes and Namespaces, cluster-wide and per namespace,
-  with `fieldSelector` (`metadata.name`, `metadata.namespace`) and simple `labelSelector`s;
+  with `fieldSelector` (`metadata.name`, `metadata.namespace`) and simple `labelSelector`s; with
+  `resources=DEPLOY_RESOURCES` also DaemonSets, ConfigMaps, ServiceAccounts, ClusterRoles and
+  ClusterRoleBindings, so that `kubectl apply -f deploy/` works;
 - watch streams are chunked JSON, one event per line, from a `resourceVersion`; a version older
   than the retained history gets an ERROR event carrying a 410 Status, as the real server does;
   BOOKMARKs are sent when the client asked for them (periodically, or on demand via `bookmark()`);
 - create, update, patch (JSON merge, strategic merge for the fields our kinds use, JSON patch,
-  server-side apply) and delete, with Status objects and the real 404/409 reasons.
+  server-side apply) and delete, with Status objects and the real 404/409 reasons; `dryRun=All`
+  answers as the real write would and stores nothing.
 
 Objects are stored as plain JSON dicts with one global, monotonically increasing resourceVersion,
 like etcd behind the real server. The store outlives the HTTP listener, so `stop()` then `start()`
@@ -19,8 +22,11 @@ simulates the API server going down and coming back with the same state; `drop_w
 every open watch mid-stream; `fail_with(503)` makes resource requests fail; `expire_history()`
 compacts the event history so older watches get 410 Gone.
 
-It binds 127.0.0.1 only, does no authentication and no schema validation: a malformed object is
-stored as given, which is what the tests of our consumers want.
+It binds 127.0.0.1 only and does no authentication. The proxy's own kinds are not validated: a
+malformed Service is stored as given, which is what the tests of our consumers want. The deploy
+kinds are validated as the real server does (schema from lightkube's models, `fieldValidation`,
+the rules upstream enforces for what deploy/ uses), so a broken manifest fails here too; they
+cannot be created in a namespace that does not exist (such a server starts with the system ones).
 """
 
 from __future__ import annotations
@@ -28,15 +34,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import itertools
 import json
 import logging
+import re
 import socket
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -45,7 +53,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
 import yaml
+from lightkube.resources import apps_v1 as lightkube_apps
+from lightkube.resources import core_v1 as lightkube_core
+from lightkube.resources import rbac_authorization_v1 as lightkube_rbac
 
 log = logging.getLogger("kubeproxy.lab.apiserver")
 
@@ -77,6 +89,10 @@ class ResourceType:
     # Strategic merge patch: list fields (path of map keys from the object root) merged by a key
     # instead of replaced; everything else is atomic, which is right for EndpointSlice lists.
     merge_keys: tuple[tuple[tuple[str, ...], str], ...] = ()
+    # Validated kinds: the lightkube model whose schema decodes the object (unknown fields, types)
+    # and a check of the rules the real server enforces on top. None: stored as given.
+    schema: type | None = None
+    check: Callable[[JSON, JSON | None], list[Cause]] | None = None
 
     @property
     def api_version(self) -> str:
@@ -324,6 +340,419 @@ def json_patch(target: JSON, operations: list[JSON]) -> JSON:
 
 
 # ---------------------------------------------------------------------------------------------
+# Validation of the workload and RBAC kinds
+#
+# The proxy's own kinds (Service, EndpointSlice, Node) are stored as given, so that consumer tests
+# can feed malformed objects. The kinds served for `kubectl apply -f deploy/` are checked the way
+# the real server checks them, so that a broken manifest fails here as it would on a cluster:
+# decoding against the schema (lightkube's models of the Kubernetes OpenAPI: unknown fields are
+# dropped, or refused with fieldValidation=Strict; a wrong type is a 400), then the rules
+# upstream's validation enforces for what deploy/ uses (a 422 Invalid listing every cause).
+
+FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One reason an object is invalid, as a Status cause: `field: message`."""
+
+    field: str
+    reason: str  # FieldValueRequired, FieldValueInvalid, FieldValueNotSupported, ...: upstream's CauseType
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def _required(path: str, detail: str = "") -> Cause:
+    return Cause(path, "FieldValueRequired", f"Required value: {detail}" if detail else "Required value")
+
+
+def _invalid(path: str, value: Any, why: str) -> Cause:
+    return Cause(path, "FieldValueInvalid", f"Invalid value: {json.dumps(value)}: {why}")
+
+
+def _duplicate(path: str, value: Any) -> Cause:
+    return Cause(path, "FieldValueDuplicate", f"Duplicate value: {json.dumps(value)}")
+
+
+def _unsupported(path: str, value: Any, supported: tuple[str, ...]) -> Cause:
+    listed = ", ".join(json.dumps(s) for s in supported)
+    return Cause(path, "FieldValueNotSupported", f"Unsupported value: {json.dumps(value)}: supported values: {listed}")
+
+
+def _qualified_kind(rt: ResourceType) -> str:
+    return f"{rt.kind}.{rt.group}" if rt.group else rt.kind
+
+
+def invalid_error(rt: ResourceType, name: str, causes: list[Cause]) -> ApiError:
+    """422 Invalid, worded as the real server words it."""
+    listed = str(causes[0]) if len(causes) == 1 else "[" + ", ".join(map(str, causes)) + "]"
+    details = {
+        "name": name,
+        "group": rt.group,
+        "kind": rt.kind,
+        "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes],
+    }
+    return ApiError(422, "Invalid", f'{_qualified_kind(rt)} "{name}" is invalid: {listed}', details)
+
+
+@dataclass
+class _Decoded:
+    unknown: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    wrong_type: list[str] = field(default_factory=list)
+
+
+_JSON_TYPE_NAMES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}
+
+
+def _decode(value: Any, t: msgspec.inspect.Type, path: str, out: _Decoded) -> Any:
+    """`value` as the schema type `t` sees it: unknown fields dropped and noted, wrong types noted."""
+    mi = msgspec.inspect
+    if isinstance(t, mi.UnionType):
+        if value is None and any(isinstance(x, mi.NoneType) for x in t.types):
+            return None
+        candidates = [x for x in t.types if not isinstance(x, mi.NoneType)]
+        fitting = next((x for x in candidates if _fits(value, x)), None)
+        if fitting is None:
+            out.wrong_type.append(_type_problem(path, value, candidates))
+            return value
+        return _decode(value, fitting, path, out)
+    if not _fits(value, t):
+        out.wrong_type.append(_type_problem(path, value, [t]))
+        return value
+    if isinstance(t, mi.StructType):
+        fields = {f.encode_name: f for f in t.fields}
+        result = {}
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else key
+            if key not in fields:
+                out.unknown.append(where)
+                continue
+            result[key] = _decode(item, fields[key].type, where, out)
+        for f in t.fields:
+            if f.required and value.get(f.encode_name) is None:
+                out.missing.append(f"{path}.{f.encode_name}" if path else f.encode_name)
+        return result
+    if isinstance(t, mi.ListType):
+        return [_decode(item, t.item_type, f"{path}[{n}]", out) for n, item in enumerate(value)]
+    if isinstance(t, mi.DictType):
+        return {k: _decode(v, t.value_type, f"{path}[{k}]", out) for k, v in value.items()}
+    return value
+
+
+def _fits(value: Any, t: msgspec.inspect.Type) -> bool:
+    mi = msgspec.inspect
+    if isinstance(t, mi.AnyType):
+        return True
+    if isinstance(t, mi.StructType | mi.DictType):
+        return isinstance(value, dict)
+    if isinstance(t, mi.ListType):
+        return isinstance(value, list)
+    if isinstance(t, mi.StrType | mi.DateTimeType):
+        return isinstance(value, str)
+    if isinstance(t, mi.BoolType):
+        return isinstance(value, bool)
+    if isinstance(t, mi.IntType):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(t, mi.FloatType):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(t, mi.UnionType):
+        return any(_fits(value, x) for x in t.types)
+    return isinstance(t, mi.NoneType) and value is None
+
+
+def _type_problem(path: str, value: Any, types: list[msgspec.inspect.Type]) -> str:
+    mi = msgspec.inspect
+    names = {
+        mi.StructType: "object", mi.DictType: "object", mi.ListType: "array", mi.StrType: "string",
+        mi.DateTimeType: "string", mi.BoolType: "boolean", mi.IntType: "integer", mi.FloatType: "number",
+    }  # fmt: skip
+    wanted = " or ".join(dict.fromkeys(names.get(type(x), type(x).__name__) for x in types))
+    have = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+    return f"{path or 'the object'}: expected {wanted}, got {have}"
+
+
+_schema = functools.cache(msgspec.inspect.type_info)
+
+
+def admit(rt: ResourceType, obj: JSON, old: JSON | None, field_validation: str = "") -> tuple[JSON, list[str]]:
+    """Decode and validate an object of a validated kind; returns it (unknown fields dropped) and
+    the warnings to send. Raises ApiError as the real server would: 400 for an undecodable object
+    or, with fieldValidation=Strict, an unknown field; 422 for an invalid one."""
+    if rt.schema is None:
+        return obj, []
+    meta = obj.get("metadata")
+    name = str(meta.get("name", "")) if isinstance(meta, dict) else ""
+    decoded = _Decoded()
+    obj = _decode(obj, _schema(rt.schema), "", decoded)
+    cannot = f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}'
+    if decoded.wrong_type:
+        raise ApiError(400, "BadRequest", f"{cannot}: {'; '.join(decoded.wrong_type)}")
+    unknown = [f'unknown field "{path}"' for path in decoded.unknown]
+    if unknown and field_validation == "Strict":
+        raise ApiError(400, "BadRequest", f"{cannot}: strict decoding error: {', '.join(unknown)}")
+    causes = [_required(path) for path in decoded.missing]
+    causes += _check_metadata(rt, obj.get("metadata") or {}, "metadata")
+    if rt.check is not None:
+        causes += rt.check(obj, old)
+    if causes:
+        raise invalid_error(rt, name, causes)
+    return obj, unknown if field_validation in ("", "Warn") else []
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_ALNUM_ENDS = "and must start and end with an alphanumeric character"
+_SUBDOMAIN_RULE = f"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', {_ALNUM_ENDS}"
+_LABEL_KEY_RULE = f"name part must consist of alphanumeric characters, '-', '_' or '.', {_ALNUM_ENDS}"
+_LABEL_VALUE_RULE = f"a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', {_ALNUM_ENDS}"
+_ENV_NAME_RULE = (
+    "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', or '.', "
+    "and must not start with a digit"
+)
+_CONFIG_KEY_RULE = "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
+
+
+def _check_metadata(rt: ResourceType, meta: JSON, path: str) -> list[Cause]:
+    causes: list[Cause] = []
+    name = meta.get("name")
+    if name:
+        if rt.group == "rbac.authorization.k8s.io":
+            # RBAC names are path segments (system:node-proxier is valid), not DNS names.
+            if name in (".", "..") or "/" in name or "%" in name:
+                causes.append(_invalid(f"{path}.name", name, "may not be '.' or '..' and may not contain '/' or '%'"))
+        elif len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+            causes.append(_invalid(f"{path}.name", name, _SUBDOMAIN_RULE))
+    causes += _check_labels(meta.get("labels") or {}, f"{path}.labels")
+    return causes
+
+
+def _check_labels(labels: JSON, path: str) -> list[Cause]:
+    causes = []
+    for key, value in labels.items():
+        prefix, _, label = str(key).rpartition("/")
+        if (prefix and not _DNS_SUBDOMAIN.fullmatch(prefix)) or len(label) > 63 or not _LABEL_NAME.fullmatch(label):
+            causes.append(_invalid(path, key, _LABEL_KEY_RULE))
+        if not isinstance(value, str) or len(value) > 63 or (value and not _LABEL_NAME.fullmatch(value)):
+            causes.append(_invalid(f"{path}[{key}]", value, _LABEL_VALUE_RULE))
+    return causes
+
+
+def selector_matches(selector: JSON, labels: JSON) -> bool:
+    """A metav1.LabelSelector (matchLabels and matchExpressions) against a label set."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if (op == "Exists" and not present) or (op == "DoesNotExist" and present):
+            return False
+    return True
+
+
+# The downward API fields a container's env may reference (upstream's validEnvDownwardAPIFieldPathExpressions).
+_ENV_FIELD_PATHS = (
+    "metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "spec.serviceAccountName",
+    "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs",
+)  # fmt: skip
+_ENV_FIELD_MAP_KEY = re.compile(r"metadata\.(labels|annotations)\['[^']+'\]")
+
+
+def _check_daemon_set(obj: JSON, old: JSON | None) -> list[Cause]:
+    spec = obj.get("spec") or {}
+    causes: list[Cause] = []
+    selector = spec.get("selector")
+    labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    if selector is not None:
+        if not selector.get("matchLabels") and not selector.get("matchExpressions"):
+            causes.append(_invalid("spec.selector", selector, "empty selector is invalid for daemonset"))
+        elif not selector_matches(selector, labels):
+            causes.append(_invalid("spec.template.metadata.labels", labels, "`selector` does not match template `labels`"))
+        causes += _check_labels(selector.get("matchLabels") or {}, "spec.selector.matchLabels")
+        operators = ("In", "NotIn", "Exists", "DoesNotExist")
+        for n, expr in enumerate(selector.get("matchExpressions") or []):
+            if expr.get("operator") not in operators:
+                causes.append(_unsupported(f"spec.selector.matchExpressions[{n}].operator", expr.get("operator"), operators))
+    if old is not None and selector != (old.get("spec") or {}).get("selector"):
+        causes.append(_invalid("spec.selector", selector, "field is immutable"))
+    causes += _check_labels(labels, "spec.template.metadata.labels")
+    strategy = (spec.get("updateStrategy") or {}).get("type")
+    if strategy is not None and strategy not in ("OnDelete", "RollingUpdate"):
+        causes.append(_unsupported("spec.updateStrategy.type", strategy, ("OnDelete", "RollingUpdate")))
+    if spec.get("template") is not None:
+        causes += _check_pod_spec((spec["template"].get("spec") or {}), "spec.template.spec")
+    return causes
+
+
+def _check_pod_spec(pod: JSON, path: str) -> list[Cause]:
+    causes: list[Cause] = []
+    restart = pod.get("restartPolicy")
+    if restart is not None and restart != "Always":
+        causes.append(_unsupported(f"{path}.restartPolicy", restart, ("Always",)))
+    volumes: set[str] = set()
+    for n, volume in enumerate(pod.get("volumes") or []):
+        if volume.get("name") in volumes:
+            causes.append(_duplicate(f"{path}.volumes[{n}].name", volume.get("name")))
+        volumes.add(volume.get("name"))
+        sources = [k for k in volume if k != "name"]
+        if not sources:
+            causes.append(_required(f"{path}.volumes[{n}]", "must specify a volume type"))
+        elif len(sources) > 1:
+            causes.append(
+                Cause(f"{path}.volumes[{n}]", "FieldValueForbidden", "Forbidden: may not specify more than 1 volume type")
+            )
+    if not pod.get("containers"):
+        causes.append(_required(f"{path}.containers"))
+    names: set[str] = set()
+    for group in ("initContainers", "containers"):
+        for n, container in enumerate(pod.get(group) or []):
+            where = f"{path}.{group}[{n}]"
+            if container.get("name") in names:
+                causes.append(_duplicate(f"{where}.name", container.get("name")))
+            names.add(container.get("name"))
+            causes += _check_container(container, where, volumes)
+    return causes
+
+
+def _check_container(container: JSON, where: str, volumes: set[str]) -> list[Cause]:
+    causes: list[Cause] = []
+    if not container.get("image"):
+        causes.append(_required(f"{where}.image"))
+    for m, mount in enumerate(container.get("volumeMounts") or []):
+        if mount.get("name") not in volumes:
+            causes.append(
+                Cause(f"{where}.volumeMounts[{m}].name", "FieldValueNotFound", f"Not found: {json.dumps(mount.get('name'))}")
+            )
+    for m, env in enumerate(container.get("env") or []):
+        if not _ENV_NAME.fullmatch(env.get("name") or ""):
+            causes.append(_invalid(f"{where}.env[{m}].name", env.get("name"), _ENV_NAME_RULE))
+        field_path = ((env.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        if field_path is not None and field_path not in _ENV_FIELD_PATHS and not _ENV_FIELD_MAP_KEY.fullmatch(field_path):
+            causes.append(_unsupported(f"{where}.env[{m}].valueFrom.fieldRef.fieldPath", field_path, _ENV_FIELD_PATHS))
+    return causes
+
+
+def _check_policy_rules(obj: JSON, old: JSON | None) -> list[Cause]:
+    causes = []
+    for n, rule in enumerate(obj.get("rules") or []):
+        where = f"rules[{n}]"
+        if not rule.get("verbs"):
+            causes.append(_required(f"{where}.verbs", "verbs must contain at least one value"))
+        if rule.get("nonResourceURLs"):
+            if rule.get("apiGroups") or rule.get("resources"):
+                causes.append(
+                    _invalid(
+                        f"{where}.nonResourceURLs",
+                        rule["nonResourceURLs"],
+                        "rules cannot apply to both regular resources and non-resource URLs",
+                    )
+                )
+            continue
+        if not rule.get("apiGroups"):
+            causes.append(_required(f"{where}.apiGroups", "resource rules must supply at least one api group"))
+        if not rule.get("resources"):
+            causes.append(_required(f"{where}.resources", "resource rules must supply at least one resource"))
+    return causes
+
+
+_RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+def _check_cluster_role_binding(obj: JSON, old: JSON | None) -> list[Cause]:
+    causes = []
+    ref = obj.get("roleRef") or {}
+    if ref.get("apiGroup") not in (None, _RBAC_GROUP):
+        causes.append(_unsupported("roleRef.apiGroup", ref["apiGroup"], (_RBAC_GROUP,)))
+    if ref.get("kind") not in (None, "ClusterRole"):
+        causes.append(_unsupported("roleRef.kind", ref["kind"], ("ClusterRole",)))
+    if old is not None and ref != old.get("roleRef"):
+        causes.append(_invalid("roleRef", ref, "cannot change roleRef"))
+    for n, subject in enumerate(obj.get("subjects") or []):
+        where, kind, group = f"subjects[{n}]", subject.get("kind"), subject.get("apiGroup") or ""
+        if kind == "ServiceAccount":
+            if group:
+                causes.append(_unsupported(f"{where}.apiGroup", group, ("",)))
+            if not subject.get("namespace"):
+                causes.append(_required(f"{where}.namespace"))
+        elif kind in ("User", "Group"):
+            if group != _RBAC_GROUP:
+                causes.append(_unsupported(f"{where}.apiGroup", group, (_RBAC_GROUP,)))
+        else:
+            causes.append(_unsupported(f"{where}.kind", kind, ("ServiceAccount", "User", "Group")))
+    return causes
+
+
+def _check_config_map(obj: JSON, old: JSON | None) -> list[Cause]:
+    causes = []
+    data, binary = obj.get("data") or {}, obj.get("binaryData") or {}
+    for section, values in (("data", data), ("binaryData", binary)):
+        for key in values:
+            if len(key) > 253 or not _CONFIG_KEY.fullmatch(key) or key in (".", ".."):
+                causes.append(_invalid(f"{section}[{key}]", key, _CONFIG_KEY_RULE))
+            if section == "binaryData" and key in data:
+                causes.append(_duplicate(f"binaryData[{key}]", key))
+    return causes
+
+
+_CONTAINER_LISTS = (("spec", "template", "spec", "containers"), ("spec", "template", "spec", "initContainers"))
+DAEMON_SET = ResourceType(
+    "apps",
+    "v1",
+    "DaemonSet",
+    "daemonsets",
+    True,
+    ("ds",),
+    (
+        *_META_MERGE_KEYS,
+        *((path, "name") for path in _CONTAINER_LISTS),
+        *(((*path, "env"), "name") for path in _CONTAINER_LISTS),
+        *(((*path, "volumeMounts"), "mountPath") for path in _CONTAINER_LISTS),
+        *(((*path, "ports"), "containerPort") for path in _CONTAINER_LISTS),
+        (("spec", "template", "spec", "volumes"), "name"),
+        (("spec", "template", "spec", "imagePullSecrets"), "name"),
+    ),
+    schema=lightkube_apps.DaemonSet,
+    check=_check_daemon_set,
+)
+SERVICE_ACCOUNT = ResourceType(
+    "", "v1", "ServiceAccount", "serviceaccounts", True, ("sa",), (*_META_MERGE_KEYS, (("secrets",), "name")),
+    schema=lightkube_core.ServiceAccount,
+)  # fmt: skip
+CONFIG_MAP = ResourceType(
+    "", "v1", "ConfigMap", "configmaps", True, ("cm",), _META_MERGE_KEYS, schema=lightkube_core.ConfigMap, check=_check_config_map
+)
+CLUSTER_ROLE = ResourceType(
+    _RBAC_GROUP, "v1", "ClusterRole", "clusterroles", False, (), _META_MERGE_KEYS,
+    schema=lightkube_rbac.ClusterRole, check=_check_policy_rules,
+)  # fmt: skip
+CLUSTER_ROLE_BINDING = ResourceType(
+    _RBAC_GROUP, "v1", "ClusterRoleBinding", "clusterrolebindings", False, (), _META_MERGE_KEYS,
+    schema=lightkube_rbac.ClusterRoleBinding, check=_check_cluster_role_binding,
+)  # fmt: skip
+
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+# What `kubectl apply -f deploy/` needs on top of the proxy's own kinds.
+DEPLOY_RESOURCES: tuple[ResourceType, ...] = (
+    *DEFAULT_RESOURCES,
+    DAEMON_SET,
+    SERVICE_ACCOUNT,
+    CONFIG_MAP,
+    CLUSTER_ROLE,
+    CLUSTER_ROLE_BINDING,
+)
+
+
+# ---------------------------------------------------------------------------------------------
 # Store
 
 
@@ -384,7 +813,8 @@ class Store:
             ]
             return items, self.rv
 
-    def create(self, rt: ResourceType, namespace: str, obj: JSON) -> JSON:
+    def create(self, rt: ResourceType, namespace: str, obj: JSON, *, dry_run: bool = False) -> JSON:
+        """Store a new object. `dry_run`: every check and the answer, but nothing stored (dryRun=All)."""
         obj = self._normalise(rt, namespace, obj)
         meta = obj["metadata"]
         with self.cond:
@@ -400,12 +830,17 @@ class Store:
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
             meta["generation"] = 1
+            if dry_run:
+                # As the real server: a dry-run create has no resourceVersion (nothing was written).
+                return copy.deepcopy(obj)
             meta["resourceVersion"] = self._next_rv()
             self.objects[key] = obj
             self._record("ADDED", rt, copy.deepcopy(obj), None)
             return copy.deepcopy(obj)
 
-    def update(self, rt: ResourceType, namespace: str, name: str, obj: JSON, *, check_rv: bool = True) -> JSON:
+    def update(
+        self, rt: ResourceType, namespace: str, name: str, obj: JSON, *, check_rv: bool = True, dry_run: bool = False
+    ) -> JSON:
         obj = self._normalise(rt, namespace, obj)
         meta = obj["metadata"]
         if meta.get("name", name) != name:
@@ -429,7 +864,7 @@ class Store:
             generation = old["metadata"].get("generation", 1)
             meta["generation"] = generation + (1 if obj.get("spec") != old.get("spec") else 0)
             meta["resourceVersion"] = old["metadata"]["resourceVersion"]
-            if obj == old:
+            if obj == old or dry_run:
                 # The real server does not bump the version (or emit an event) for a no-op update.
                 return copy.deepcopy(old)
             meta["resourceVersion"] = self._next_rv()
@@ -437,11 +872,14 @@ class Store:
             self._record("MODIFIED", rt, copy.deepcopy(obj), copy.deepcopy(old))
             return copy.deepcopy(obj)
 
-    def delete(self, rt: ResourceType, namespace: str, name: str) -> JSON:
+    def delete(self, rt: ResourceType, namespace: str, name: str, *, dry_run: bool = False) -> JSON:
         with self.cond:
-            old = self.objects.pop((rt.plural, namespace, name), None)
+            old = self.objects.get((rt.plural, namespace, name))
             if old is None:
                 raise _not_found(rt, name)
+            if dry_run:
+                return copy.deepcopy(old)
+            del self.objects[(rt.plural, namespace, name)]
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = self._next_rv()
             self._record("DELETED", rt, copy.deepcopy(gone), old)
@@ -526,13 +964,26 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send_json(self, code: int, body: JSON) -> None:
+    def _send_json(self, code: int, body: JSON, warnings: Sequence[str] = ()) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        for warning in warnings:
+            # RFC 7234 warning, code 299 ("miscellaneous persistent warning"), as the real server sends.
+            self.send_header("Warning", '299 - "' + warning.replace("\\", "\\\\").replace('"', '\\"') + '"')
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_openapi_v2(self) -> None:
+        """An OpenAPI v2 document without definitions. kubectl reads it only to validate a kind the
+        v3 document does not list (one the server does not serve): finding no schema, it leaves the
+        object to the server, which then answers as a real one does for an unknown kind. The empty
+        protobuf message is zero bytes."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _body(self) -> Any:
         raw = self._raw_body
@@ -549,9 +1000,14 @@ class _Handler(BaseHTTPRequestHandler):
         # Read the body first, whatever happens next, so that a keep-alive connection stays in step.
         length = int(self.headers.get("Content-Length") or 0)
         self._raw_body = self.rfile.read(length) if length else b""
+        with api.store.cond:
+            api.requests.append((self.command, self.path))
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
+            if url.path == "/openapi/v2" and self.command == "GET":
+                self._send_openapi_v2()
+                return
             discovery = api._discovery(url.path, self.command)
             if discovery is not None:
                 self._send_json(200, discovery)
@@ -596,7 +1052,10 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                 )
             elif method == "POST":
-                self._send_json(201, api.store.create(rt, ns, self._body()))
+                body = self._body()
+                obj, warnings = admit(rt, body, None, self._field_validation(query)) if isinstance(body, dict) else (body, [])
+                self._check_namespace(rt, ns)
+                self._send_json(201, api.store.create(rt, ns, obj, dry_run=self._dry_run(query)), warnings)
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection of {rt.plural}")
             return
@@ -604,21 +1063,31 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             self._send_json(200, api.store.get(rt, ns, name))
         elif method == "PUT":
-            self._send_json(200, api.store.update(rt, ns, name, self._body()))
+            body = self._body()
+            with api.store.cond:
+                obj, warnings = self._admit(rt, body, ns, name, query)
+                self._send_json(200, api.store.update(rt, ns, name, obj, dry_run=self._dry_run(query)), warnings)
         elif method == "PATCH":
-            self._patch(route, ns, name)
+            self._patch(route, ns, name, query)
         elif method == "DELETE":
-            self._body()  # DeleteOptions: propagation policy and grace period mean nothing here
-            gone = api.store.delete(rt, ns, name)
+            # DeleteOptions: propagation policy and grace period mean nothing here, but kubectl sends
+            # a server-side dry run in them (dryRun: [All]) rather than in the query.
+            options = self._body()
+            in_body = options.get("dryRun") if isinstance(options, dict) else None
+            dry_run = self._dry_run(query)
+            if in_body is not None:
+                dry_run = self._dry_run({"dryRun": ",".join(in_body) if isinstance(in_body, list) else str(in_body)}) or dry_run
+            gone = api.store.delete(rt, ns, name, dry_run=dry_run)
             details = {"name": name, "kind": rt.plural, "uid": gone["metadata"].get("uid")}
             self._send_json(200, status_object(200, "", "", details))
         else:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported")
 
-    def _patch(self, route: Route, ns: str, name: str) -> None:
+    def _patch(self, route: Route, ns: str, name: str, query: dict[str, str]) -> None:
         store, rt = self.server.api.store, route.rt
         ctype = self.headers.get("Content-Type", "").split(";")[0].strip()
         patch = self._body()
+        dry_run = self._dry_run(query)
         with store.cond:
             try:
                 current = store.get(rt, ns, name)
@@ -626,7 +1095,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if ctype != "application/apply-patch+yaml":
                     raise
                 # Server-side apply creates what does not exist yet.
-                self._send_json(201, store.create(rt, ns, patch or {}))
+                obj, warnings = admit(rt, patch or {}, None, self._field_validation(query))
+                self._check_namespace(rt, ns)
+                self._send_json(201, store.create(rt, ns, obj, dry_run=dry_run), warnings)
                 return
             if ctype == "application/merge-patch+json":
                 patched = merge_patch(current, patch)
@@ -638,7 +1109,41 @@ class _Handler(BaseHTTPRequestHandler):
                 patched = json_patch(current, patch)
             else:
                 raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
-            self._send_json(200, store.update(rt, ns, name, patched))
+            obj, warnings = admit(rt, patched, current, self._field_validation(query))
+            self._send_json(200, store.update(rt, ns, name, obj, dry_run=dry_run), warnings)
+
+    def _admit(self, rt: ResourceType, body: Any, ns: str, name: str, query: dict[str, str]) -> tuple[Any, list[str]]:
+        """A replacement (PUT) decoded and validated against the stored object it replaces."""
+        if not isinstance(body, dict):
+            return body, []  # Store.update reports the malformed body
+        old = self.server.api.store.get(rt, ns, name) if rt.schema is not None else None
+        return admit(rt, body, old, self._field_validation(query))
+
+    def _check_namespace(self, rt: ResourceType, ns: str) -> None:
+        """The real server refuses to create in a namespace that does not exist. Checked for the
+        validated kinds only: the proxy's own kinds are created freely by the consumer tests."""
+        api = self.server.api
+        if rt.schema is None or not rt.namespaced or NAMESPACE not in api.resources:
+            return
+        try:
+            api.store.get(NAMESPACE, "", ns)
+        except ApiError:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"}) from None
+
+    @staticmethod
+    def _dry_run(query: dict[str, str]) -> bool:
+        value = query.get("dryRun", "")
+        if value not in ("", "All"):
+            raise ApiError(400, "BadRequest", f'unsupported dryRun value "{value}": the only accepted value is "All"')
+        return value == "All"
+
+    @staticmethod
+    def _field_validation(query: dict[str, str]) -> str:
+        value = query.get("fieldValidation", "")
+        if value not in ("", *FIELD_VALIDATION):
+            supported = ", ".join(FIELD_VALIDATION)
+            raise ApiError(400, "BadRequest", f'fieldValidation "{value}" is not one of {supported}')
+        return value
 
     def _watch(self, route: Route, query: dict[str, str]) -> None:
         store = self.server.api.store
@@ -776,10 +1281,17 @@ class ApiServer:
     _dropped: set[socket.socket] = field(default_factory=set, init=False, repr=False)
     _closing: bool = field(default=False, init=False, repr=False)
     _failing: int | None = field(default=None, init=False, repr=False)
+    # (method, path with query) of the latest requests, oldest first: what clients asked for,
+    # e.g. to derive the RBAC rules a client needs.
+    requests: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=10_000), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.store = Store(history_size=self.history_size)
         self._by_kind = {rt.kind: rt for rt in self.resources}
+        if NAMESPACE in self.resources and any(rt.schema is not None for rt in self.resources):
+            # A real cluster has these from the start; deploy/ puts its objects in kube-system.
+            for name in SYSTEM_NAMESPACES:
+                self.store.create(NAMESPACE, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     # -- lifecycle
 
@@ -1016,9 +1528,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig pointing at the server here")
     parser.add_argument("--bookmark-interval", type=float, default=30.0, help="seconds between BOOKMARKs")
+    parser.add_argument(
+        "--deploy-kinds", action="store_true", help="also serve what deploy/ holds (DaemonSet, ConfigMap, RBAC, ...)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    server = ApiServer(bookmark_interval=args.bookmark_interval, port=args.port)
+    resources = DEPLOY_RESOURCES if args.deploy_kinds else DEFAULT_RESOURCES
+    server = ApiServer(bookmark_interval=args.bookmark_interval, port=args.port, resources=resources)
     try:
         server.start()
     except OSError as e:
