@@ -101,9 +101,13 @@ def test_lateness_is_reported_not_absorbed():
 
 def test_port_budget_warning():
     query = make_query("www.lab.test")
-    assert LoadPlan(("127.0.0.1", 53), query, rate=40000, duration=1).warnings()
-    assert LoadPlan(("127.0.0.1", 53), query, rate=40000, duration=1, timeout=0.5).warnings() == []
-    assert LoadPlan(("127.0.0.1", 53), query, rate=40000, duration=1, sources=("127.0.0.1", "127.0.0.2")).warnings() == []
+    ports = LoadPlan(("127.0.0.1", 53), query, rate=1, duration=1).port_budget()  # this host's ephemeral range
+    rate = ports + 1000
+    assert "more than the" in LoadPlan(("127.0.0.1", 53), query, rate=rate, duration=1).warnings()[0]
+    assert LoadPlan(("127.0.0.1", 53), query, rate=rate, duration=1, timeout=0.5).warnings() == []
+    assert LoadPlan(("127.0.0.1", 53), query, rate=rate, duration=0.5).warnings() == []  # fewer queries than ports
+    two = ("127.0.0.1", "127.0.0.2")
+    assert LoadPlan(("127.0.0.1", 53), query, rate=rate, duration=1, sources=two).warnings() == []
 
 
 @pytest.mark.parametrize(
@@ -152,3 +156,28 @@ def test_in_a_namespace_with_source_addresses_added_to_an_interface(netns: NetNS
                          "--source-ips", "10.53.2.0/30"], check=False)  # fmt: skip
     assert missing.returncode == 2
     assert "10.53.2.0/30: 2 of 2 addresses are not assigned to a local interface (first: 10.53.2.1)" in missing.stderr
+
+
+@pytest.mark.root
+def test_sender_port_exhaustion_is_counted_and_more_source_addresses_avoid_it(netns: NetNS):
+    """Ten ephemeral ports and a server that never answers: in-flight queries hold every port."""
+    netns.run(["sysctl", "-w", "net.ipv4.ip_local_port_range=40000 40009"])
+    silent = netns.popen([sys.executable, "-m", "kubeproxy.lab.dns.responder", "--listen", "127.0.0.1:53",
+                          "--drop-every", "1"], stdout=-1)  # fmt: skip
+    assert silent.stdout is not None and silent.stdout.readline().startswith("ready")
+    load = [sys.executable, "-m", "kubeproxy.lab.dns", "load", "--server", "127.0.0.1", "--rate", "100",
+            "--duration", "1s", "--timeout", "2s", "--json", "-"]  # fmt: skip
+
+    one = netns.run(load, check=False)
+    assert one.returncode == 0, one.stderr
+    assert "more than the 10 ephemeral ports of one source address" in one.stderr
+    totals = json.loads(one.stdout)["totals"]
+    assert totals["sent"] == 10 and totals["errors"] == 90 - totals["unsent"]
+    assert set(totals["reasons"]) == {"timeout", "EAGAIN"}, totals["reasons"]
+
+    # UDP sockets bound to different addresses may share a port number: 14 addresses, 140 ports.
+    many = netns.run([*load, "--source-ips", "127.0.0.0/28"], check=False)
+    assert many.returncode == 0, many.stderr
+    assert "warning" not in many.stderr
+    totals = json.loads(many.stdout)["totals"]
+    assert totals["errors"] == 0 and totals["sent"] + totals["unsent"] == 100 and totals["sent"] >= 97

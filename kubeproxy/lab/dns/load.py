@@ -22,7 +22,7 @@ addresses may share a port number, so the port budget is the ephemeral range (28
 per source address; without sources all queries share one range. SO_REUSEADDR is deliberately
 not set: it would let two live queries share a port, and answers could land on the wrong socket.
 Instead the plan warns when rate × timeout exceeds the budget, sends that still fail
-(EADDRINUSE, EMFILE) are counted as `errors` by errno, and the open-files limit is raised to what
+(EAGAIN or EADDRINUSE, EMFILE) are counted as `errors` by errno, and the open-files limit is raised to what
 the plan needs.
 """
 
@@ -90,14 +90,15 @@ class LoadPlan:
 
     def warnings(self) -> list[str]:
         """What could make the sender, not the server, lose queries."""
-        worst = math.ceil(self.rate * self.timeout)
+        worst = min(math.ceil(self.rate * self.timeout), self.total)
         out = []
         if worst > self.port_budget():
             where = f"{len(self.sources)} source addresses" if self.sources else "one source address"
             out.append(
                 f"at {self.rate:g}/s with a {format_duration(self.timeout)} timeout up to {worst} queries are in flight "
                 f"when the server stops answering, more than the {self.port_budget()} ephemeral ports of {where}: "
-                "sends would fail with EADDRINUSE; lower --timeout or add --source-ips"
+                "sends would fail (EAGAIN, or EADDRINUSE when bound to a source address); "
+                "lower --timeout or add --source-ips"
             )
         return out
 
@@ -118,6 +119,7 @@ class Tally:
     rcodes: Counter[int] = field(default_factory=Counter)
     mismatched: int = 0
     max_inflight: int = 0
+    cpu_seconds: float = 0.0  # the sending loops' own CPU time (user + system), without start-up
 
     @classmethod
     def empty(cls, seconds: int) -> Tally:
@@ -143,6 +145,7 @@ class Tally:
         self.rcodes.update(other.rcodes)
         self.mismatched += other.mismatched
         self.max_inflight += other.max_inflight  # workers peak at about the same time; an upper bound
+        self.cpu_seconds += other.cpu_seconds
 
 
 def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
@@ -172,6 +175,7 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
     # The loop allocates a few tuples per query; generational GC passes over them are pure overhead here.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    cpu_start = time.process_time()
     try:
         while True:
             now = clock()
@@ -270,6 +274,7 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
         epoll.close()
         if gc_was_enabled:
             gc.enable()
+        tally.cpu_seconds = time.process_time() - cpu_start
     return tally
 
 
@@ -352,6 +357,7 @@ class LoadReport:
             "achieved_rate": round(self.achieved_rate, 1),
             "answered_rate": round(self.answered / self.plan.duration, 1),
             "max_inflight": t.max_inflight,
+            "sender_cpu_seconds": round(t.cpu_seconds, 3),
             "latency_ms": latency.to_ms() if latency else None,
             "lateness_ms": lateness.to_ms() if lateness else None,
             "wall_seconds": round(self.wall, 3),
@@ -471,7 +477,8 @@ def format_report(report: LoadReport) -> str:
     latency, lateness = report.latency(), report.lateness()
     lines.append("latency ms   " + (latency.line() if latency else "-"))
     lines.append("lateness ms  " + (lateness.line() if lateness else "-"))
-    extra = [f"max in flight {t['max_inflight']}"]
+    cpu_per_query = t["sender_cpu_seconds"] / max(1, t["sent"]) * 1e6
+    extra = [f"max in flight {t['max_inflight']}", f"sender CPU {t['sender_cpu_seconds']:g}s ({cpu_per_query:.1f} us/query)"]
     if t["reasons"]:
         extra.append("reasons " + " ".join(f"{k}={v}" for k, v in t["reasons"].items()))
     if t["rcodes"]:
