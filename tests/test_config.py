@@ -119,3 +119,14 @@ def test_defaults_match_upstream() -> None:
     cfg = ProxyConfig()
     assert (cfg.min_sync_period, cfg.sync_period, cfg.masquerade_bit) == (1.0, 30.0, 14)
     assert cfg.healthz_bind_address == "0.0.0.0:10256" and cfg.metrics_bind_address == "127.0.0.1:10249"
+
+
+def test_zero_sync_periods_in_a_file_mean_the_defaults(tmp_path) -> None:
+    # kubeadm writes `0s` for "unset"; upstream's defaulting turns it into 30s / 1s.
+    path = tmp_path / "kubeadm.yaml"
+    path.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "iptables:\n  syncPeriod: 0s\n  minSyncPeriod: 0s\n"
+    )
+    cfg = load_config_file(path)
+    assert (cfg.sync_period, cfg.min_sync_period) == (30.0, 1.0)

@@ -220,8 +220,10 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
         if doc.detectLocal.interfaceNamePrefix:
             changes["interface_name_prefix"] = doc.detectLocal.interfaceNamePrefix
     section = doc.nftables if (doc.mode or cfg.mode) == "nftables" and doc.nftables else doc.iptables
+    # A zero duration in the file means "the default", as upstream's defaulting has it
+    # (kubeadm writes `0s`); only the command-line flags can ask for a real 0.
     for top_level, value in (("sync_period", doc.syncPeriod), ("min_sync_period", doc.minSyncPeriod)):
-        if value:
+        if value and parse_duration(value):
             changes[top_level] = parse_duration(value)
     if section:
         if section.masqueradeAll is not None:
@@ -230,9 +232,9 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
             changes["masquerade_bit"] = section.masqueradeBit
         if section.localhostNodePorts is not None:
             changes["localhost_nodeports"] = section.localhostNodePorts
-        if section.syncPeriod:
+        if section.syncPeriod and parse_duration(section.syncPeriod):
             changes["sync_period"] = parse_duration(section.syncPeriod)
-        if section.minSyncPeriod:
+        if section.minSyncPeriod and parse_duration(section.minSyncPeriod):
             changes["min_sync_period"] = parse_duration(section.minSyncPeriod)
     if doc.nodePortAddresses is not None:
         changes["nodeport_addresses"] = tuple(doc.nodePortAddresses)
