@@ -15,20 +15,18 @@ asks whether a 1 s RWT fails a server that answers in 1.1 s) from "lost".
 
 from __future__ import annotations
 
-import errno
+import _socket
 import random
 import select
-import socket
 import time
 from collections import Counter
 from dataclasses import dataclass
 
 from kubeproxy.lab.dns.endpoints import family_of, format_hostport
 from kubeproxy.lab.dns.limits import ensure_open_files
+from kubeproxy.lab.dns.sockets import errno_name, query_socket, recv_stamped
 from kubeproxy.lab.dns.stats import Summary, format_duration
 from kubeproxy.lab.dns.wire import Query, rcode_name, response_rcode
-
-_SOCK_TYPE = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -90,79 +88,72 @@ def run_check(
     ids = [(rng or random.Random()).getrandbits(16) for _ in range(queries)]
     family = family_of(server[0])
     ensure_open_files(queries + 64)
-    socks: list[socket.socket] = []
+    socks: dict[int, _socket.socket] = {}  # query index -> its socket
     ports = [0] * queries
-    sent_at = [0.0] * queries
+    sent_at = [0.0] * queries  # wall clock, the kernel's receive stamps are in the same clock
     result: list[Outcome | None] = [None] * queries
     mismatched = 0
     epoll = select.epoll()
+    by_fd: dict[int, int] = {}
     try:
-        socks = [socket.socket(family, _SOCK_TYPE) for _ in range(queries)]
-        by_fd: dict[int, int] = {}
-        for i, sock in enumerate(socks):
+        for i in range(queries):
             try:
+                sock = socks[i] = query_socket(family)
                 # connect() binds the fresh ephemeral port and lets ICMP port-unreachable surface as "refused".
                 sock.connect(server)
                 ports[i] = sock.getsockname()[1]
+                sent_at[i] = time.time()
                 sock.send(query.packet(ids[i]))
             except OSError as exc:
-                result[i] = Outcome(ports[i], failure=_errno_name(exc))
+                result[i] = Outcome(ports[i], failure=errno_name(exc))
                 continue
-            sent_at[i] = time.monotonic()
             epoll.register(sock.fileno(), select.EPOLLIN)
             by_fd[sock.fileno()] = i
-        pending = set(by_fd.values())
-        deadline = max(sent_at, default=0.0) + timeout + linger
-        while pending:
+        # All were sent within a few milliseconds: one deadline, the last send's, serves them all.
+        deadline = time.monotonic() + timeout + linger
+        while by_fd:
             wait = deadline - time.monotonic()
             if wait <= 0:
                 break
-            events = epoll.poll(wait)
-            now = time.monotonic()
-            for fd, _mask in events:
+            for fd, _mask in epoll.poll(wait):
                 i = by_fd[fd]
-                outcome, strays = _receive(socks[i], ids[i], query, now - sent_at[i], timeout, ports[i])
+                outcome, strays = _receive(socks[i], ids[i], query, sent_at[i], timeout, ports[i])
                 mismatched += strays
                 if outcome is not None:
                     result[i] = outcome
-                    pending.discard(i)
+                    del by_fd[fd]
                     epoll.unregister(fd)
-        for i in pending:
-            result[i] = Outcome(ports[i], failure="timeout")
     finally:
         epoll.close()
-        for sock in socks:
+        for sock in socks.values():
             sock.close()
     outcomes = tuple(o if o is not None else Outcome(ports[i], failure="timeout") for i, o in enumerate(result))
     return CheckResult(server, query, timeout, outcomes, mismatched)
 
 
 def _receive(
-    sock: socket.socket, qid: int, query: Query, elapsed: float, timeout: float, port: int
+    sock: _socket.socket, qid: int, query: Query, sent_at: float, timeout: float, port: int
 ) -> tuple[Outcome | None, int]:
     """Read what is queued on one query's socket: its outcome once decided, and how many strays were read."""
     strays = 0
     want = qid.to_bytes(2, "big")
     while True:
         try:
-            data = sock.recv(4096)
+            data, arrived = recv_stamped(sock)
         except BlockingIOError:
             return None, strays
         except ConnectionRefusedError:
             return Outcome(port, failure="refused"), strays
         except OSError as exc:
-            return Outcome(port, failure=_errno_name(exc)), strays
+            return Outcome(port, failure=errno_name(exc)), strays
         rcode = response_rcode(data, want, query.question)
         if rcode is None:
             strays += 1
             continue
+        elapsed = (arrived or time.time()) - sent_at
         if elapsed <= timeout:
             return Outcome(port, latency=elapsed, rcode=rcode), strays
-        return Outcome(port, late=elapsed, failure=None, rcode=rcode), strays
-
-
-def _errno_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, str(exc)) if exc.errno else str(exc)
+        return Outcome(port, late=elapsed, rcode=rcode), strays
 
 
 def format_check(result: CheckResult) -> str:

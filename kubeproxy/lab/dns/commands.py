@@ -31,21 +31,18 @@ def _server(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
         raise click.BadParameter(str(exc)) from None
 
 
-def _positive_duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    try:
-        seconds = parse_duration(value)
-    except ConfigError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if seconds <= 0:
-        raise click.BadParameter(f"{value!r} must be longer than 0s")
-    return seconds
-
-
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     try:
         return parse_duration(value)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _positive_duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    seconds = _duration(ctx, param, value)
+    if seconds <= 0:
+        raise click.BadParameter(f"{value!r} must be longer than 0s")
+    return seconds
 
 
 def _qtype(ctx: click.Context, param: click.Parameter, value: str) -> int:
@@ -142,7 +139,11 @@ def load(
     json_out: IO[str] | None,
     seed: int | None,
 ) -> None:
-    """Send RATE queries/s for DURATION on schedule (open loop), each from a fresh socket, and report per second."""
+    """Send RATE queries/s for DURATION on schedule (open loop), each from a fresh socket, and report per second.
+
+    Exit status 0 when the run was carried out (whatever was lost: read the report), 1 when it
+    could not be, 2 on bad arguments.
+    """
     query = _query(name, qtype)
     sources: tuple[str, ...] = ()
     if source_ips:

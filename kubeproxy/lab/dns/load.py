@@ -6,23 +6,27 @@ behind, it sends what is due at once and records how late each query left (`late
 more than `late_after` behind); what is still unsent when the run's time is up is counted as
 `unsent`, not quietly sent afterwards, so the achieved rate is sent / duration.
 
-Every query gets a new UDP socket (so a fresh ephemeral source port and, through a masquerading
-node, a new conntrack entry) that is closed after its answer or its timeout. With `sources`, query
-i is bound to sources[i % len(sources)], as if from many clients. The query bytes are built once;
-each query gets its own random ID and is matched on ID and question.
+Every query gets a new UDP socket (so an ephemeral source port the kernel picks at random and,
+through a masquerading node, a new conntrack entry unless that port's tuple is still remembered
+there, as with real clients) that is closed after its answer or its timeout. With `sources`,
+query i is bound to sources[i % len(sources)], as if from many clients. The query bytes are built
+once; each query gets its own random ID and is matched on ID and question.
 
-Speed: `workers` processes (spawned, started together on one monotonic t0) each own every
-workers-th query of one schedule. A worker is a single epoll loop over non-blocking sockets:
-`sendto` on a fresh socket, register, `recv` and close on readiness; timeouts leave from a FIFO
-(all queries have the same timeout, so deadlines come in send order).
+Speed: `workers` processes (fresh interpreters, started together on one monotonic t0) each own
+every workers-th query of one schedule. A worker is one loop over non-blocking sockets: `sendto`
+on a fresh socket, register it with epoll, read answers with `recvmsg`, close. The loop sleeps
+at least a tick (200 us) between rounds, so at high rates each wake-up sends and reads several
+queries; latency does not suffer from reading late because every answer carries the kernel's
+receive timestamp (SO_TIMESTAMPNS), measured against the wall-clock time taken just before the
+send. Timeouts leave from a FIFO (one timeout for all, so deadlines come in send order).
 
 Sender-side limits: a socket per query in flight holds a port and a file descriptor. In flight is
 rate × latency when answered, up to rate × timeout when not. UDP sockets bound to distinct
 addresses may share a port number, so the port budget is the ephemeral range (28,232 by default)
 per source address; without sources all queries share one range. SO_REUSEADDR is deliberately
 not set: it would let two live queries share a port, and answers could land on the wrong socket.
-Instead the plan warns when rate × timeout exceeds the budget, sends that still fail
-(EAGAIN or EADDRINUSE, EMFILE) are counted as `errors` by errno, and the open-files limit is raised to what
+Instead the plan warns when the run could exceed the budget, sends that still fail (EAGAIN,
+EADDRINUSE, EMFILE) are counted as `errors` by errno, and the open-files limit is raised to what
 the plan needs.
 """
 
@@ -30,14 +34,11 @@ from __future__ import annotations
 
 import _socket
 import contextlib
-import errno as errno_mod
 import gc
 import math
 import pickle
 import random
 import select
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -48,16 +49,12 @@ from typing import Any, BinaryIO
 
 from kubeproxy.lab.dns.endpoints import family_of, format_hostport
 from kubeproxy.lab.dns.limits import ensure_open_files, ephemeral_ports
+from kubeproxy.lab.dns.sockets import errno_name, query_socket, recv_stamped
 from kubeproxy.lab.dns.stats import Summary, format_duration
 from kubeproxy.lab.dns.wire import Query, rcode_name, response_rcode
 
-_SOCK_TYPE = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
 _BURST = 64  # sends before the loop reads answers again, when catching up
 _START_MARGIN = 0.05  # seconds between "everyone ready" and t0
-_SOL_SOCKET = socket.SOL_SOCKET
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # receive time (CLOCK_REALTIME) on each datagram
-_STAMP = struct.Struct("@qq")  # struct timespec
-_ANCILLARY = socket.CMSG_SPACE(_STAMP.size)
 
 
 class LoadError(RuntimeError):
@@ -165,9 +162,7 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
 
     epoll = select.epoll()
     register, poll, epollin = epoll.register, epoll.poll, select.EPOLLIN
-    # The C socket type: socket.socket's Python __init__ and close() cost microseconds per query.
-    new_socket, clock, wallclock, sleep = _socket.socket, time.monotonic, time.time, time.sleep
-    unpack_stamp = _STAMP.unpack
+    clock, wallclock, sleep = time.monotonic, time.time, time.sleep
     inflight: dict[int, tuple[_socket.socket, int, float, int]] = {}  # fd -> (socket, j, sent at (wall), second)
     expiry: deque[tuple[float, int, int]] = deque()  # (deadline, fd, j) in send order
     j = 0
@@ -187,9 +182,9 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
             while j < mine and due <= now and burst < _BURST:
                 i = index + j * stride
                 second = int(i / rate)
-                sock = new_socket(family, _SOCK_TYPE)
+                sock = None
                 try:
-                    sock.setsockopt(_SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                    sock = query_socket(family)
                     if nsources:
                         sock.bind((sources[i % nsources], 0))
                     packet = ids[2 * j : 2 * j + 2] + tail
@@ -197,9 +192,10 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
                     t, sent_at = clock(), wallclock()
                     sock.sendto(packet, server)
                 except OSError as exc:
-                    sock.close()
+                    if sock is not None:
+                        sock.close()
                     tally.errors[second] += 1
-                    reasons[_errno_name(exc)] += 1
+                    reasons[errno_name(exc)] += 1
                 else:
                     fd = sock.fileno()
                     register(fd, epollin)
@@ -221,14 +217,14 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
                     continue
                 sock, jj, sent_at, second = entry
                 try:
-                    data, ancillary, _flags, _peer = sock.recvmsg(4096, _ANCILLARY)
+                    data, arrived = recv_stamped(sock)
                 except BlockingIOError:
                     inflight[fd] = entry
                     continue
                 except OSError as exc:
                     sock.close()
                     lost[second] += 1
-                    reasons[_errno_name(exc)] += 1
+                    reasons[errno_name(exc)] += 1
                     continue
                 rcode = response_rcode(data, ids[2 * jj : 2 * jj + 2], question)
                 if rcode is None:
@@ -237,11 +233,7 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
                     inflight[fd] = entry
                     continue
                 sock.close()
-                if ancillary:
-                    secs, nanos = unpack_stamp(ancillary[0][2])
-                    took = secs - sent_at + nanos * 1e-9
-                else:
-                    took = wallclock() - sent_at
+                took = (arrived or wallclock()) - sent_at
                 if took > timeout:
                     lost[second] += 1
                     reasons["answered after timeout"] += 1
@@ -276,12 +268,6 @@ def run_schedule(plan: LoadPlan, index: int, t0: float) -> Tally:
             gc.enable()
         tally.cpu_seconds = time.process_time() - cpu_start
     return tally
-
-
-def _errno_name(exc: OSError) -> str:
-    if exc.errno and exc.errno in errno_mod.errorcode:
-        return errno_mod.errorcode[exc.errno]
-    return str(exc)
 
 
 @dataclass(frozen=True)
