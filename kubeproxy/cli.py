@@ -250,16 +250,29 @@ def cleanup(ipv6: bool) -> None:
 
 
 @main.command()
-@click.option("--manifests", multiple=True, help="Objects to show instead of the bundled example.")
-def demo(manifests: tuple[str, ...]) -> None:
-    """Render the bundled example cluster and explain the rules, service by service."""
-    from kubeproxy import render as offline
+@click.option("--offline", is_flag=True, help="Only render the bundled example and explain the rules (no root needed).")
+@click.option("--manifests", multiple=True, help="Objects to explain instead of the bundled example (implies --offline).")
+def demo(offline: bool, manifests: tuple[str, ...]) -> None:
+    """A live node in network namespaces running `kubeproxy run`, with real traffic (as root).
+
+    Without root, or with --offline: render the bundled example cluster and explain the rules,
+    service by service.
+    """
+    from kubeproxy import render as offline_render
     from kubeproxy.demo import show
 
+    if not offline and not manifests:
+        from kubeproxy.lab import demo as live_demo
+
+        reason = live_demo.unavailable()
+        if reason is None:
+            sys.exit(live_demo.run())
+        click.echo(f"kubeproxy demo: {reason}; showing the offline demo instead (kubeproxy demo --offline).")
+
     paths = list(manifests) or [str(Path(str(resources.files("kubeproxy") / "examples" / "demo.yaml")))]
-    loaded = offline.load(paths)
+    loaded = offline_render.load(paths)
     cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
-    show(loaded, offline.render_iptables(loaded.state, cfg), cfg)
+    show(loaded, offline_render.render_iptables(loaded.state, cfg), cfg)
 
 
 @main.command("trace")
