@@ -327,3 +327,13 @@ def trace_cmd(
         click.echo(json.dumps(nf_explain.to_json(result), indent=2))
     else:
         click.echo(nf_explain.render_text(result), nl=False)
+
+
+def _register_subcommands() -> None:
+    # Defined next to what they drive; imported here so that `kubeproxy --help` lists them.
+    from kubeproxy.lab.dns.commands import dns as dns_commands
+
+    main.add_command(dns_commands)
+
+
+_register_subcommands()
