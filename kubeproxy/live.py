@@ -116,7 +116,7 @@ class LiveProxy:
         self.tracker = ChangeTracker(self.node_name)
         self.conntrack_cleaner = conntrack.Reconciler(run=self.run_cmd)
         self.health = ProxyHealth(2 * self.cfg.sync_period, clock=self.wall_clock)
-        self.service_health = ServiceHealthServers(self.health)
+        self.service_health = ServiceHealthServers(self.health, node_name=self.node_name)
         self.runner = BoundedFrequencyRunner(
             self.sync,
             min_interval=self.cfg.min_sync_period,
