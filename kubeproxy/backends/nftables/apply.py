@@ -1,0 +1,287 @@
+"""The only code that runs `nft`: brings the kernel's table to a rendering, sending only changes.
+
+`NftApplier.apply(rendering)` remembers the last rendering it applied and sends the difference
+(diff.py): a resync with no change runs nothing at all; a one-endpoint change is a handful of
+element operations. Large plans are cut into `nft -f` runs of at most `chunk_size` operations,
+on unit boundaries, each leaving a consistent table. Chains, sets and objects nothing uses any
+more are flushed in the sync that drops them and deleted by a later one, at least
+`stale_delay` seconds after (see diff.py).
+
+A full sync (the first one, `apply(full=True)`, or after any failure) does not trust memory:
+ - no table in the kernel: it is created in chunks (nothing to disturb yet);
+ - a table exists (a restart, or someone flushed it): one atomic transaction flushes every chain
+   found, replaces every set and map (dynamic ones, which hold ClientIP affinity, are kept),
+   re-adds everything, and on the first sync of this applier recreates the base chains so that a
+   table left by an older version gets the current hooks and priorities (as upstream does once
+   per start). Chains and objects of ours the rendering no longer has become stale.
+`table_intact()` is the cheap check the live proxy can run each period (the `services` chain
+still has its rules) to force such a resync.
+
+Every call goes through `run(argv, input=, check=, timeout=)`, as in the iptables backend, so
+tests drive a network namespace (`NetNS.run`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeproxy.backends.iptables.apply import Runner, local_run
+from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
+from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, element_lines, quote
+from kubeproxy.backends.nftables.render import BASE_CHAINS, RAW_CHAINS, SERVICES
+from kubeproxy.backends.nftables.rendering import NftRendering
+
+log = logging.getLogger("kubeproxy.nftables")
+
+DEFAULT_CHUNK = 50_000
+_DELETE_ORDER = {"chain": 0, "set": 1, "map": 1, "ct timeout": 2}
+
+
+class NftError(RuntimeError):
+    """nft refused a transaction; the message carries its complaint."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    mode: str  # noop | incremental | create | full
+    operations: int  # commands and elements sent
+    invocations: int  # nft runs that changed the kernel (listings not counted)
+    chunks: int
+    stale_flushed: int
+    stale_deleted: int
+    seconds: float
+
+
+@dataclass
+class ApplierStats:
+    operations_total: int = 0
+    invocations_total: int = 0
+    listings_total: int = 0
+    failures_total: int = 0
+    full_syncs_total: int = 0
+    stale_deleted_total: int = 0
+
+
+@dataclass
+class NftApplier:
+    """Keeps one table (`ip kube-proxy` or `ip6 kube-proxy`) equal to the renderings it is given."""
+
+    family: str = "ip"
+    run: Runner = local_run
+    chunk_size: int = DEFAULT_CHUNK
+    stale_delay: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    timeout: float = 300.0
+    applied: NftRendering | None = field(default=None, init=False)
+    stats: ApplierStats = field(default_factory=ApplierStats, init=False)
+    _stale: dict[tuple[str, str], float] = field(default_factory=dict, init=False)
+    _needs_full: bool = field(default=True, init=False)
+    _base_recreated: bool = field(default=False, init=False)
+
+    @property
+    def table(self) -> str:
+        return f"{self.family} {TABLE}"
+
+    @property
+    def stale(self) -> list[tuple[str, str]]:
+        """(kind, name) of objects flushed and waiting to be deleted."""
+        return sorted(self._stale)
+
+    # ------------------------------------------------------------------ public
+    def apply(self, rendering: NftRendering, *, full: bool = False) -> ApplyResult:
+        """Make the kernel's table match `rendering`. Raises NftError; the next call is then full."""
+        if rendering.family != self.family:
+            raise ValueError(f"rendering is for family {rendering.family}, this applier for {self.family}")
+        start = self.clock()
+        before_ops, before_inv = self.stats.operations_total, self.stats.invocations_total
+        for kind, name in [k for k in self._stale if self._present(rendering, *k)]:
+            del self._stale[(kind, name)]  # back in use: re-populated by this sync
+        deleted = self._delete_stale(start, rendering)
+        mode = "full" if full or self._needs_full or self.applied is None else "incremental"
+        flushed = 0
+        n_chunks = 0
+        try:
+            if mode == "incremental":
+                assert self.applied is not None
+                try:
+                    p = plan(self.applied, rendering)
+                except NeedsFullSync as exc:
+                    log.info("nftables: full sync needed: %s", exc)
+                    mode = "full"
+                else:
+                    n_chunks = self._send(p)
+                    flushed = len(p.stale)
+                    self._mark_stale(p.stale)
+                    if not p.units:
+                        mode = "noop"
+            if mode == "full":
+                mode, n_chunks, flushed = self._full(rendering)
+        except NftError:
+            self._needs_full = True
+            self.stats.failures_total += 1
+            raise
+        self.applied = rendering
+        self._needs_full = False
+        return ApplyResult(
+            mode=mode,
+            operations=self.stats.operations_total - before_ops,
+            invocations=self.stats.invocations_total - before_inv,
+            chunks=n_chunks,
+            stale_flushed=flushed,
+            stale_deleted=deleted,
+            seconds=self.clock() - start,
+        )
+
+    def table_intact(self) -> bool:
+        """False when the table is gone or was flushed (its `services` chain lost its rules)."""
+        proc = self.run(["nft", "-j", "list", "chain", self.family, TABLE, SERVICES], check=False, timeout=self.timeout)
+        self.stats.listings_total += 1
+        if proc.returncode != 0:
+            return False
+        return any("rule" in obj for obj in _objects(proc.stdout))
+
+    def listing(self) -> dict[str, Any]:
+        """Our table without set elements (`nft -t`), or {} if there is none.
+
+        {"chains": {name: rule count}, "sets": {name: {"kind", "dynamic"}}, "objects": [ct timeout names]}
+        """
+        proc = self.run(["nft", "-j", "-t", "list", "table", self.family, TABLE], check=False, timeout=self.timeout)
+        self.stats.listings_total += 1
+        if proc.returncode != 0:
+            return {}
+        out: dict[str, Any] = {"chains": {}, "sets": {}, "objects": []}
+        for obj in _objects(proc.stdout):
+            if "chain" in obj:
+                out["chains"].setdefault(obj["chain"]["name"], 0)
+            elif "rule" in obj:
+                out["chains"][obj["rule"]["chain"]] = out["chains"].get(obj["rule"]["chain"], 0) + 1
+            elif "set" in obj or "map" in obj:
+                kind = "set" if "set" in obj else "map"
+                body = obj[kind]
+                out["sets"][body["name"]] = {
+                    "kind": kind,
+                    "dynamic": "dynamic" in body.get("flags", []) or body["name"] == "affinity",
+                }
+            elif "ct timeout" in obj:
+                out["objects"].append(obj["ct timeout"]["name"])
+        return out
+
+    def cleanup(self) -> bool:
+        """Delete our table (`kubeproxy cleanup`). True if there was one."""
+        proc = self.run(["nft", "delete", "table", self.family, TABLE], check=False, timeout=self.timeout)
+        self.applied = None
+        self._needs_full = True
+        self._stale.clear()
+        return proc.returncode == 0
+
+    # ------------------------------------------------------------------ internals
+    def _nft(self, text: str, operations: int) -> None:
+        proc = self.run(["nft", "-f", "-"], input=text, check=False, timeout=self.timeout)
+        self.stats.invocations_total += 1
+        if proc.returncode != 0:
+            raise NftError(f"nft -f failed: {proc.stderr.strip()[:2000]}")
+        self.stats.operations_total += operations
+
+    def _send(self, p: Plan) -> int:
+        n = 0
+        for text, ops in chunks(p.units, self.table, self.chunk_size):
+            self._nft(text, ops)
+            n += 1
+        return n
+
+    def _mark_stale(self, names: list[tuple[str, str]]) -> None:
+        now = self.clock()
+        for key in names:
+            self._stale.setdefault(key, now)
+
+    @staticmethod
+    def _present(r: NftRendering, kind: str, name: str) -> bool:
+        if kind == "chain":
+            return name in r.chains
+        if kind == "ct timeout":
+            return name in r.objects
+        return name in r.sets
+
+    def _delete_stale(self, now: float, rendering: NftRendering) -> int:
+        due = [k for k, since in self._stale.items() if now - since >= self.stale_delay]
+        if not due:
+            return 0
+        due.sort(key=lambda k: (_DELETE_ORDER[k[0]], k[1]))
+        text = "".join(f"delete {kind} {self.table} {name}\n" for kind, name in due)
+        try:
+            self._nft(text, len(due))
+        except NftError as exc:
+            # Still referenced (or already gone): try again next time; never fail the sync for it.
+            log.warning("nftables: could not delete %d stale objects yet: %s", len(due), exc)
+            for key in due:
+                self._stale[key] = now
+            return 0
+        for key in due:
+            del self._stale[key]
+        self.stats.stale_deleted_total += len(due)
+        return len(due)
+
+    def _full(self, rendering: NftRendering) -> tuple[str, int, int]:
+        self.stats.full_syncs_total += 1
+        existing = self.listing()
+        if not existing:
+            p = create_plan(rendering)
+            n = self._send(p)
+            self._base_recreated = True
+            self._stale.clear()
+            return "create", n, 0
+        t = self.table
+        lines = [f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}"]
+        if not self._base_recreated:
+            # Hooks and priorities of existing base chains cannot be changed in place.
+            for name in sorted({*BASE_CHAINS, *RAW_CHAINS} & existing["chains"].keys()):
+                lines += [f"delete chain {t} {name}"]
+        for name in sorted(existing["chains"]):
+            if self._base_recreated or (name not in BASE_CHAINS and name not in RAW_CHAINS):
+                lines.append(f"flush chain {t} {name}")
+        keep_dynamic = {n for n, s in existing["sets"].items() if s["dynamic"] and n in rendering.sets}
+        for name in sorted(existing["sets"]):
+            if name not in keep_dynamic:
+                lines.append(f"delete {existing['sets'][name]['kind']} {t} {name}")
+        for name in sorted(set(existing["objects"]) - rendering.objects.keys()):
+            lines.append(f"delete ct timeout {t} {name}")
+        for name in sorted(rendering.objects):
+            if name not in existing["objects"]:
+                lines.append(f"add ct timeout {t} {name}{rendering.objects[name].declaration()}")
+        for name in sorted(rendering.sets):
+            s = rendering.sets[name]
+            lines.append(f"add {s.kind} {t} {name}{s.declaration()}")
+        for name in sorted(rendering.chains):
+            lines.append(f"add chain {t} {name}{rendering.chains[name].declaration()}")
+        for name in sorted(rendering.chains):
+            lines.extend(f"add rule {t} {name} {r.body()}" for r in rendering.chains[name].rules)
+        ops = len(lines)
+        for name in sorted(rendering.elements):
+            d = rendering.elements[name]
+            ops += len(d)
+            lines.extend(element_lines("add", t, name, (d[k] for k in sorted(d))))
+        # One transaction: packets never see a half-built table.
+        self._nft("\n".join(lines) + "\n", ops)
+        self._base_recreated = True
+        gone = [k for k in existing["chains"] if k not in rendering.chains]
+        # Sets and objects the rendering lacks were deleted above; only chains wait.
+        self._stale = {k: v for k, v in self._stale.items() if k[0] == "chain" and k[1] in gone}
+        self._mark_stale([("chain", name) for name in gone])
+        return "full", 1, len(gone)
+
+
+def _objects(text: str) -> list[dict[str, Any]]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    items = doc.get("nftables", []) if isinstance(doc, dict) else []
+    return [o for o in items if isinstance(o, dict)]
+
+
+__all__ = ["ApplierStats", "ApplyResult", "NftApplier", "NftError", "render_ops"]

@@ -1,0 +1,226 @@
+"""From two renderings to the nft commands that turn one into the other (pure).
+
+A plan is a list of *units*: commands that must reach the kernel in the same transaction (a
+chain's flush and its new rules; the delete and re-add of an element whose value changed).
+Units are ordered so that every prefix of the plan is a consistent table, which is what lets
+the applier cut a large plan into several `nft -f` runs:
+
+  1. new ct timeout objects, sets and maps, chains (their declarations)
+  2. rules of new and changed chains (flush + add)
+  3. new elements, then changed ones, then removed ones (a moved service gets its new
+     selector elements before its service-ips entry points at them, and loses the old ones last)
+  4. chains, sets and maps nothing uses any more: flushed now; the applier deletes them in a
+     later sync (map elements may have pointed at them, and before kernel 6.2 the kernel notices
+     the last reference going only a moment later; upstream waits for the same reason)
+
+When the new rendering was rendered incrementally from the old one, only what it touched is
+compared; otherwise everything is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.nftables.model import TABLE_COMMENT, Element, element_lines, quote
+from kubeproxy.backends.nftables.rendering import NftRendering
+
+
+class NeedsFullSync(Exception):
+    """The change cannot be made in place (a base chain's hook or a set's type changed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ElementOp:
+    verb: str  # add | delete
+    set_name: str
+    element: Element
+
+
+Op = str | ElementOp
+Unit = tuple[Op, ...]
+
+
+@dataclass
+class Plan:
+    units: list[Unit] = field(default_factory=list)
+    # Flushed by this plan, to delete later: (kind, name) with kind chain | set | map | ct timeout.
+    stale: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def operations(self) -> int:
+        return sum(len(u) for u in self.units)
+
+
+def plan(old: NftRendering, new: NftRendering) -> Plan:
+    """Commands that turn the table `old` describes into `new` (same family)."""
+    t = new.table
+    p = Plan()
+    if new.derived_from is old.token and new.touched is not None:
+        tc = new.touched
+        chains: Iterable[str] = tc.chains
+        sets: Iterable[str] = tc.sets
+        objects: Iterable[str] = tc.objects
+        element_sets = tc.elements
+    else:
+        chains = old.chains.keys() | new.chains.keys()
+        sets = old.sets.keys() | new.sets.keys()
+        objects = old.objects.keys() | new.objects.keys()
+        element_sets = {name: None for name in old.elements.keys() | new.elements.keys()}
+
+    chains, sets, objects = sorted(chains), sorted(sets), sorted(objects)
+    for name in objects:
+        o, n = old.objects.get(name), new.objects.get(name)
+        if n is not None and o is None:
+            p.units.append((f"add ct timeout {t} {name}{n.declaration()}",))
+        elif n is not None and o != n:
+            raise NeedsFullSync(f"ct timeout {name} changed")
+    for name in sets:
+        os_, ns = old.sets.get(name), new.sets.get(name)
+        if ns is not None and os_ is None:
+            p.units.append((f"add {ns.kind} {t} {name}{ns.declaration()}",))
+        elif ns is not None and os_ != ns:
+            raise NeedsFullSync(f"{ns.kind} {name} changed")
+    changed_chains = []
+    for name in chains:
+        oc, nc = old.chains.get(name), new.chains.get(name)
+        if nc is None:
+            continue
+        if oc is None:
+            p.units.append((f"add chain {t} {name}{nc.declaration()}",))
+        elif oc.base != nc.base:
+            raise NeedsFullSync(f"base chain {name} changed")
+        elif oc.comment != nc.comment:
+            raise NeedsFullSync(f"chain {name} comment changed")
+        if oc is None or oc.rules != nc.rules:
+            changed_chains.append((name, oc is not None))
+    for name, existed in changed_chains:
+        rules = new.chains[name].rules
+        unit: list[Op] = [f"flush chain {t} {name}"] if existed else []
+        unit.extend(f"add rule {t} {name} {r.body()}" for r in rules)
+        if unit:
+            p.units.append(tuple(unit))
+
+    adds: list[Unit] = []
+    changes: list[Unit] = []
+    deletes: list[Unit] = []
+    for set_name in sorted(element_sets):
+        if set_name not in new.sets:
+            continue  # the set goes: flushed below, deleted later
+        od = old.elements.get(set_name, {})
+        nd = new.elements.get(set_name, {})
+        keys = element_sets[set_name]
+        candidates = sorted(od.keys() | nd.keys()) if keys is None else sorted(keys)
+        for key in candidates:
+            o, n = od.get(key), nd.get(key)
+            if o == n:
+                continue
+            if o is None:
+                assert n is not None
+                adds.append((ElementOp("add", set_name, n),))
+            elif n is None:
+                deletes.append((ElementOp("delete", set_name, o),))
+            else:
+                changes.append((ElementOp("delete", set_name, o), ElementOp("add", set_name, n)))
+    p.units += adds + changes + deletes
+
+    for name in chains:
+        if name in old.chains and name not in new.chains:
+            p.units.append((f"flush chain {t} {name}",))
+            p.stale.append(("chain", name))
+    for name in sets:
+        os_ = old.sets.get(name)
+        if os_ is not None and name not in new.sets:
+            p.units.append((f"flush {os_.kind} {t} {name}",))
+            p.stale.append((os_.kind, name))
+    for name in objects:
+        if name in old.objects and name not in new.objects:
+            p.stale.append(("ct timeout", name))
+    return p
+
+
+def create_plan(new: NftRendering) -> Plan:
+    """Commands that build the table from nothing, in the same phases."""
+    t = new.table
+    p = Plan()
+    p.units.append((f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}",))
+    for name in sorted(new.objects):
+        p.units.append((f"add ct timeout {t} {name}{new.objects[name].declaration()}",))
+    for name in sorted(new.sets):
+        s = new.sets[name]
+        p.units.append((f"add {s.kind} {t} {name}{s.declaration()}",))
+    for name in sorted(new.chains):
+        p.units.append((f"add chain {t} {name}{new.chains[name].declaration()}",))
+    for name in sorted(new.chains):
+        rules = new.chains[name].rules
+        if rules:
+            p.units.append(tuple(f"add rule {t} {name} {r.body()}" for r in rules))
+    for set_name in sorted(new.elements):
+        d = new.elements[set_name]
+        p.units.extend((ElementOp("add", set_name, d[k]),) for k in sorted(d))
+    return p
+
+
+def chunks(units: Iterable[Unit], table: str, limit: int) -> Iterator[tuple[str, int]]:
+    """`nft -f` texts of at most about `limit` operations each (a unit is never split)."""
+    batch: list[Op] = []
+    for unit in units:
+        if batch and len(batch) + len(unit) > limit:
+            yield render_ops(batch, table), len(batch)
+            batch = []
+        batch.extend(unit)
+    if batch:
+        yield render_ops(batch, table), len(batch)
+
+
+def render_ops(ops: list[Op], table: str) -> str:
+    """Text for a list of operations; runs of element operations on one set share lines."""
+    out: list[str] = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if isinstance(op, str):
+            out.append(op)
+            i += 1
+            continue
+        pairs = _replacements(ops, i)
+        if pairs:
+            # delete k1, add k1, delete k2, add k2, ...: within one transaction the deletes
+            # may all come first, so each verb gets a few long lines instead of many short ones.
+            out.extend(element_lines("delete", table, op.set_name, (ops[k].element for k in pairs), keys_only=True))  # type: ignore[union-attr]
+            out.extend(element_lines("add", table, op.set_name, (ops[k + 1].element for k in pairs)))  # type: ignore[union-attr]
+            i = pairs[-1] + 2
+            continue
+        j = i
+        run: list[Element] = []
+        while j < len(ops):
+            nxt = ops[j]
+            if not isinstance(nxt, ElementOp) or nxt.verb != op.verb or nxt.set_name != op.set_name:
+                break
+            run.append(nxt.element)
+            j += 1
+        out.extend(element_lines(op.verb, table, op.set_name, run, keys_only=op.verb == "delete"))
+        i = j
+    return "\n".join(out) + "\n"
+
+
+def _replacements(ops: list[Op], i: int) -> list[int]:
+    """Start indexes of consecutive (delete k, add k) pairs on one set, from i on (at least two)."""
+    out: list[int] = []
+    first = ops[i]
+    assert isinstance(first, ElementOp)
+    while i + 1 < len(ops):
+        d, a = ops[i], ops[i + 1]
+        if not (
+            isinstance(d, ElementOp)
+            and isinstance(a, ElementOp)
+            and d.verb == "delete"
+            and a.verb == "add"
+            and d.set_name == first.set_name
+            and a.set_name == first.set_name
+            and d.element.key == a.element.key
+        ):
+            break
+        out.append(i)
+        i += 2
+    return out if len(out) >= 2 else []
