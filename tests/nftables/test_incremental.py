@@ -139,14 +139,16 @@ def test_scaling_moves_a_service_to_another_selector_in_a_safe_order() -> None:
     assert p.stale == []  # db still uses cluster-endpoints-1
 
 
-def test_unused_shared_objects_are_flushed_then_stale() -> None:
+def test_unused_chains_are_flushed_then_stale_and_unused_maps_deleted() -> None:
     r = render(view(_two_services(2)), options())
     new = render(view(_two_services(3)), options(), previous=r, changed_services={("ns1", "web")})
     p = plan(r, new)
-    assert sorted(p.stale) == [("chain", "cluster-endpoints-2"), ("map", "cluster-endpoints-2")]
+    assert p.stale == [("chain", "cluster-endpoints-2")]
     flat = [op for u in p.units for op in u if isinstance(op, str)]
-    assert "flush chain ip kube-proxy cluster-endpoints-2" in flat
-    assert "flush map ip kube-proxy cluster-endpoints-2" in flat
+    # the map goes in the same transaction, after the rule that used it
+    assert flat.index("flush chain ip kube-proxy cluster-endpoints-2") < flat.index(
+        "delete map ip kube-proxy cluster-endpoints-2"
+    )
 
 
 def test_incremental_from_an_older_rendering_falls_back_to_full() -> None:

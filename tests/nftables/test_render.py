@@ -365,10 +365,12 @@ def test_udp_conntrack_timeout_annotation() -> None:
     assert values(r, "udp-timeouts") == {"172.30.0.10 . udp . 53": "goto udp-timeout-5s"}  # not the TCP port
     assert values(r, "udp-timeout-nodeports") == {"udp . 30053": "goto udp-timeout-5s"}
     assert rules(r, "udp-timeout-5s") == ['ct timeout set "udp-timeout-5s"']
-    assert r.chains["raw-prerouting"].base.priority == -300
-    assert rules(r, "raw-output") == [
-        "meta l4proto udp ip daddr . meta l4proto . th dport vmap @udp-timeouts",
-        "meta l4proto udp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @udp-timeout-nodeports",
+    # after conntrack made the entry (-200), before DNAT rewrites the service address (-100)
+    assert r.chains["conntrack-prerouting"].base.priority == -150
+    assert rules(r, "conntrack-output") == [
+        "ct state new meta l4proto udp ip daddr . meta l4proto . th dport vmap @udp-timeouts",
+        "ct state new meta l4proto udp fib daddr type local ip daddr != 127.0.0.0/8"
+        " meta l4proto . th dport vmap @udp-timeout-nodeports",
     ]
     assert r.warnings == ()
     assert (
@@ -377,9 +379,9 @@ def test_udp_conntrack_timeout_annotation() -> None:
     )
 
 
-def test_no_annotation_no_raw_chains() -> None:
+def test_no_annotation_no_conntrack_chains() -> None:
     r = render(view(web(endpoint("10.180.0.1"))), options())
-    assert "raw-prerouting" not in r.chains and not r.objects and "udp-timeouts" not in r.sets
+    assert "conntrack-prerouting" not in r.chains and not r.objects and "udp-timeouts" not in r.sets
 
 
 @pytest.mark.parametrize("value", ["5x", "0s", "-5s", "", "300ms", "1000h"])

@@ -33,7 +33,7 @@ from typing import Any
 from kubeproxy.backends.iptables.apply import Runner, local_run
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
 from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, element_lines, quote
-from kubeproxy.backends.nftables.render import BASE_CHAINS, RAW_CHAINS, SERVICES
+from kubeproxy.backends.nftables.render import BASE_CHAINS, CONNTRACK_CHAINS, SERVICES
 from kubeproxy.backends.nftables.rendering import NftRendering
 
 log = logging.getLogger("kubeproxy.nftables")
@@ -239,10 +239,10 @@ class NftApplier:
         lines = [f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}"]
         if not self._base_recreated:
             # Hooks and priorities of existing base chains cannot be changed in place.
-            for name in sorted({*BASE_CHAINS, *RAW_CHAINS} & existing["chains"].keys()):
+            for name in sorted({*BASE_CHAINS, *CONNTRACK_CHAINS} & existing["chains"].keys()):
                 lines += [f"delete chain {t} {name}"]
         for name in sorted(existing["chains"]):
-            if self._base_recreated or (name not in BASE_CHAINS and name not in RAW_CHAINS):
+            if self._base_recreated or (name not in BASE_CHAINS and name not in CONNTRACK_CHAINS):
                 lines.append(f"flush chain {t} {name}")
         keep_dynamic = {n for n, s in existing["sets"].items() if s["dynamic"] and n in rendering.sets}
         for name in sorted(existing["sets"]):

@@ -9,9 +9,16 @@ the applier cut a large plan into several `nft -f` runs:
   2. rules of new and changed chains (flush + add)
   3. new elements, then changed ones, then removed ones (a moved service gets its new
      selector elements before its service-ips entry points at them, and loses the old ones last)
-  4. chains, sets and maps nothing uses any more: flushed now; the applier deletes them in a
-     later sync (map elements may have pointed at them, and before kernel 6.2 the kernel notices
-     the last reference going only a moment later; upstream waits for the same reason)
+  4. chains nothing uses any more: flushed now, deleted by the applier in a later sync (map
+     elements may have pointed at them, and before kernel 6.2 the kernel notices the last
+     reference going only a moment later; upstream waits for the same reason); sets and maps
+     nothing uses: deleted now, after the chains whose rules used them were flushed (as upstream
+     deletes stale affinity sets); ct timeout objects: deleted later, with their chains.
+
+Phases 1 and 2 form one unit: nft 1.0.6 cannot add a rule that uses an existing `typeof` map
+whose data is `ip daddr . th dport` ("conflicting protocols specified: ip vs. th"), so a
+selector's rule must be created in the transaction that creates its map. Only elements, which
+are nearly all of a large plan, are cut into chunks.
 
 When the new rendering was rendered incrementally from the old one, only what it touched is
 compared; otherwise everything is.
@@ -44,7 +51,7 @@ Unit = tuple[Op, ...]
 @dataclass
 class Plan:
     units: list[Unit] = field(default_factory=list)
-    # Flushed by this plan, to delete later: (kind, name) with kind chain | set | map | ct timeout.
+    # To delete in a later sync: (kind, name) with kind chain | ct timeout.
     stale: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -56,6 +63,7 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
     """Commands that turn the table `old` describes into `new` (same family)."""
     t = new.table
     p = Plan()
+    head: list[Op] = []  # phases 1 and 2: one unit
     if new.derived_from is old.token and new.touched is not None:
         tc = new.touched
         chains: Iterable[str] = tc.chains
@@ -72,13 +80,13 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
     for name in objects:
         o, n = old.objects.get(name), new.objects.get(name)
         if n is not None and o is None:
-            p.units.append((f"add ct timeout {t} {name}{n.declaration()}",))
+            head.append(f"add ct timeout {t} {name}{n.declaration()}")
         elif n is not None and o != n:
             raise NeedsFullSync(f"ct timeout {name} changed")
     for name in sets:
         os_, ns = old.sets.get(name), new.sets.get(name)
         if ns is not None and os_ is None:
-            p.units.append((f"add {ns.kind} {t} {name}{ns.declaration()}",))
+            head.append(f"add {ns.kind} {t} {name}{ns.declaration()}")
         elif ns is not None and os_ != ns:
             raise NeedsFullSync(f"{ns.kind} {name} changed")
     changed_chains = []
@@ -87,7 +95,7 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
         if nc is None:
             continue
         if oc is None:
-            p.units.append((f"add chain {t} {name}{nc.declaration()}",))
+            head.append(f"add chain {t} {name}{nc.declaration()}")
         elif oc.base != nc.base:
             raise NeedsFullSync(f"base chain {name} changed")
         elif oc.comment != nc.comment:
@@ -95,11 +103,11 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
         if oc is None or oc.rules != nc.rules:
             changed_chains.append((name, oc is not None))
     for name, existed in changed_chains:
-        rules = new.chains[name].rules
-        unit: list[Op] = [f"flush chain {t} {name}"] if existed else []
-        unit.extend(f"add rule {t} {name} {r.body()}" for r in rules)
-        if unit:
-            p.units.append(tuple(unit))
+        if existed:
+            head.append(f"flush chain {t} {name}")
+        head.extend(f"add rule {t} {name} {r.body()}" for r in new.chains[name].rules)
+    if head:
+        p.units.append(tuple(head))
 
     adds: list[Unit] = []
     changes: list[Unit] = []
@@ -131,8 +139,7 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
     for name in sets:
         os_ = old.sets.get(name)
         if os_ is not None and name not in new.sets:
-            p.units.append((f"flush {os_.kind} {t} {name}",))
-            p.stale.append((os_.kind, name))
+            p.units.append((f"delete {os_.kind} {t} {name}",))
     for name in objects:
         if name in old.objects and name not in new.objects:
             p.stale.append(("ct timeout", name))
@@ -143,18 +150,13 @@ def create_plan(new: NftRendering) -> Plan:
     """Commands that build the table from nothing, in the same phases."""
     t = new.table
     p = Plan()
-    p.units.append((f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}",))
-    for name in sorted(new.objects):
-        p.units.append((f"add ct timeout {t} {name}{new.objects[name].declaration()}",))
-    for name in sorted(new.sets):
-        s = new.sets[name]
-        p.units.append((f"add {s.kind} {t} {name}{s.declaration()}",))
+    head: list[Op] = [f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}"]
+    head.extend(f"add ct timeout {t} {name}{new.objects[name].declaration()}" for name in sorted(new.objects))
+    head.extend(f"add {new.sets[name].kind} {t} {name}{new.sets[name].declaration()}" for name in sorted(new.sets))
+    head.extend(f"add chain {t} {name}{new.chains[name].declaration()}" for name in sorted(new.chains))
     for name in sorted(new.chains):
-        p.units.append((f"add chain {t} {name}{new.chains[name].declaration()}",))
-    for name in sorted(new.chains):
-        rules = new.chains[name].rules
-        if rules:
-            p.units.append(tuple(f"add rule {t} {name} {r.body()}" for r in rules))
+        head.extend(f"add rule {t} {name} {r.body()}" for r in new.chains[name].rules)
+    p.units.append(tuple(head))
     for set_name in sorted(new.elements):
         d = new.elements[set_name]
         p.units.extend((ElementOp("add", set_name, d[k]),) for k in sorted(d))

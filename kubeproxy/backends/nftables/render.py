@@ -49,7 +49,10 @@ The masquerade mark for off-cluster traffic to cluster IPs (upstream: a rule in 
 chain) is one rule in `services` matching `@cluster-ips`; LoadBalancer source ranges are one
 interval set `firewall-allow` (address . protocol . port . source) checked by one rule.
 The Service annotation kubeproxy.io/udp-conntrack-timeout adds `ct timeout` objects, set at
-raw priority through the maps `udp-timeouts` / `udp-timeout-nodeports` (annotations.py).
+the first packet of a flow through the maps `udp-timeouts` / `udp-timeout-nodeports`, in base
+chains at mangle priority (-150): `ct timeout set` acts on the conntrack entry that is being
+created, so the rule must run after conntrack (-200) has made it (at raw priority, -300, it
+silently does nothing) and before DNAT (-100) rewrites the service address (annotations.py).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo,
 from kubeproxy.proxy.topology import categorize
 
 # Base chains: upstream's names, types and priorities (filter chains see pre-DNAT addresses).
-DSTNAT, SRCNAT, RAW = -100, 100, -300
+DSTNAT, SRCNAT, MANGLE = -100, 100, -150
 BASE_CHAINS = {
     "filter-prerouting": BaseHook("filter", "prerouting", DSTNAT - 10),
     "filter-input": BaseHook("filter", "input", DSTNAT - 10),
@@ -79,9 +82,10 @@ BASE_CHAINS = {
     "nat-output": BaseHook("nat", "output", DSTNAT),
     "nat-postrouting": BaseHook("nat", "postrouting", SRCNAT),
 }
-RAW_CHAINS = {
-    "raw-prerouting": BaseHook("filter", "prerouting", RAW),
-    "raw-output": BaseHook("filter", "output", RAW),
+# Ours, only while some Service has its own UDP conntrack timeout.
+CONNTRACK_CHAINS = {
+    "conntrack-prerouting": BaseHook("filter", "prerouting", MANGLE),
+    "conntrack-output": BaseHook("filter", "output", MANGLE),
 }
 
 SERVICES = "services"
@@ -385,11 +389,11 @@ def _expand(ctx: _Ctx, key: Hashable) -> SharedObjects:
     if kind == "udp-timeouts":
         a = ctx.addr_type
         rules = (
-            Rule(f"meta l4proto udp {ipx} daddr . meta l4proto . th dport vmap @{UDP_TIMEOUTS}"),
-            Rule(f"meta l4proto udp {ctx.nodeport_match()} meta l4proto . th dport vmap @{UDP_TIMEOUT_NODEPORTS}"),
+            Rule(f"ct state new meta l4proto udp {ipx} daddr . meta l4proto . th dport vmap @{UDP_TIMEOUTS}"),
+            Rule(f"ct state new meta l4proto udp {ctx.nodeport_match()} meta l4proto . th dport vmap @{UDP_TIMEOUT_NODEPORTS}"),
         )
         return SharedObjects(
-            chains=tuple(Chain(name, rules, base=hook) for name, hook in RAW_CHAINS.items()),
+            chains=tuple(Chain(name, rules, base=hook) for name, hook in CONNTRACK_CHAINS.items()),
             sets=(
                 NftSet(
                     UDP_TIMEOUTS,
