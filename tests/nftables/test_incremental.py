@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.nftables.diff import ElementOp, chunks, create_plan, plan
+from kubeproxy.backends.nftables.diff import ElementOp, chunks, create_plan, plan, weight
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from tests.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
@@ -96,7 +96,7 @@ def test_incremental_equals_full_through_random_changes(seed: int) -> None:
 def _two_services(n_eps: int) -> list[dict[str, Any]]:
     return [
         service("ns1", "web", "172.30.0.41", port("http", 80)),
-        slice_("ns1", "web", [endpoint(f"10.180.0.{i + 1}") for i in range(n_eps)], ("http", 80, "TCP")),
+        slice_("ns1", "web", [endpoint(f"10.180.0.{i + 1}", NODE) for i in range(n_eps)], ("http", 80, "TCP")),
         service("ns2", "db", "172.30.0.42", port("sql", 5432)),
         slice_("ns2", "db", [endpoint("10.180.1.1")], ("sql", 5432, "TCP")),
     ]
@@ -112,7 +112,7 @@ def test_no_change_plans_nothing() -> None:
 def test_one_endpoint_replaced_is_two_element_pairs() -> None:
     r = render(view(_two_services(3)), options())
     objs = _two_services(3)
-    objs[1]["endpoints"][2] = endpoint("10.180.0.9")
+    objs[1]["endpoints"][2] = endpoint("10.180.0.9", NODE)
     new = render(view(objs), options(), previous=r, changed_services={("ns1", "web")})
     ops = [op for u in plan(r, new).units for op in u]
     assert all(isinstance(op, ElementOp) for op in ops)
@@ -171,7 +171,7 @@ def test_chunks_respect_the_limit_and_never_split_a_unit() -> None:
     p = create_plan(render(view(objs), options()))
     texts = list(chunks(p.units, "ip kube-proxy", 25))
     assert sum(n for _, n in texts) == p.operations
-    biggest = max(len(u) for u in p.units)
+    biggest = max(weight(u) for u in p.units)
     assert all(n <= max(25, biggest) for _, n in texts)
     assert len(texts) > 3
     # a chain's rules always travel with it

@@ -49,7 +49,7 @@ def test_base_chains_hooks_and_priorities_are_upstreams() -> None:
 
 
 def test_cluster_ip_dispatches_through_a_shared_selector() -> None:
-    r = render(view(web(endpoint("10.180.0.1"), endpoint("10.180.0.2"), endpoint("10.180.0.3"))), options())
+    r = render(view(web(endpoint("10.180.0.1", NODE), endpoint("10.180.0.2", NODE), endpoint("10.180.0.3"))), options())
     assert values(r, "cluster-ips") == {"172.30.0.41": None}
     assert values(r, "service-ips") == {"172.30.0.41 . tcp . 80": "goto cluster-endpoints-3"}
     assert values(r, "cluster-endpoints-3") == {
@@ -60,7 +60,8 @@ def test_cluster_ip_dispatches_through_a_shared_selector() -> None:
     assert rules(r, "cluster-endpoints-3") == [
         "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @cluster-endpoints-3"
     ]
-    assert set(values(r, "hairpin")) == {f"10.180.0.{i} . 10.180.0.{i}" for i in (1, 2, 3)}
+    # hairpin: this node's endpoints only (a remote pod's traffic to a cluster IP is DNATed by its node)
+    assert set(values(r, "hairpin")) == {f"10.180.0.{i} . 10.180.0.{i}" for i in (1, 2)}
     # no per-service chain: a service port without affinity costs elements only
     assert not [n for n in r.chains if naming.is_service_chain(n)]
     assert rules(r, "services")[0] == (
@@ -167,6 +168,8 @@ def test_external_traffic_policy_local() -> None:
     assert values(r, "nodeport-local-endpoints-1") == {"tcp . 3001 . 0": "10.180.0.5 . 80"}
     # the cluster IP keeps Cluster policy
     assert values(r, "service-ips")["172.30.0.42 . tcp . 80"] == "goto cluster-endpoints-2"
+    # pods of other nodes may reach the NodePort and be short-circuited to themselves: all hairpin
+    assert set(values(r, "hairpin")) == {"10.180.0.2 . 10.180.0.2", "10.180.0.5 . 10.180.0.5"}
     # the health check node port is not ours to block: nothing mentions it
     assert "30000" not in r.text()
     assert r.no_local_endpoints_external == 0

@@ -34,7 +34,7 @@ from kubeproxy.backends.iptables.apply import Runner, local_run
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
 from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, element_lines, quote
 from kubeproxy.backends.nftables.render import BASE_CHAINS, CONNTRACK_CHAINS, SERVICES
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendering import NftRendering, paused_gc
 
 log = logging.getLogger("kubeproxy.nftables")
 
@@ -95,6 +95,10 @@ class NftApplier:
     # ------------------------------------------------------------------ public
     def apply(self, rendering: NftRendering, *, full: bool = False) -> ApplyResult:
         """Make the kernel's table match `rendering`. Raises NftError; the next call is then full."""
+        with paused_gc():
+            return self._apply(rendering, full)
+
+    def _apply(self, rendering: NftRendering, full: bool) -> ApplyResult:
         if rendering.family != self.family:
             raise ValueError(f"rendering is for family {rendering.family}, this applier for {self.family}")
         start = self.clock()

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from kubeproxy.backends.nftables.model import TABLE_COMMENT, Element, element_lines, quote
+from kubeproxy.backends.nftables.model import ELEMENTS_PER_LINE, TABLE_COMMENT, Element, element_lines, quote
 from kubeproxy.backends.nftables.rendering import NftRendering
 
 
@@ -37,15 +38,25 @@ class NeedsFullSync(Exception):
     """The change cannot be made in place (a base chain's hook or a set's type changed)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ElementOp:
+class ElementOp(NamedTuple):
     verb: str  # add | delete
     set_name: str
     element: Element
 
 
-Op = str | ElementOp
+class Batch(NamedTuple):
+    """Ready-made lines standing for `weight` operations (a full load's elements)."""
+
+    text: str
+    weight: int
+
+
+Op = str | ElementOp | Batch
 Unit = tuple[Op, ...]
+
+
+def weight(unit: Unit) -> int:
+    return sum(op.weight if isinstance(op, Batch) else 1 for op in unit)
 
 
 @dataclass
@@ -56,7 +67,7 @@ class Plan:
 
     @property
     def operations(self) -> int:
-        return sum(len(u) for u in self.units)
+        return sum(weight(u) for u in self.units)
 
 
 def plan(old: NftRendering, new: NftRendering) -> Plan:
@@ -159,20 +170,27 @@ def create_plan(new: NftRendering) -> Plan:
     p.units.append(tuple(head))
     for set_name in sorted(new.elements):
         d = new.elements[set_name]
-        p.units.extend((ElementOp("add", set_name, d[k]),) for k in sorted(d))
+        keys = sorted(d)
+        for i in range(0, len(keys), ELEMENTS_PER_LINE):
+            part = keys[i : i + ELEMENTS_PER_LINE]
+            (line,) = element_lines("add", t, set_name, (d[k] for k in part))
+            p.units.append((Batch(line, len(part)),))
     return p
 
 
 def chunks(units: Iterable[Unit], table: str, limit: int) -> Iterator[tuple[str, int]]:
     """`nft -f` texts of at most about `limit` operations each (a unit is never split)."""
     batch: list[Op] = []
+    size = 0
     for unit in units:
-        if batch and len(batch) + len(unit) > limit:
-            yield render_ops(batch, table), len(batch)
-            batch = []
+        w = weight(unit)
+        if batch and size + w > limit:
+            yield render_ops(batch, table), size
+            batch, size = [], 0
         batch.extend(unit)
+        size += w
     if batch:
-        yield render_ops(batch, table), len(batch)
+        yield render_ops(batch, table), size
 
 
 def render_ops(ops: list[Op], table: str) -> str:
@@ -183,6 +201,10 @@ def render_ops(ops: list[Op], table: str) -> str:
         op = ops[i]
         if isinstance(op, str):
             out.append(op)
+            i += 1
+            continue
+        if isinstance(op, Batch):
+            out.append(op.text)
             i += 1
             continue
         pairs = _replacements(ops, i)

@@ -33,11 +33,18 @@ There is one selector chain and map per (policy, endpoint count, address-or-Node
 by every service port with that many endpoints; external traffic goes through shared
 `external-cluster-N` / `external-local-N-M` chains (masquerade, or upstream's short-circuits for
 externalTrafficPolicy Local) to the same selectors. A service port without ClientIP affinity
-therefore costs no chain and no rule, only elements: its cluster IP, its service-ips entry, one
-element per endpoint (per address it is reachable at) and a hairpin element per endpoint
-(`masquerading` masquerades a DNATed packet whose source is its destination, which upstream does
-with a rule in every endpoint chain). Every map is used by at most two rules, nothing is
-anonymous, and a change of endpoints is a few element additions and deletions.
+therefore costs no chain and no rule, only elements: its cluster IP, its service-ips entry and
+one element per endpoint (per address it is reachable at). Every map is used by at most two
+rules, nothing is anonymous, and a change of endpoints is a few element additions and deletions.
+
+Hairpin (a pod reaching itself through a service must be masqueraded, or it would answer itself
+directly): upstream has a rule in every endpoint chain; we have one rule in `masquerading` for
+DNATed packets whose `saddr . daddr` is in the set `hairpin` of `ip . ip` pairs (nft cannot compare
+two fields). Only endpoints that can be the source of a packet this node DNATs go in it: the
+node's own endpoints, and every endpoint of externalTrafficPolicy Local services, whose NodePorts
+and external IPs short-circuit pod traffic from other nodes to Cluster endpoints without
+masquerading. A remote pod's traffic to a cluster IP is DNATed by its own node, so its IP is
+left out: in a large cluster most endpoints are remote, and each element costs load time.
 
 Services with ClientIP affinity keep upstream's per-service and per-endpoint chains (the
 affinity check needs to know the endpoint before the DNAT); instead of one anonymous vmap
@@ -66,7 +73,7 @@ from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
 from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftSet, Rule
-from kubeproxy.backends.nftables.rendering import Book, Builder, Fragment, NftRendering, SharedObjects
+from kubeproxy.backends.nftables.rendering import Book, Builder, Fragment, NftRendering, SharedObjects, paused_gc
 from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.topology import categorize
 
@@ -180,7 +187,13 @@ def render(
         service. Falls back to a full render when `previous` is None, the options differ, or
         `previous` is not the newest rendering made from its line.
     """
-    o = _Options(opts, tuple(service_cidrs))
+    with paused_gc():
+        return _render(view, _Options(opts, tuple(service_cidrs)), previous, changed_services)
+
+
+def _render(
+    view: NodeView, o: _Options, previous: NftRendering | None, changed_services: Collection[tuple[str, str]] | None
+) -> NftRendering:
     ctx = _Ctx(o)
     expand = partial(_expand, ctx)
     book = previous.book if previous is not None else None
@@ -538,6 +551,7 @@ def _selectors(
     """Shared-selector dispatch. Returns (internal verdict, (external verdict, NodePort verdict))."""
     proto, port = svc.protocol.lower(), svc.port
     hairpin: set[str] = set()
+    every_endpoint_may_hairpin = uses_external and svc.external_policy_local
 
     def fill(policy: str, nodeport: bool, key: str, eps: list[EndpointInfo]) -> str:
         n = len(eps)
@@ -545,7 +559,8 @@ def _selectors(
         f.need(("select", policy, nodeport, n))
         for i, ep in enumerate(eps):
             f.elem(name, f"{key} . {i}", f"{ep.ip} . {ep.port}")
-            hairpin.add(ep.ip)
+            if ep.is_local or every_endpoint_may_hairpin:
+                hairpin.add(ep.ip)
         return name
 
     internal_target = None
