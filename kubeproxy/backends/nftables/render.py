@@ -440,12 +440,15 @@ class _Frag:
     """Collects one service port's elements and needs."""
 
     def __init__(self) -> None:
-        self.elements: list[tuple[str, Element]] = []
+        self.elements: dict[str, list[Element]] = {}
         self.shared: list[Hashable] = []
         self.chains: list[Chain] = []
 
     def elem(self, set_name: str, key: str, value: str | None = None, comment: str | None = None) -> None:
-        self.elements.append((set_name, Element(key, value, comment)))
+        bucket = self.elements.get(set_name)
+        if bucket is None:
+            bucket = self.elements[set_name] = []
+        bucket.append(Element(key, value, comment))
 
     def need(self, key: Hashable) -> None:
         if key not in self.shared:
@@ -529,7 +532,7 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
 
     return Fragment(
         service=f"{spn.namespace}/{spn.name}",
-        elements=tuple(f.elements),
+        elements=tuple((name, tuple(elements)) for name, elements in f.elements.items()),
         chains=tuple(f.chains),
         shared=tuple(f.shared),
         warning=warning,

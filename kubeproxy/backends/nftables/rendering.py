@@ -42,7 +42,7 @@ class Fragment:
     """What one service port contributes to the table."""
 
     service: str  # "namespace/name", for warnings
-    elements: tuple[tuple[str, Element], ...] = ()  # (set or map name, element)
+    elements: tuple[tuple[str, tuple[Element, ...]], ...] = ()  # per set or map name, its elements
     chains: tuple[Chain, ...] = ()  # chains only this service port uses (affinity services)
     shared: tuple[Hashable, ...] = ()  # keys of shared objects it needs
     warning: str | None = None
@@ -93,56 +93,75 @@ class Claims:
     """Which elements fragments claim, per (set, key). The effective element is the lowest-ranked
     distinct claim, so the result depends only on what is claimed, never on the order of claims.
 
-    Nearly every key has one claimant with one value; those are kept as a plain tuple.
+    Nearly every key has one claim: it is kept as the bare element in a dict per set, with no
+    tuple of its own (a full render at 10k services makes 150k claims). Repeated claims of the
+    same element are counted aside; distinct values for one key (two services claiming the same
+    external IP and port) go to `_many`.
     """
 
     def __init__(self) -> None:
-        self._one: dict[tuple[str, str], tuple[Element, int]] = {}
+        self._one: dict[str, dict[str, Element]] = {}
+        self._count: dict[tuple[str, str], int] = {}  # claims of that same element, when 2 or more
         self._many: dict[tuple[str, str], dict[Element, int]] = {}
 
     def add(self, set_name: str, e: Element) -> tuple[Element | None, Element]:
         """Claim e; returns (effective before, effective after)."""
-        k = (set_name, e.key)
-        many = self._many.get(k)
-        if many is not None:
-            before = min(many, key=_rank)
-            many[e] = many.get(e, 0) + 1
-            return before, min(many, key=_rank)
-        cur = self._one.get(k)
+        k = e.key
+        if self._many:
+            many = self._many.get((set_name, k))
+            if many is not None:
+                before = min(many, key=_rank)
+                many[e] = many.get(e, 0) + 1
+                return before, min(many, key=_rank)
+        one = self._one.get(set_name)
+        if one is None:
+            one = self._one[set_name] = {}
+        cur = one.get(k)
         if cur is None:
-            self._one[k] = (e, 1)
+            one[k] = e
             return None, e
-        ce, n = cur
-        if ce == e:
-            self._one[k] = (e, n + 1)
+        tk = (set_name, k)
+        if cur == e:
+            self._count[tk] = self._count.get(tk, 1) + 1
             return e, e
-        del self._one[k]
-        self._many[k] = {ce: n, e: 1}
-        return ce, min(ce, e, key=_rank)
+        del one[k]
+        self._many[tk] = {cur: self._count.pop(tk, 1), e: 1}
+        return cur, min(cur, e, key=_rank)
 
     def remove(self, set_name: str, e: Element) -> tuple[Element, Element | None]:
         """Drop one claim of e; returns (effective before, effective after)."""
-        k = (set_name, e.key)
-        many = self._many.get(k)
-        if many is not None:
-            before = min(many, key=_rank)
-            n = many[e] - 1
+        k = e.key
+        if self._many:
+            tk = (set_name, k)
+            many = self._many.get(tk)
+            if many is not None:
+                before = min(many, key=_rank)
+                n = many[e] - 1
+                if n:
+                    many[e] = n
+                else:
+                    del many[e]
+                if len(many) == 1:
+                    ((only, count),) = many.items()
+                    del self._many[tk]
+                    self._one[set_name][k] = only
+                    if count > 1:
+                        self._count[tk] = count
+                    return before, only
+                return before, min(many, key=_rank)
+        one = self._one[set_name]
+        cur = one[k]
+        if self._count:
+            tk = (set_name, k)
+            n = self._count.get(tk)
             if n:
-                many[e] = n
-            else:
-                del many[e]
-            if len(many) == 1:
-                ((only, count),) = many.items()
-                del self._many[k]
-                self._one[k] = (only, count)
-                return before, only
-            return before, min(many, key=_rank)
-        ce, n = self._one[k]
-        if n > 1:
-            self._one[k] = (ce, n - 1)
-            return ce, ce
-        del self._one[k]
-        return ce, None
+                if n > 2:
+                    self._count[tk] = n - 1
+                else:
+                    del self._count[tk]
+                return cur, cur
+        del one[k]
+        return cur, None
 
 
 @dataclass
@@ -287,10 +306,11 @@ class Builder:
                     self.put_chain(c)
             book.refs[key] += 1
         claims = book.claims
-        for set_name, e in frag.elements:
-            before, after = claims.add(set_name, e)
-            if before != after:
-                self.set_element(set_name, e.key, after)
+        for set_name, elements in frag.elements:
+            for e in elements:
+                before, after = claims.add(set_name, e)
+                if before != after:
+                    self.set_element(set_name, e.key, after)
         for c in frag.chains:
             self.put_chain(c)
         if frag.warning:
@@ -304,10 +324,11 @@ class Builder:
         for c in frag.chains:
             self.drop_chain(c.name)
         claims = book.claims
-        for set_name, e in frag.elements:
-            before, after = claims.remove(set_name, e)
-            if before != after:
-                self.set_element(set_name, e.key, after)
+        for set_name, elements in frag.elements:
+            for e in elements:
+                before, after = claims.remove(set_name, e)
+                if before != after:
+                    self.set_element(set_name, e.key, after)
         for key in frag.shared:
             book.refs[key] -= 1
             if book.refs[key] == 0:
