@@ -1,6 +1,6 @@
-"""`kubeproxy dns check` and `kubeproxy dns load`: the click group (registered by kubeproxy.cli).
+"""`kubeproxy dns check|load` and `kubeproxy lab dns`: the click groups (registered by kubeproxy.cli).
 
-Also runnable on its own: `python -m kubeproxy.lab.dns check --server 10.96.0.10`.
+`dns` is also runnable on its own: `python -m kubeproxy.lab.dns check --server 10.96.0.10`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Any
 
 import click
@@ -16,6 +21,7 @@ import click
 from kubeproxy.lab.dns.check import format_check, run_check
 from kubeproxy.lab.dns.endpoints import AddressError, family_of, parse_server, source_addresses
 from kubeproxy.lab.dns.load import LoadError, LoadPlan, format_report, run_load
+from kubeproxy.lab.dns.scenarios import MAX_RATE, MAX_STEPS, SCENARIOS
 from kubeproxy.lab.dns.wire import Query, WireError, make_query, parse_qtype
 from kubeproxy.proxy.config import ConfigError, parse_duration
 
@@ -167,3 +173,174 @@ def load(
         json.dump(report.to_json(), json_out, indent=2)
         json_out.write("\n")
         json_out.flush()
+
+
+# ---- `kubeproxy lab dns`: the seed's experiment in namespaces ------------------------------------
+
+
+def _ramp(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        return parse_ramp(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if seconds < 1:
+        raise click.BadParameter(f"{value!r}: at least 1s")
+    return math.ceil(seconds)  # the kernel keeps whole seconds
+
+
+@click.group("lab")
+def lab() -> None:
+    """Test beds in network namespaces that reproduce the seeds' incidents (root)."""
+
+
+@lab.command("dns")
+@click.option(
+    "--scenario",
+    "scenario_names",
+    multiple=True,
+    required=True,
+    type=click.Choice(list(SCENARIOS)),
+    help="Scenario to run (repeatable): " + "; ".join(f"{s.name}: {s.summary}" for s in SCENARIOS.values()),
+)
+@click.option("--rate", type=click.FloatRange(0, MAX_RATE, min_open=True), help="Queries per second [default: 3000].")
+@click.option(
+    "--ramp",
+    callback=_ramp,
+    metavar="FROM:TO:STEP",
+    help="Rates FROM, FROM+STEP, ... TO, one after the other, each for --duration; stops after the first step "
+    "with a failed health check.",
+)
+@click.option("--duration", default="40s", show_default=True, callback=_positive_duration, help="How long each rate runs.")
+@click.option(
+    "--udp-timeout",
+    callback=_seconds,
+    help="The node's nf_conntrack_udp_timeout (and _stream), seconds or a duration [default: the kernel's, 30s].",
+)
+@click.option("--pods", type=click.IntRange(1, 8), default=1, show_default=True, help="BIND pods behind the Service.")
+@click.option("--whole-ramp", is_flag=True, help="Run every step of --ramp, also after a failed health check.")
+@click.option("--json", "json_out", type=click.File("w", lazy=True), help="Write the results as JSON to this file ('-': stdout).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG plot of the run here.")
+def lab_dns(
+    scenario_names: tuple[str, ...],
+    rate: float | None,
+    ramp: tuple[float, ...] | None,
+    duration: float,
+    udp_timeout: int | None,
+    pods: int,
+    whole_ramp: bool,
+    json_out: IO[str] | None,
+    plot_path: Path | None,
+) -> None:
+    """Reproduce seed 000: BIND behind an external IP, real load, the seed's health check, the node's conntrack.
+
+    Each scenario gets a fresh world of network namespaces: 254 resolver addresses on a client,
+    a node running `kubeproxy run`, BIND 9 pods, the seed's DNS Service (ClusterIP, external IP
+    203.0.113.53, NodePort; UDP and TCP 53). The load goes to the external IP, a fresh source
+    port per query; the health check (100 queries, 1 s wait) runs every second; the node's
+    conntrack entries are counted every second. Everything is removed afterwards, also on Ctrl-C.
+    Needs root, named (bind9), dig, conntrack and iptables.
+    """
+    from rich.console import Console
+
+    from kubeproxy.lab.dns import report
+    from kubeproxy.lab.dns.lab import LabPlan, run_lab, write_json
+    from kubeproxy.lab.dns.world import LabError
+
+    if rate is not None and ramp is not None:
+        raise click.UsageError("give --rate or --ramp, not both")
+    missing = lab_unavailable()
+    if missing:
+        raise click.ClickException(missing)
+    plan = LabPlan(
+        tuple(SCENARIOS[n] for n in dict.fromkeys(scenario_names)),
+        ramp or (rate if rate is not None else 3000.0,),
+        duration,
+        udp_timeout=udp_timeout,
+        pods=pods,
+        stop_on_failure=not whole_ramp,
+    )
+    problems = plan.errors()
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    err = _wide(Console(stderr=True, highlight=False))
+    to_stdout = json_out is not None and getattr(json_out, "name", "") == "-"
+    out = err if to_stdout else _wide(Console(highlight=False))
+    try:
+        with terminate_as_interrupt():
+            result = run_lab(plan, progress=lambda line: err.print(line, markup=False))
+    except KeyboardInterrupt:
+        err.print("interrupted: the lab's namespaces and processes are removed")
+        sys.exit(130)
+    except LabError as exc:
+        raise click.ClickException(str(exc)) from None
+    out.print(report.table(result))
+    if plan.ramp:
+        for r in result.scenarios:
+            out.print(report.steps_table(r))
+    if json_out is not None:
+        write_json(result, json_out)
+        json_out.flush()
+    if plot_path is not None:
+        report.plot(result, plot_path)
+        err.print(f"plot written to {plot_path}")
+
+
+def _wide(console: Any) -> Any:
+    # Piped into a file or CI log, rich would wrap the table at 80 columns: give it room instead.
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    return console
+
+
+def parse_ramp(text: str) -> tuple[float, ...]:
+    """`1000:3000:500` -> (1000, 1500, 2000, 2500, 3000)."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"{text!r}: expected FROM:TO:STEP, e.g. 1000:3000:500")
+    try:
+        low, high, step = (float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{text!r}: FROM, TO and STEP must be numbers") from None
+    if low <= 0 or step <= 0 or high < low:
+        raise ValueError(f"{text!r}: need 0 < FROM <= TO and STEP > 0")
+    count = math.floor((high - low) / step + 1e-9) + 1
+    if count > MAX_STEPS:
+        raise ValueError(f"{text!r}: {count} steps; at most {MAX_STEPS}")
+    return tuple(low + i * step for i in range(count))
+
+
+def lab_unavailable() -> str | None:
+    """Why the lab cannot run here (one line), or None."""
+    if os.geteuid() != 0:
+        return "kubeproxy lab dns needs root: it builds network namespaces and programs netfilter in them"
+    tools = {"ip": "iproute2", "iptables": "iptables", "conntrack": "conntrack", "named": "bind9", "dig": "bind9-dnsutils"}
+    missing = [f"{tool} ({package})" for tool, package in tools.items() if shutil.which(tool) is None]
+    if missing:
+        return "kubeproxy lab dns needs " + ", ".join(missing) + " (scripts/setup installs them)"
+    return None
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C while the block runs, so the lab cleans up after itself either way."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

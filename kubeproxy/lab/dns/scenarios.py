@@ -1,0 +1,66 @@
+"""The DNS lab's scenarios: which rules carry the external IP's DNS traffic to BIND.
+
+Every scenario has the same world (kubeproxy.lab.dns.world) and the same DNS Service of the
+seed's shape; they differ only in what the node does to a query for the external IP:
+
+- `snat`: kube-proxy's behaviour, externalTrafficPolicy Cluster. The query is DNATed to a pod
+  and masqueraded to the node's IP, so every query from a fresh source port needs its own SNAT
+  source port on the node for as long as its conntrack entry lives (the UDP timeout).
+- `dnat`: the seed's "manual DNAT iptables": one rule at the top of PREROUTING that DNATs new
+  UDP queries for the external IP straight to the pod, ahead of kube-proxy's rules. The pod sees
+  the client's address; nothing is masqueraded.
+- `local`: externalTrafficPolicy Local: kube-proxy's rules, but external traffic goes to local
+  pods only and keeps its source address (the fix Kubernetes offers).
+- `nftables`, `nft-ct-timeout`: the same Service under `kubeproxy run --proxy-mode nftables`,
+  the second with the annotation that gives the Service's UDP flows their own (short) conntrack
+  timeout, so SNAT ports are freed sooner. They need the nftables mode of `kubeproxy run`; until
+  it exists the lab says so when asked for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# The annotation the nftables backend reads (kubeproxy/backends/nftables/annotations.py).
+UDP_CONNTRACK_TIMEOUT_ANNOTATION = "kubeproxy.io/udp-conntrack-timeout"
+NFT_CT_TIMEOUT = "5s"
+
+# Bounds of a lab run. The load generator's goal is 20k queries/s on this class of machine;
+# beyond 30k we would measure the sender, not the node.
+MAX_RATE = 30000.0
+MAX_STEP_SECONDS = 600.0
+MAX_STEPS = 40
+MAX_UDP_TIMEOUT = 3600
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str  # one line for tables and --help
+    external_traffic_policy: str = "Cluster"
+    manual_dnat: bool = False  # the seed's PREROUTING DNAT rule for the external IP, ahead of kube-proxy's
+    proxy_mode: str = "iptables"
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def masquerades_external(self) -> bool:
+        """Does the node SNAT the external IP's queries (the seed's problem)?"""
+        return self.external_traffic_policy == "Cluster" and not self.manual_dnat
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("snat", "kube-proxy rules, externalTrafficPolicy Cluster: queries masqueraded to the node IP"),
+        Scenario("dnat", "the seed's manual DNAT rule for the external IP, ahead of kube-proxy's: no SNAT", manual_dnat=True),
+        Scenario("local", "kube-proxy rules, externalTrafficPolicy Local: no SNAT", external_traffic_policy="Local"),
+        Scenario("nftables", "kubeproxy run --proxy-mode nftables, externalTrafficPolicy Cluster", proxy_mode="nftables"),
+        Scenario(
+            "nft-ct-timeout",
+            f"nftables mode, Service annotated {UDP_CONNTRACK_TIMEOUT_ANNOTATION}: {NFT_CT_TIMEOUT}",
+            proxy_mode="nftables",
+            annotations={UDP_CONNTRACK_TIMEOUT_ANNOTATION: NFT_CT_TIMEOUT},
+        ),
+    )
+}
