@@ -29,9 +29,54 @@ Key = tuple[str, str]  # (namespace, name)
 
 @dataclass
 class ClusterState:
+    """Objects by key. `apply` is the only writer: it also keeps the slice index up to date."""
+
     services: dict[Key, Service] = field(default_factory=dict)
     slices: dict[Key, EndpointSlice] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
+    # The slices of each Service (namespace, service label), each with its insertion number in
+    # `slices`: a view update for one Service must merge its slices in the order a full build
+    # walks them (of an endpoint listed twice, the first non-local copy wins).
+    _by_service: dict[Key, dict[Key, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _inserted: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for key, eps in self.slices.items():
+            self._index_slice(key, eps)
+
+    def slices_of(self, service: Key) -> list[EndpointSlice]:
+        """The EndpointSlices labelled for `service`, in the order `slices` holds them."""
+        entries = self._by_service.get(service)
+        if not entries:
+            return []
+        return [self.slices[key] for key in sorted(entries, key=entries.__getitem__)]
+
+    def _index_slice(self, key: Key, eps: EndpointSlice) -> None:
+        self._inserted += 1
+        self._by_service.setdefault((eps.namespace, eps.service_name), {})[key] = self._inserted
+
+    def _put_slice(self, key: Key, eps: EndpointSlice) -> None:
+        old = self.slices.get(key)
+        if old is None:
+            self._index_slice(key, eps)
+        elif old.service_name != eps.service_name:
+            # Replacing a key keeps its place in `slices`, so it keeps its number too.
+            number = self._unindex_slice(key, old)
+            self._by_service.setdefault((eps.namespace, eps.service_name), {})[key] = number
+        self.slices[key] = eps
+
+    def _pop_slice(self, key: Key) -> None:
+        old = self.slices.pop(key, None)
+        if old is not None:
+            self._unindex_slice(key, old)
+
+    def _unindex_slice(self, key: Key, eps: EndpointSlice) -> int:
+        service = (eps.namespace, eps.service_name)
+        entries = self._by_service[service]
+        number = entries.pop(key)
+        if not entries:
+            del self._by_service[service]
+        return number
 
     def apply(self, obj: Mapping[str, Any], *, deleted: bool = False) -> str | None:
         """Add, replace or delete one raw object. Returns a warning, or None if all is well.
@@ -55,9 +100,9 @@ class ClusterState:
                 eps = parse_endpoint_slice(obj)
                 key = (eps.namespace, eps.name)
                 if is_ignored_by_labels(eps.labels):
-                    self.slices.pop(key, None)
+                    self._pop_slice(key)
                 else:
-                    self.slices[key] = eps
+                    self._put_slice(key, eps)
             elif kind == "Node":
                 node = parse_node(obj)
                 self.nodes[node.name] = node
@@ -77,7 +122,7 @@ class ClusterState:
         if kind == "Service":
             self.services.pop((namespace, name), None)
         elif kind == "EndpointSlice":
-            self.slices.pop((namespace, name), None)
+            self._pop_slice((namespace, name))
 
 
 def build_state(objects: Iterable[Mapping[str, Any]]) -> tuple[ClusterState, list[str]]:

@@ -23,9 +23,8 @@ from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.objects import kind_of
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
 
-ServiceKey = tuple[str, str]  # (namespace, name)
 UDP = "UDP"
 _EMPTY_VIEW = NodeView({}, {})
 
@@ -108,6 +107,14 @@ class ChangeTracker:
         """After a failed sync: the changes it consumed are lost, so rewrite everything next time."""
         self._full = True
 
+    def pending(self) -> frozenset[ServiceKey] | None:
+        """What the next `take` will look at, without starting a new period: the Services
+        touched since the last take, or None when a full sync is due.
+
+        `ViewBuilder.update` takes exactly this as `touched`: read it just before `take`.
+        """
+        return None if self._full else frozenset(self._pending)
+
     def take(self, view: NodeView) -> Changes:
         """The changes since the last take, given the view the coming sync will render."""
         touched, self._pending = self._pending, set()
@@ -116,9 +123,7 @@ class ChangeTracker:
 
         old_ports, old_eps = _project(previous, touched)
         new_ports, new_eps = _project(view, touched)
-        services = frozenset(
-            k for k in touched if old_ports.get(k) != new_ports.get(k) or old_eps.get(k) != new_eps.get(k)
-        )
+        services = frozenset(k for k in touched if old_ports.get(k) != new_ports.get(k) or old_eps.get(k) != new_eps.get(k))
 
         deleted_ips = {
             str(info.cluster_ip)
@@ -149,12 +154,12 @@ def _project(
     eps: dict[ServiceKey, dict[ServicePortName, list[EndpointInfo]]] = {}
     if not keys:
         return ports, eps
-    for name, info in view.services.items():
-        if name.service in keys:
-            ports.setdefault(name.service, {})[name] = info
-    for name, endpoints in view.endpoints.items():
-        if name.service in keys:
-            eps.setdefault(name.service, {})[name] = endpoints
+    for key in keys:
+        for name in view.ports_of(key):
+            if (info := view.services.get(name)) is not None:
+                ports.setdefault(key, {})[name] = info
+            if (endpoints := view.endpoints.get(name)) is not None:
+                eps.setdefault(key, {})[name] = endpoints
     return ports, eps
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import EndpointSlice, Service
 
 IPV4, IPV6 = "IPv4", "IPv6"
+
+ServiceKey = tuple[str, str]  # (namespace, name) of a Service
 
 
 def family_of(ip: IPAddress | IPNetwork) -> str:
@@ -25,15 +28,26 @@ class ServicePortName:
     name: str
     port: str
     protocol: str
+    # Computed once: every sync looks names up in maps of 10k+ entries and asks each for its
+    # Service, several times over; the generated __hash__ would rebuild the field tuple each time.
+    service: ServiceKey = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "service", (self.namespace, self.name))
+        object.__setattr__(self, "_hash", hash((self.namespace, self.name, self.port, self.protocol)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[ServicePortName], tuple[str, str, str, str]]:
+        # String hashes differ between interpreters: a copy or an unpickled name recomputes its own.
+        return (ServicePortName, (self.namespace, self.name, self.port, self.protocol))
 
     def __str__(self) -> str:
         # Upstream's ServicePortName.String(): the protocol is not part of it.
         base = f"{self.namespace}/{self.name}"
         return f"{base}:{self.port}" if self.port else base
-
-    @property
-    def service(self) -> tuple[str, str]:
-        return (self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,52 +100,86 @@ class EndpointInfo:
 
 @dataclass(frozen=True)
 class NodeView:
-    """Everything a renderer needs about the cluster, for one node and one IP family."""
+    """Everything a renderer needs about the cluster, for one node and one IP family.
+
+    Treated as immutable once built: syncs compare a new view with the previous one.
+    """
 
     services: Mapping[ServicePortName, ServicePortInfo]
     endpoints: Mapping[ServicePortName, list[EndpointInfo]]
 
-    @property
+    @cached_property
     def total_endpoints(self) -> int:
         return sum(len(self.endpoints.get(name, ())) for name in self.services)
+
+    @cached_property
+    def by_service(self) -> Mapping[ServiceKey, frozenset[ServicePortName]]:
+        """The keys of `services` and `endpoints` that belong to each Service.
+
+        Lets a sync look at the few Services that changed without scanning them all. Built on
+        first use; `ViewBuilder` hands it over ready-made (see `with_index`).
+        """
+        index: dict[ServiceKey, set[ServicePortName]] = {}
+        for names in (self.services, self.endpoints):
+            for name in names:
+                index.setdefault(name.service, set()).add(name)
+        return {key: frozenset(names) for key, names in index.items()}
+
+    def ports_of(self, service: ServiceKey) -> frozenset[ServicePortName]:
+        return self.by_service.get(service, frozenset())
+
+    @classmethod
+    def with_index(
+        cls,
+        services: Mapping[ServicePortName, ServicePortInfo],
+        endpoints: Mapping[ServicePortName, list[EndpointInfo]],
+        by_service: Mapping[ServiceKey, frozenset[ServicePortName]],
+    ) -> NodeView:
+        """A view whose `by_service` is already known (it must be the one the property computes)."""
+        view = cls(services, endpoints)
+        view.__dict__["by_service"] = by_service  # where cached_property keeps its value
+        return view
 
 
 def service_ports(services: Iterable[Service], family: str) -> dict[ServicePortName, ServicePortInfo]:
     out: dict[ServicePortName, ServicePortInfo] = {}
     for svc in services:
-        cluster_ip = next((ip for ip in svc.cluster_ips if family_of(ip) == family), None)
-        if cluster_ip is None or svc.type == "ExternalName":
-            continue  # headless, ExternalName, or not of this family
-        external_local = svc.type in ("NodePort", "LoadBalancer") and svc.external_traffic_policy == "Local"
-        lb_vips = tuple(
-            i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and family_of(i.ip) == family
-        )
-        for port in svc.ports:
-            name = ServicePortName(svc.namespace, svc.name, port.name, port.protocol)
-            out[name] = ServicePortInfo(
-                name=name,
-                cluster_ip=cluster_ip,
-                port=port.port,
-                protocol=port.protocol,
-                node_port=port.node_port,
-                external_ips=tuple(ip for ip in svc.external_ips if family_of(ip) == family),
-                load_balancer_vips=lb_vips,
-                load_balancer_source_ranges=tuple(
-                    c for c in svc.load_balancer_source_ranges if family_of(c) == family
-                ),
-                health_check_node_port=svc.health_check_node_port if external_local else 0,
-                client_ip_affinity=svc.session_affinity == "ClientIP",
-                sticky_max_age_seconds=svc.affinity_timeout_seconds,
-                internal_policy_local=svc.internal_traffic_policy == "Local",
-                external_policy_local=external_local,
-                annotations=svc.annotations,
-            )
+        out.update(ports_of_service(svc, family))
     return out
 
 
-def endpoints_map(
-    slices: Iterable[EndpointSlice], family: str, node_name: str
-) -> dict[ServicePortName, list[EndpointInfo]]:
+def ports_of_service(svc: Service, family: str) -> dict[ServicePortName, ServicePortInfo]:
+    """One Service's ports on this IP family; none for headless and ExternalName Services."""
+    cluster_ip = next((ip for ip in svc.cluster_ips if family_of(ip) == family), None)
+    if cluster_ip is None or svc.type == "ExternalName":
+        return {}  # headless, ExternalName, or not of this family
+    external_local = svc.type in ("NodePort", "LoadBalancer") and svc.external_traffic_policy == "Local"
+    lb_vips = tuple(
+        i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and family_of(i.ip) == family
+    )
+    out: dict[ServicePortName, ServicePortInfo] = {}
+    for port in svc.ports:
+        name = ServicePortName(svc.namespace, svc.name, port.name, port.protocol)
+        out[name] = ServicePortInfo(
+            name=name,
+            cluster_ip=cluster_ip,
+            port=port.port,
+            protocol=port.protocol,
+            node_port=port.node_port,
+            external_ips=tuple(ip for ip in svc.external_ips if family_of(ip) == family),
+            load_balancer_vips=lb_vips,
+            load_balancer_source_ranges=tuple(c for c in svc.load_balancer_source_ranges if family_of(c) == family),
+            health_check_node_port=svc.health_check_node_port if external_local else 0,
+            client_ip_affinity=svc.session_affinity == "ClientIP",
+            sticky_max_age_seconds=svc.affinity_timeout_seconds,
+            internal_policy_local=svc.internal_traffic_policy == "Local",
+            external_policy_local=external_local,
+            annotations=svc.annotations,
+        )
+    return out
+
+
+def endpoints_map(slices: Iterable[EndpointSlice], family: str, node_name: str) -> dict[ServicePortName, list[EndpointInfo]]:
     """Endpoints per service port: deduplicated by ip:port across slices, sorted as upstream does."""
     by_port: dict[ServicePortName, dict[str, EndpointInfo]] = {}
     for eps in slices:
@@ -161,7 +209,5 @@ def endpoints_map(
     return {name: sorted(eps.values(), key=lambda e: e.address) for name, eps in by_port.items() if eps}
 
 
-def build_view(
-    services: Iterable[Service], slices: Iterable[EndpointSlice], family: str, node_name: str
-) -> NodeView:
+def build_view(services: Iterable[Service], slices: Iterable[EndpointSlice], family: str, node_name: str) -> NodeView:
     return NodeView(service_ports(services, family), endpoints_map(slices, family, node_name))
