@@ -295,3 +295,15 @@ def test_annotated_udp_service_gets_its_own_conntrack_timeout() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_table_that_cannot_be_reconciled_is_recreated(netns: L.NetNS) -> None:
+    # an `affinity` set of another type: kept as dynamic, it makes the in-place resync fail
+    netns.run(
+        ["nft", "-f", "-"],
+        input="add table ip kube-proxy\nadd set ip kube-proxy affinity { type ipv4_addr ; flags dynamic,timeout ; }\n",
+    )
+    applier = NftApplier("ip", netns.run)
+    r = render(view(FEATURES), options())
+    assert applier.apply(r).mode == "create"
+    assert listing(netns) == fresh_listing(r)

@@ -270,7 +270,18 @@ class NftApplier:
             ops += len(d)
             lines.extend(element_lines("add", t, name, (d[k] for k in sorted(d))))
         # One transaction: packets never see a half-built table.
-        self._nft("\n".join(lines) + "\n", ops)
+        try:
+            self._nft("\n".join(lines) + "\n", ops)
+        except NftError as exc:
+            # Something in the kernel's table cannot be reconciled in place (say a dynamic set
+            # of another definition): start over from an empty table, briefly without rules.
+            log.warning("nftables: resync in place failed, recreating the table: %s", exc)
+            self.run(["nft", "delete", "table", self.family, TABLE], check=False, timeout=self.timeout)
+            self.stats.invocations_total += 1
+            n = self._send(create_plan(rendering))
+            self._base_recreated = True
+            self._stale.clear()
+            return "create", n + 1, 0
         self._base_recreated = True
         gone = [k for k in existing["chains"] if k not in rendering.chains]
         # Sets and objects the rendering lacks were deleted above; only chains wait.

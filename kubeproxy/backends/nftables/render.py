@@ -436,6 +436,11 @@ def _expand(ctx: _Ctx, key: Hashable) -> SharedObjects:
 # One service port
 
 
+def _element(fields: tuple[str, str | None, str | None]) -> Element:
+    # Element(...) goes through a Python-level __new__; this is the same tuple, made in C.
+    return tuple.__new__(Element, fields)
+
+
 class _Frag:
     """Collects one service port's elements and needs."""
 
@@ -448,7 +453,7 @@ class _Frag:
         bucket = self.elements.get(set_name)
         if bucket is None:
             bucket = self.elements[set_name] = []
-        bucket.append(Element(key, value, comment))
+        bucket.append(_element((key, value, comment)))
 
     def need(self, key: Hashable) -> None:
         if key not in self.shared:
@@ -560,8 +565,11 @@ def _selectors(
         n = len(eps)
         name = selector_name(policy, nodeport, n)
         f.need(("select", policy, nodeport, n))
+        bucket = f.elements.get(name)
+        if bucket is None:
+            bucket = f.elements[name] = []
         for i, ep in enumerate(eps):
-            f.elem(name, f"{key} . {i}", f"{ep.ip} . {ep.port}")
+            bucket.append(_element((f"{key} . {i}", f"{ep.ip} . {ep.port}", None)))
             if ep.is_local or every_endpoint_may_hairpin:
                 hairpin.add(ep.ip)
         return name

@@ -104,6 +104,18 @@ class Claims:
         self._count: dict[tuple[str, str], int] = {}  # claims of that same element, when 2 or more
         self._many: dict[tuple[str, str], dict[Element, int]] = {}
 
+    @property
+    def shared(self) -> bool:
+        """Whether any key has more than one claim."""
+        return bool(self._many)
+
+    def one_for(self, set_name: str) -> dict[str, Element]:
+        """The single-claim dict of a set, for Builder's fast path (keys absent from it are new)."""
+        one = self._one.get(set_name)
+        if one is None:
+            one = self._one[set_name] = {}
+        return one
+
     def add(self, set_name: str, e: Element) -> tuple[Element | None, Element]:
         """Claim e; returns (effective before, effective after)."""
         k = e.key
@@ -307,6 +319,9 @@ class Builder:
             book.refs[key] += 1
         claims = book.claims
         for set_name, elements in frag.elements:
+            if self.parent is None and not claims.shared:
+                self._add_fresh(set_name, elements)
+                continue
             for e in elements:
                 before, after = claims.add(set_name, e)
                 if before != after:
@@ -317,6 +332,25 @@ class Builder:
             book.warnings[frag.warning] += 1
         book.no_local_internal += frag.no_local_internal
         book.no_local_external += frag.no_local_external
+
+    def _add_fresh(self, set_name: str, elements: tuple[Element, ...]) -> None:
+        """add_fragment's inner loop for a full render: the same as claims.add + set_element,
+        without two calls per element (a full render at 10k services makes 150k claims)."""
+        claims = self.book.claims
+        one = claims.one_for(set_name)
+        out = self.elements.get(set_name)
+        if out is None:
+            out = self.elements[set_name] = {}
+            self._own.add(set_name)
+        assert isinstance(out, dict)
+        for e in elements:
+            k = e[0]
+            if k in one:
+                before, after = claims.add(set_name, e)
+                if before != after:
+                    self.set_element(set_name, k, after)
+            else:
+                one[k] = out[k] = e
 
     def remove_fragment(self, spn: ServicePortName) -> None:
         frag = self.fragments.pop(spn)
