@@ -22,8 +22,12 @@ from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.model import IPV4, IPV6, NodeView, build_view
 from kubeproxy.proxy.view import ViewBuilder
 
-NAMESPACES = ("a", "b")
+# Small pools, weighted so that slices usually match a Service's namespace, name and ports.
+NAMESPACES = ("a", "a", "a", "b")
 SERVICES = ("s1", "s2", "s3")
+SERVICE_NAMES = st.sampled_from(("s1", "s1", "s2", "s2", "s3"))
+PORT_NAMES = st.sampled_from((("p",), ("p",), ("p", "q"), ("",)))
+PROTOCOLS = st.sampled_from(("TCP", "TCP", "TCP", "UDP"))
 SLICES = ("e1", "e2", "e3", "e4")
 NODES = ("n1", "n2")
 CLUSTER_IPS = ("10.96.0.1", "10.96.0.2", "fd00::1", "None")
@@ -36,10 +40,10 @@ Obj = dict[str, Any]
 @st.composite
 def services(draw: st.DrawFn) -> Obj:
     svc_type = draw(st.sampled_from(("ClusterIP", "ClusterIP", "NodePort", "LoadBalancer", "ExternalName")))
-    names = draw(st.sampled_from((("",), ("p",), ("p", "q"))))
+    names = draw(PORT_NAMES)
     ports = []
     for i, name in enumerate(names):
-        port: Obj = {"name": name, "port": draw(st.sampled_from((53, 80))), "protocol": draw(st.sampled_from(("TCP", "UDP")))}
+        port: Obj = {"name": name, "port": draw(st.sampled_from((53, 80))), "protocol": draw(PROTOCOLS)}
         if svc_type in ("NodePort", "LoadBalancer"):
             port["nodePort"] = 30000 + i + draw(st.integers(0, 1)) * 10
         ports.append(port)
@@ -64,10 +68,10 @@ def services(draw: st.DrawFn) -> Obj:
     if draw(st.booleans()):
         spec["sessionAffinity"] = "ClientIP"
         spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": draw(st.sampled_from((60, 300)))}}
-    if draw(st.integers(0, 9)) == 0:
+    if draw(st.integers(0, 9)) == 9:
         spec["clusterIP"] = "not-an-ip"  # rejected: the previous version stays
-    labels = {LABEL_SERVICE_PROXY_NAME: "other"} if draw(st.integers(0, 9)) == 0 else {}
-    metadata = {"namespace": draw(st.sampled_from(NAMESPACES)), "name": draw(st.sampled_from(SERVICES)), "labels": labels}
+    labels = {LABEL_SERVICE_PROXY_NAME: "other"} if draw(st.integers(0, 9)) == 9 else {}
+    metadata = {"namespace": draw(st.sampled_from(NAMESPACES)), "name": draw(SERVICE_NAMES), "labels": labels}
     if draw(st.booleans()):
         metadata["annotations"] = {"note": draw(st.sampled_from(("x", "y")))}
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec, "status": status}
@@ -77,7 +81,7 @@ def services(draw: st.DrawFn) -> Obj:
 def endpoint_slices(draw: st.DrawFn) -> Obj:
     family = draw(st.sampled_from(("IPv4", "IPv4", "IPv6")))
     endpoints = []
-    for ip in draw(st.lists(st.sampled_from(POD_IPS[family]), max_size=3)):
+    for ip in draw(st.lists(st.sampled_from(POD_IPS[family]), min_size=draw(st.sampled_from((1, 1, 0))), max_size=3)):
         ep: Obj = {"addresses": [ip], "nodeName": draw(st.sampled_from(NODES))}
         ready = draw(st.booleans())
         ep["conditions"] = {"ready": ready, "serving": ready or draw(st.booleans()), "terminating": not ready}
@@ -87,11 +91,10 @@ def endpoint_slices(draw: st.DrawFn) -> Obj:
         elif hint == "node":
             ep["hints"] = {"forNodes": [{"name": draw(st.sampled_from(NODES))}]}
         endpoints.append(ep)
-    port_names = draw(st.sampled_from((("",), ("p",), ("p", "q"))))
-    numbers, protocols = st.sampled_from((5353, 8080)), st.sampled_from(("TCP", "UDP"))
-    ports = [{"name": n, "port": draw(numbers), "protocol": draw(protocols)} for n in port_names]
-    labels = {LABEL_SERVICE_NAME: draw(st.sampled_from(SERVICES))}
-    if draw(st.integers(0, 9)) == 0:
+    numbers = st.sampled_from((5353, 8080))
+    ports = [{"name": n, "port": draw(numbers), "protocol": draw(PROTOCOLS)} for n in draw(PORT_NAMES)]
+    labels = {LABEL_SERVICE_NAME: draw(SERVICE_NAMES)}
+    if draw(st.integers(0, 9)) == 9:
         labels[LABEL_SERVICE_PROXY_NAME] = "other"
     metadata = {"namespace": draw(st.sampled_from(NAMESPACES)), "name": draw(st.sampled_from(SLICES)), "labels": labels}
     return {
@@ -110,13 +113,32 @@ def nodes(draw: st.DrawFn) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": draw(st.sampled_from(NODES)), "labels": labels}}
 
 
-# One step of a scenario: ("apply" | "delete", object), ("sync", (family, node)) or ("fail", None).
-steps = st.one_of(
-    st.tuples(st.just("apply"), st.one_of(services(), endpoint_slices(), endpoint_slices(), nodes())),
-    st.tuples(st.just("delete"), st.one_of(services(), endpoint_slices())),
-    st.tuples(st.just("sync"), st.sampled_from(((IPV4, "n1"), (IPV4, "n1"), (IPV4, "n1"), (IPV6, "n1"), (IPV4, "n2")))),
-    st.tuples(st.just("fail"), st.none()),
-)
+SYNC_TARGETS = ((IPV4, "n1"), (IPV4, "n1"), (IPV4, "n1"), (IPV6, "n1"), (IPV4, "n2"))
+
+
+@st.composite
+def steps(draw: st.DrawFn) -> tuple[str, Any]:
+    """("apply" | "delete", object), ("sync", (family, node)) or ("fail", None): mostly edits."""
+    kind = draw(st.sampled_from(("apply", "apply", "apply", "apply", "delete", "sync", "sync", "fail")))
+    if kind == "apply":
+        return kind, draw(st.one_of(services(), endpoint_slices(), endpoint_slices(), nodes()))
+    if kind == "delete":
+        return kind, draw(st.one_of(services(), endpoint_slices()))
+    return kind, draw(st.sampled_from(SYNC_TARGETS)) if kind == "sync" else None
+
+
+scenarios = st.lists(steps(), min_size=8, max_size=40)
+
+
+def seed_objects() -> list[Obj]:
+    """A cluster every scenario starts from: Services of each kind with matching slices."""
+    s1, s2, s3 = service_obj("s1", "10.96.0.1"), service_obj("s2", "10.96.0.2"), service_obj("s3", "10.96.0.3")
+    s2["spec"].update(type="NodePort", externalTrafficPolicy="Local", healthCheckNodePort=32000)
+    s2["spec"]["ports"][0]["nodePort"] = 30080
+    s3["spec"].update(type="LoadBalancer", loadBalancerSourceRanges=["198.51.100.0/24"])
+    s3["status"] = {"loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]}}
+    slices = [slice_obj(f"e{i}", f"s{i}", ["10.1.0.1", "10.1.0.2"], node=("n1", "n2", "n2")[i - 1]) for i in (1, 2, 3)]
+    return [s1, s2, s3, *slices]
 
 
 def apply_step(state: ClusterState, tracker: ChangeTracker, kind: str, obj: Mapping[str, Any]) -> None:
@@ -136,13 +158,14 @@ def assert_same_objects_where_equal(previous: NodeView, view: NodeView) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(steps, max_size=40))
+@given(scenarios)
 def test_incremental_view_equals_full_build(scenario: list[tuple[str, Any]]) -> None:
     state, tracker = ClusterState(), ChangeTracker(node_name="n1")
     ref_state, ref_tracker = ClusterState(), ChangeTracker(node_name="n1")
     builder = ViewBuilder()
     previous: tuple[NodeView, str, str] | None = None
-    for kind, arg in [*scenario, ("sync", (IPV4, "n1"))]:
+    seed = [("apply", obj) for obj in seed_objects()]
+    for kind, arg in [*seed, ("sync", (IPV4, "n1")), *scenario, ("sync", (IPV4, "n1"))]:
         if kind in ("apply", "delete"):
             apply_step(state, tracker, kind, arg)
             apply_step(ref_state, ref_tracker, kind, arg)
@@ -173,7 +196,7 @@ def test_slices_of_lists_a_services_slices_in_state_order(edits: list[tuple[str,
             assert state.slices_of((ns, svc)) == expected
 
 
-def _slice(name: str, service: str, ips: list[str], node: str = "n2", ns: str = "a") -> Obj:
+def slice_obj(name: str, service: str, ips: list[str], node: str = "n2", ns: str = "a") -> Obj:
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -184,7 +207,7 @@ def _slice(name: str, service: str, ips: list[str], node: str = "n2", ns: str = 
     }
 
 
-def _service(name: str, ip: str, ns: str = "a") -> Obj:
+def service_obj(name: str, ip: str, ns: str = "a") -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -197,28 +220,28 @@ def test_relabelled_slice_keeps_its_place_among_its_new_services_slices() -> Non
     # e1 comes first in `slices`; moved to s2 it must still be merged before e2, whose copy of
     # the endpoint (not local, not ready) would otherwise win.
     state = ClusterState()
-    state.apply(_slice("e1", "s1", ["10.1.0.1"]))
-    e2 = _slice("e2", "s2", ["10.1.0.1"])
+    state.apply(slice_obj("e1", "s1", ["10.1.0.1"]))
+    e2 = slice_obj("e2", "s2", ["10.1.0.1"])
     e2["endpoints"][0]["conditions"] = {"ready": False}
     state.apply(e2)
-    state.apply(_slice("e1", "s2", ["10.1.0.1"]))
+    state.apply(slice_obj("e1", "s2", ["10.1.0.1"]))
     assert [s.name for s in state.slices_of(("a", "s2"))] == ["e1", "e2"]
     assert state.slices_of(("a", "s1")) == []
-    state.apply(_slice("e1", "s2", []), deleted=True)
-    state.apply(_slice("e1", "s2", ["10.1.0.1"]))  # re-added: now last
+    state.apply(slice_obj("e1", "s2", []), deleted=True)
+    state.apply(slice_obj("e1", "s2", ["10.1.0.1"]))  # re-added: now last
     assert [s.name for s in state.slices_of(("a", "s2"))] == ["e2", "e1"]
 
 
 def test_update_recomputes_only_touched_services_and_keeps_the_rest() -> None:
     state, tracker, builder = ClusterState(), ChangeTracker(node_name="n1"), ViewBuilder()
     for name, ip in (("s1", "10.96.0.1"), ("s2", "10.96.0.2")):
-        tracker.apply(state, _service(name, ip))
-        tracker.apply(state, _slice(f"{name}-1", name, ["10.1.0.1", "10.1.0.2"]))
+        tracker.apply(state, service_obj(name, ip))
+        tracker.apply(state, slice_obj(f"{name}-1", name, ["10.1.0.1", "10.1.0.2"]))
     first = builder.update(state, tracker.pending(), family=IPV4, node_name="n1")
     assert tracker.pending() is None  # the first sync is a full one: nothing to reuse yet
     tracker.take(first)
 
-    tracker.apply(state, _slice("s1-1", "s1", ["10.1.0.1", "10.1.0.3"]))
+    tracker.apply(state, slice_obj("s1-1", "s1", ["10.1.0.1", "10.1.0.3"]))
     assert tracker.pending() == {("a", "s1")}
     assert tracker.pending() == {("a", "s1")}  # a peek: nothing consumed
     second = builder.update(state, tracker.pending(), family=IPV4, node_name="n1")
@@ -234,8 +257,8 @@ def test_update_recomputes_only_touched_services_and_keeps_the_rest() -> None:
 
 def test_family_or_node_change_rebuilds() -> None:
     state, builder = ClusterState(), ViewBuilder()
-    state.apply(_service("s1", "10.96.0.1"))
-    state.apply(_slice("s1-1", "s1", ["10.1.0.1"], node="n2"))
+    state.apply(service_obj("s1", "10.96.0.1"))
+    state.apply(slice_obj("s1-1", "s1", ["10.1.0.1"], node="n2"))
     assert builder.update(state, None, family=IPV4, node_name="n1") == fresh_view(state, IPV4, "n1")
     # Nothing touched, but the node name decides which endpoints are local.
     assert builder.update(state, frozenset(), family=IPV4, node_name="n2") == fresh_view(state, IPV4, "n2")

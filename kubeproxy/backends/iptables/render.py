@@ -13,23 +13,34 @@ A pure function: no kernel, no clock. The layout is the one the seeds puzzle ove
 Upstream visits services in Go map order (random); we visit them sorted by name, so the output
 is upstream's for one particular order and is stable from run to run.
 
+Each service port's rules are computed on their own (`_render_service` → `ServiceRules`: its
+lines in the shared chains, its own chains and their rules) and joined in name order.
+
 Partial syncs (`changed_services`): the shared chains (KUBE-SERVICES, KUBE-NODEPORTS, the filter
 table) are always rewritten whole, but a service whose objects did not change keeps the
-SVC/SVL/EXT/FW/SEP chains already in the kernel. Its rules are still computed, into a discarded
-buffer, so that the active-chain set and the rule-count metrics are those of a full sync.
+SVC/SVL/EXT/FW/SEP chains already in the kernel. Its rules still count, so that the active-chain
+set and the rule-count metrics are those of a full sync.
 Stale chains (`existing_nat_chains`): our service chains that the kernel has and this rendering
 does not use are flushed (chain line) and deleted (`-X`).
+
+A `RenderCache` remembers each service port's `ServiceRules` from one render to the next and
+hands them back while the port, its endpoints and the options are unchanged: with it a sync
+after a small change costs the few changed services plus the joining, not a whole render.
 """
 
 from __future__ import annotations
 
+import copy
 import ipaddress
-from collections.abc import Collection, Mapping
+import itertools
+from bisect import insort
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kubeproxy.backends.iptables import names
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo
+from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.topology import categorize
 
 KUBE_SERVICES = "KUBE-SERVICES"
@@ -118,12 +129,16 @@ def local_detector_args(detector: LocalDetector, *, local: bool) -> str:
     raise ValueError(f"no local traffic detector configured (mode {detector.mode!r})")
 
 
-@dataclass
-class _NatSink:
-    """Where one service's own chains (SVC/SVL/EXT/FW/SEP) go: the output or the discard pile."""
+@dataclass(frozen=True, slots=True)
+class ServiceRules:
+    """What one service port adds to the ruleset. `render` joins these in name order."""
 
-    chains: list[str]
-    rules: list[str]
+    filter_rules: tuple[str, ...]  # in the shared filter chains (REJECT, DROP, firewall, health check)
+    shared_nat_rules: tuple[str, ...]  # its entries in the nat KUBE-SERVICES and KUBE-NODEPORTS
+    chains: tuple[str, ...]  # its own nat chains (EXT, FW, SVC, SVL, SEP), in declaration order
+    chain_rules: tuple[str, ...]  # the rules of those chains
+    no_local_endpoints_internal: int  # 1 if Local internal traffic has nowhere to go
+    no_local_endpoints_external: int
 
 
 class _Writer:
@@ -134,14 +149,6 @@ class _Writer:
         self.filter_rules: list[str] = []
         self.nat_chains: list[str] = []
         self.nat_rules: list[str] = []
-        self.active_nat_chains: set[str] = set()
-        self.written = _NatSink(self.nat_chains, self.nat_rules)
-        self.skipped = _NatSink([], [])
-
-    def nat_chain(self, name: str, sink: _NatSink) -> None:
-        sink.chains.append(f":{name} - [0:0]")
-        # A skipped chain is still in use: it must not be mistaken for a stale one.
-        self.active_nat_chains.add(name)
 
     def text(self) -> str:
         return "\n".join(
@@ -174,6 +181,7 @@ def render(
     changed_services: Collection[tuple[str, str]] | None = None,
     existing_nat_chains: Collection[str] | None = None,
     stale_cleanup_due: bool = True,
+    cache: RenderCache | None = None,
 ) -> Rendered:
     """The restore input for one sync.
 
@@ -184,6 +192,8 @@ def render(
     stale_cleanup_due: in large-cluster mode upstream deletes stale chains at most once per
         syncPeriod (iptables-save is slow on big rulesets); the caller says whether that period
         has passed. Ignored outside large-cluster mode, where stale chains go on every sync.
+    cache: per-service rules of earlier renders to reuse where nothing changed (memoisation
+        only: the result is the same with or without it).
     """
     w = _Writer()
     ipv6 = opts.family == IPV6
@@ -215,19 +225,31 @@ def render(
     large = is_large_cluster(view)
     changed = None if changed_services is None else frozenset(changed_services)
     node_ip = ipaddress.ip_address(opts.node_ip) if opts.node_ip else None
-    no_local_internal = no_local_external = 0
 
-    for name in sorted(view.services):
-        svc = view.services[name]
-        sink = w.written if changed is None or name.service in changed else w.skipped
-        missing = _render_service(w, sink, svc, view.endpoints.get(name, []), opts, large, node_ip)
-        no_local_internal += missing[0]
-        no_local_external += missing[1]
+    def render_one(svc: ServicePortInfo, endpoints: list[EndpointInfo]) -> ServiceRules:
+        return _render_service(svc, endpoints, opts, large, node_ip)
+
+    if cache is None:
+        ports = sorted(view.services)
+        per_port = [render_one(view.services[name], view.endpoints.get(name, [])) for name in ports]
+    else:
+        ports, per_port = cache.rules(view, (opts, large), render_one)
+
+    # A partial sync leaves the own chains of unchanged services as they are in the kernel.
+    writes = [True] * len(ports) if changed is None else [name.service in changed for name in ports]
+    written = list(itertools.compress(per_port, writes))
+    w.filter_rules.extend(itertools.chain.from_iterable(rules.filter_rules for rules in per_port))
+    w.nat_chains.extend(f":{chain} - [0:0]" for rules in written for chain in rules.chains)
+    w.nat_rules.extend(_nat_service_rules(per_port, writes))
+    # Chains left as they are still count, and are in use: not to be mistaken for stale ones.
+    active_nat_chains = frozenset(itertools.chain.from_iterable(rules.chains for rules in per_port))
+    skipped_rules = sum(len(rules.chain_rules) for rules in per_port) - sum(len(rules.chain_rules) for rules in written)
+    skipped_chains = sum(len(rules.chains) for rules in per_port) - sum(len(rules.chains) for rules in written)
 
     deleted: list[str] = []
     cleanup = existing_nat_chains is not None and (not large or stale_cleanup_due)
     if cleanup and existing_nat_chains is not None:
-        stale = set(existing_nat_chains) - w.active_nat_chains
+        stale = set(existing_nat_chains) - active_nat_chains
         deleted = sorted(c for c in stale if names.is_service_chain(c))  # never touch others' chains
         for chain in deleted:
             # iptables-restore needs a chain line before -X; it also flushes the chain, which
@@ -253,28 +275,38 @@ def render(
         text=w.text(),
         filter_rules=len(w.filter_rules),
         nat_rules=len(w.nat_rules) - len(deleted),
-        nat_chains=frozenset(w.active_nat_chains),
-        no_local_endpoints_internal=no_local_internal,
-        no_local_endpoints_external=no_local_external,
+        nat_chains=active_nat_chains,
+        no_local_endpoints_internal=sum(rules.no_local_endpoints_internal for rules in per_port),
+        no_local_endpoints_external=sum(rules.no_local_endpoints_external for rules in per_port),
         large_cluster_mode=large,
         full_sync=changed is None,
-        skipped_nat_rules=len(w.skipped.rules),
-        skipped_nat_chains=len(w.skipped.chains),
+        skipped_nat_rules=skipped_rules,
+        skipped_nat_chains=skipped_chains,
         deleted_chains=tuple(deleted),
         stale_cleanup_done=cleanup,
     )
 
 
+def _nat_service_rules(per_port: list[ServiceRules], writes: list[bool]) -> Iterator[str]:
+    """The services' nat rules in order: each one's shared-chain entries, then its own chains' rules."""
+    for rules, write in zip(per_port, writes, strict=True):
+        yield from rules.shared_nat_rules
+        if write:
+            yield from rules.chain_rules
+
+
 def _render_service(
-    w: _Writer,
-    sink: _NatSink,
     svc: ServicePortInfo,
     endpoints: list[EndpointInfo],
     opts: IptablesOptions,
     large: bool,
     node_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None,
-) -> tuple[int, int]:
-    """Rules for one service port. Returns (no local endpoints internally, externally) counts."""
+) -> ServiceRules:
+    """Rules for one service port: a pure function of its arguments (RenderCache relies on it)."""
+    filter_rules: list[str] = []
+    shared_nat_rules: list[str] = []
+    chains: list[str] = []
+    chain_rules: list[str] = []
     spn = str(svc.name)
     proto = svc.protocol.lower()
     cat = categorize(endpoints, svc, opts.node_name, opts.node_labels, prefer_same_node=opts.prefer_same_node)
@@ -320,38 +352,38 @@ def _render_service(
     cluster_ip = str(svc.cluster_ip)
 
     if has_internal:
-        w.nat_rules.append(
+        shared_nat_rules.append(
             f'-A {KUBE_SERVICES} -m comment --comment "{spn} cluster IP" {match} -d {cluster_ip} {dport} -j {internal_chain}'
         )
     else:
-        w.filter_rules.append(
+        filter_rules.append(
             f"-A {KUBE_SERVICES} -m comment --comment {internal_comment} {match} -d {cluster_ip} {dport} -j {internal_target}"
         )
 
     for ip in svc.external_ips:
         if has_endpoints:
-            w.nat_rules.append(
+            shared_nat_rules.append(
                 f'-A {KUBE_SERVICES} -m comment --comment "{spn} external IP" {match} -d {ip} {dport} -j {ext_chain}'
             )
         if not has_external:
-            w.filter_rules.append(
+            filter_rules.append(
                 f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} "
                 f"{match} -d {ip} {dport} -j {external_target}"
             )
 
     for ip in svc.load_balancer_vips:
         if has_endpoints:
-            w.nat_rules.append(
+            shared_nat_rules.append(
                 f'-A {KUBE_SERVICES} -m comment --comment "{spn} loadbalancer IP" {match} -d {ip} {dport} -j {lb_chain}'
             )
         if uses_fw_chain:
-            w.filter_rules.append(
+            filter_rules.append(
                 f'-A {KUBE_PROXY_FIREWALL} -m comment --comment "{spn} traffic not accepted by {fw_chain}" '
                 f"{match} -d {ip} {dport} -j DROP"
             )
     if not has_external:
         for ip in svc.load_balancer_vips:
-            w.filter_rules.append(
+            filter_rules.append(
                 f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} "
                 f"{match} -d {ip} {dport} -j {external_target}"
             )
@@ -359,40 +391,42 @@ def _render_service(
     if svc.node_port:
         if has_endpoints:
             if opts.localhost_nodeports_enabled and NFACCT_LOCALHOST_NODEPORT in opts.nfacct_counters:
-                w.nat_rules.append(
+                shared_nat_rules.append(
                     f"-A {KUBE_NODEPORTS} -m comment --comment {spn} {match} -d 127.0.0.0/8 --dport {svc.node_port} "
                     f"-m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {ext_chain}"
                 )
-            w.nat_rules.append(f"-A {KUBE_NODEPORTS} -m comment --comment {spn} {match} --dport {svc.node_port} -j {ext_chain}")
+            shared_nat_rules.append(
+                f"-A {KUBE_NODEPORTS} -m comment --comment {spn} {match} --dport {svc.node_port} -j {ext_chain}"
+            )
         if not has_external:
-            w.filter_rules.append(
+            filter_rules.append(
                 f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} -m addrtype --dst-type LOCAL "
                 f"{match} --dport {svc.node_port} -j {external_target}"
             )
 
     if svc.health_check_node_port:
         # Load balancers probe this port to find nodes with local endpoints: always accept.
-        w.filter_rules.append(
+        filter_rules.append(
             f'-A {KUBE_NODEPORTS} -m comment --comment "{spn} health check node port" '
             f"-m tcp -p tcp --dport {svc.health_check_node_port} -j ACCEPT"
         )
 
-    # Below: the service's own chains. For an unchanged service they go to the discard sink.
+    # Below: the service's own chains.
     if has_internal:
         head = f'-A {internal_chain} -m comment --comment "{spn} cluster IP" {match} -d {cluster_ip} {dport}'
         if opts.masquerade_all:
-            sink.rules.append(f"{head} -j {KUBE_MARK_MASQ}")
+            chain_rules.append(f"{head} -j {KUBE_MARK_MASQ}")
         elif opts.local_detector.implemented:
             # Off-cluster clients may route the service range to any node; masquerade them so
             # replies come back through this node.
             not_local = local_detector_args(opts.local_detector, local=False)
-            sink.rules.append(f"{head} {not_local} -j {KUBE_MARK_MASQ}")
+            chain_rules.append(f"{head} {not_local} -j {KUBE_MARK_MASQ}")
 
     if uses_ext_chain:
-        w.nat_chain(ext_chain, sink)
+        chains.append(ext_chain)
         if not svc.external_policy_local:
             # Endpoints may be on another node: masquerade so the reply returns through us.
-            sink.rules.append(
+            chain_rules.append(
                 f'-A {ext_chain} -m comment --comment "masquerade traffic for {spn} external destinations" -j {KUBE_MARK_MASQ}'
             )
         else:
@@ -400,74 +434,79 @@ def _render_service(
                 # Pods reaching an external IP of their own cluster behave as if they went out to the
                 # load balancer and came back: no traffic policy applies.
                 local = local_detector_args(opts.local_detector, local=True)
-                sink.rules.append(
+                chain_rules.append(
                     f'-A {ext_chain} -m comment --comment "pod traffic for {spn} external destinations" '
                     f"{local} -j {cluster_chain}"
                 )
             # The node itself would use the external IP as source address: masquerade it.
-            sink.rules.append(
+            chain_rules.append(
                 f'-A {ext_chain} -m comment --comment "masquerade LOCAL traffic for {spn} external destinations" '
                 f"-m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}"
             )
-            sink.rules.append(
+            chain_rules.append(
                 f'-A {ext_chain} -m comment --comment "route LOCAL traffic for {spn} external destinations" '
                 f"-m addrtype --src-type LOCAL -j {cluster_chain}"
             )
         if has_external:
-            sink.rules.append(f"-A {ext_chain} -j {external_policy_chain}")
+            chain_rules.append(f"-A {ext_chain} -j {external_policy_chain}")
 
     if uses_fw_chain:
-        w.nat_chain(fw_chain, sink)
+        chains.append(fw_chain)
         head = f'-A {fw_chain} -m comment --comment "{spn} loadbalancer IP"'
         allow_from_node = False
         for cidr in svc.load_balancer_source_ranges:
-            sink.rules.append(f"{head} -s {cidr} -j {ext_chain}")
+            chain_rules.append(f"{head} -s {cidr} -j {ext_chain}")
             allow_from_node = allow_from_node or (node_ip is not None and node_ip in cidr)
         if allow_from_node:
             # A VIP-like load balancer whose IP is also local: the node's own requests loop
             # back with the VIP as source and must be allowed too.
             for ip in svc.load_balancer_vips:
-                sink.rules.append(f"{head} -s {ip} -j {ext_chain}")
-        sink.rules.append(
-            f'-A {fw_chain} -m comment --comment "other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL"'
-        )
+                chain_rules.append(f"{head} -s {ip} -j {ext_chain}")
+        chain_rules.append(f'-A {fw_chain} -m comment --comment "other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL"')
 
     if uses_cluster_chain:
-        w.nat_chain(cluster_chain, sink)
-        _render_dispatch(sink, svc, spn, proto, cluster_chain, cat.cluster, large)
+        chains.append(cluster_chain)
+        _render_dispatch(chain_rules, svc, spn, proto, cluster_chain, cat.cluster, large)
     if uses_local_chain:
-        w.nat_chain(local_chain, sink)
-        _render_dispatch(sink, svc, spn, proto, local_chain, cat.local, large)
+        chains.append(local_chain)
+        _render_dispatch(chain_rules, svc, spn, proto, local_chain, cat.local, large)
 
     for ep in cat.reachable:
         sep = names.endpoint_chain(spn, proto, ep.address)
-        w.nat_chain(sep, sink)
+        chains.append(sep)
         head = f"-A {sep}" if large else f"-A {sep} -m comment --comment {spn}"
         # Hairpin: a pod reaching itself through the service must be masqueraded, or it
         # would answer itself directly and the client would drop the unexpected reply.
-        sink.rules.append(f"{head} -s {ep.ip} -j {KUBE_MARK_MASQ}")
+        chain_rules.append(f"{head} -s {ep.ip} -j {KUBE_MARK_MASQ}")
         affinity = f" -m recent --name {sep} --set" if svc.client_ip_affinity else ""
-        sink.rules.append(f"{head}{affinity} {match} -j DNAT --to-destination {ep.address}")
+        chain_rules.append(f"{head}{affinity} {match} -j DNAT --to-destination {ep.address}")
 
-    return missing_internal, missing_external
+    return ServiceRules(
+        tuple(filter_rules),
+        tuple(shared_nat_rules),
+        tuple(chains),
+        tuple(chain_rules),
+        missing_internal,
+        missing_external,
+    )
 
 
 def _render_dispatch(
-    sink: _NatSink, svc: ServicePortInfo, spn: str, proto: str, chain: str, endpoints: list[EndpointInfo], large: bool
+    out: list[str], svc: ServicePortInfo, spn: str, proto: str, chain: str, endpoints: list[EndpointInfo], large: bool
 ) -> None:
     """Spread new connections over `endpoints`: rule i matches with probability 1/(n-i)."""
     seps = [(ep, names.endpoint_chain(spn, proto, ep.address)) for ep in endpoints]
     if svc.client_ip_affinity:
         for ep, sep in seps:
             comment = "" if large else f' -m comment --comment "{spn} -> {ep.address}"'
-            sink.rules.append(
+            out.append(
                 f"-A {chain}{comment} -m recent --name {sep} --rcheck --seconds {svc.sticky_max_age_seconds} --reap -j {sep}"
             )
     n = len(seps)
     for i, (ep, sep) in enumerate(seps):
         comment = "" if large else f' -m comment --comment "{spn} -> {ep.address}"'
         stat = f" -m statistic --mode random --probability {_probability(n - i)}" if i < n - 1 else ""
-        sink.rules.append(f"-A {chain}{comment}{stat} -j {sep}")
+        out.append(f"-A {chain}{comment}{stat} -j {sep}")
 
 
 def _render_nodeports_jump(w: _Writer, opts: IptablesOptions, ipv6: bool, localhost_nodeports: bool) -> None:
@@ -485,3 +524,97 @@ def _render_nodeports_jump(w: _Writer, opts: IptablesOptions, ipv6: bool, localh
         if ipaddress.ip_address(ip).is_loopback and (ipv6 or not localhost_nodeports):
             continue  # localhost NodePorts are impossible on IPv6 and disabled here
         w.nat_rules.append(f"-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}")
+
+
+class _Memo(NamedTuple):
+    svc: ServicePortInfo | None
+    endpoints: list[EndpointInfo] | None  # the view's own entry: None when it had none
+    rules: ServiceRules | None
+
+
+_NO_MEMO = _Memo(None, None, None)
+
+
+class RenderCache:
+    """Each service port's `ServiceRules` from the previous render, to reuse in the next one.
+
+    Memoisation of `_render_service` and nothing else: an entry is reused only for a service
+    port whose ServicePortInfo and endpoints are the same objects as last time, or equal to
+    them, under equal options and large-cluster mode (a change of either empties the cache).
+    Identity is checked first because it is cheap and, for views from a `ViewBuilder`, holds
+    for every unchanged port; views are immutable, so the same objects mean the same rules.
+    Use one cache per rule set (IP family).
+    """
+
+    # Beyond this many new service ports a fresh sort beats inserting each into the order.
+    _INSERTS = 256
+
+    def __init__(self) -> None:
+        self._key: tuple[IptablesOptions, bool] | None = None
+        self._memos: dict[ServicePortName, _Memo] = {}
+        self._ports: list[ServicePortName] = []  # the keys of _memos, sorted
+        self.reused = 0  # service ports taken from the cache by the last render
+        self.rendered = 0  # service ports the last render computed
+
+    def rules(
+        self,
+        view: NodeView,
+        key: tuple[IptablesOptions, bool],
+        render_one: Callable[[ServicePortInfo, list[EndpointInfo]], ServiceRules],
+    ) -> tuple[list[ServicePortName], list[ServiceRules]]:
+        """Every service port of `view` in name order, and its rules, rendered where needed.
+
+        key: everything besides the port and its endpoints that the rules depend on.
+        """
+        if key != self._key:
+            # A private copy, so that options changed in place still invalidate the cache.
+            self._key, self._memos, self._ports = copy.deepcopy(key), {}, []
+        try:
+            return self._rules(view, render_one)
+        except BaseException:
+            # Half-updated bookkeeping must not outlive the failure: start afresh next time.
+            self._key, self._memos, self._ports = None, {}, []
+            raise
+
+    def _rules(
+        self, view: NodeView, render_one: Callable[[ServicePortInfo, list[EndpointInfo]], ServiceRules]
+    ) -> tuple[list[ServicePortName], list[ServiceRules]]:
+        services, endpoints, memos = view.services, view.endpoints, self._memos
+        ports = self._sorted(services)
+        # Whole-list passes in C where possible: at 10k service ports a loop doing all of this
+        # per port costs more than the few renders a small change needs.
+        found = list(map(memos.get, ports, itertools.repeat(_NO_MEMO)))
+        svcs = list(map(services.__getitem__, ports))
+        eps = list(map(endpoints.get, ports))
+        suspects = [
+            i for i, (m, svc, e) in enumerate(zip(found, svcs, eps, strict=True)) if m.svc is not svc or m.endpoints is not e
+        ]
+        rendered = 0
+        for i in suspects:
+            old, svc, e = found[i], svcs[i], eps[i]
+            if old is not _NO_MEMO and old.svc == svc and (old.endpoints or []) == (e or []):
+                memo = _Memo(svc, e, old.rules)  # equal values: remember the new objects
+            else:
+                memo = _Memo(svc, e, render_one(svc, e or []))
+                rendered += 1
+            memos[ports[i]] = found[i] = memo
+        if len(memos) != len(ports):
+            for gone in memos.keys() - services.keys():
+                del memos[gone]
+        self._ports = ports
+        self.reused, self.rendered = len(ports) - rendered, rendered
+        return ports, [m.rules for m in found if m.rules is not None]
+
+    def _sorted(self, services: Mapping[ServicePortName, ServicePortInfo]) -> list[ServicePortName]:
+        """The keys of `services` in order, from the previous order when few changed."""
+        known = self._memos.keys()
+        if services.keys() == known:
+            return self._ports
+        added = services.keys() - known
+        if len(added) > self._INSERTS:
+            return sorted(services)
+        removed = known - services.keys()
+        ports = [p for p in self._ports if p not in removed] if removed else list(self._ports)
+        for port in added:
+            insort(ports, port)
+        return ports
