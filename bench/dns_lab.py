@@ -10,7 +10,9 @@ run` on the node, the seed's DNS Service) and, from the client namespace, each t
     dnsperf        `dnsperf -c CLIENTS -q 200 -l SECONDS`: closed loop, as fast as answers come; its
                    CLIENTS sockets keep their source ports, so it needs CLIENTS conntrack entries
     dns load       `kubeproxy dns load --rate LOAD_RATE`: open loop, a fresh source port per query,
-                   as real resolvers; answered/s and lost are what it saw
+                   as real resolvers; answered/s and lost are what it saw; `pod rcvbuf drops` are
+                   the queries the pod's kernel dropped meanwhile because BIND's socket buffer was
+                   full (when the sender falls behind it sends what is due in bursts)
 
 Targets: `pod` is BIND's own address, routed by the node (conntrack, no NAT); `proxy` is the
 Service's external IP through the node's rules for the scenario (masqueraded for snat).
@@ -57,6 +59,14 @@ def dnsperf(world: DnsWorld, target: str, seconds: float, clients: int, queries:
     return found
 
 
+def rcvbuf_errors(world: DnsWorld) -> int:
+    """UDP datagrams the pod's kernel dropped because BIND's socket buffer was full (/proc/net/snmp)."""
+    snmp = world.servers[0].ns.run(["cat", "/proc/net/snmp"]).stdout
+    lines = [line.split() for line in snmp.splitlines() if line.startswith("Udp:")]
+    header, values = lines[0], lines[1]
+    return int(values[header.index("RcvbufErrors")])
+
+
 def dns_load(world: DnsWorld, target: str, rate: float, seconds: float) -> dict[str, Any]:
     argv = [sys.executable, "-m", "kubeproxy.lab.dns", "load", "--server", target, "--name", ANSWER_NAME,
             "--rate", f"{rate:g}", "--duration", f"{seconds:g}s", "--json", "-"]  # fmt: skip
@@ -91,20 +101,23 @@ def main() -> None:
                     world.flush_conntrack()
                     perf = dnsperf(world, target, args.seconds, args.clients, queries)
                     world.flush_conntrack()
+                    before = rcvbuf_errors(world)
                     load = dns_load(world, target, args.load_rate, args.load_seconds)
+                    load["rcvbuf_errors"] = rcvbuf_errors(world) - before
                     rows.append((name, label, target, perf, load))
                     print(f"# {name} {label}: dnsperf {perf['qps']:.0f}/s, dns load {load['answered_rate']:g}/s", file=sys.stderr)
 
     print(f"dnsperf -c {args.clients} -q 200 for {args.seconds:g} s; kubeproxy dns load at {args.load_rate:g}/s for "
           f"{args.load_seconds:g} s (fresh port per query); node UDP conntrack timeout {args.udp_timeout} s")  # fmt: skip
     header = (f"{'scenario':<9} {'target':<6} {'address':<14} {'dnsperf q/s':>11} {'lost':>6} {'avg ms':>7}"
-              f" {'load sent/s':>11} {'answered/s':>10} {'lost':>7} {'p99 ms':>7}")  # fmt: skip
+              f" {'load sent/s':>11} {'answered/s':>10} {'lost':>7} {'p99 ms':>7} {'pod rcvbuf drops':>16}")  # fmt: skip
     print(header)
     for name, label, target, perf, load in rows:
         p99 = (load.get("latency_ms") or {}).get("p99", "-")
         print(
             f"{name:<9} {label:<6} {target:<14} {perf['qps']:>11.0f} {perf['lost']:>6.0f} {perf['latency'] * 1e3:>7.2f}"
             f" {load['achieved_rate']:>11.0f} {load['answered_rate']:>10.0f} {load['lost']:>7} {p99:>7}"
+            f" {load['rcvbuf_errors']:>16}"
         )
 
 
