@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -263,6 +264,8 @@ def lab_dns(
     missing = lab_unavailable()
     if missing:
         raise click.ClickException(missing)
+    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise click.ClickException("--plot needs matplotlib (pip install matplotlib), checked before the run rather than after")
     plan = LabPlan(
         tuple(SCENARIOS[n] for n in dict.fromkeys(scenario_names)),
         ramp or (rate if rate is not None else 3000.0,),
