@@ -332,8 +332,10 @@ def trace_cmd(
 def _register_subcommands() -> None:
     # Defined next to what they drive; imported here so that `kubeproxy --help` lists them.
     from kubeproxy.lab.dns.commands import dns as dns_commands
+    from kubeproxy.lab.dns.commands import lab as lab_commands
 
     main.add_command(dns_commands)
+    main.add_command(lab_commands)
 
 
 _register_subcommands()

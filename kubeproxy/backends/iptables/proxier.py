@@ -39,6 +39,7 @@ from kubeproxy.backends.iptables.render import (
     KUBE_PROXY_FIREWALL,
     KUBE_SERVICES,
     IptablesOptions,
+    RenderCache,
     Rendered,
     is_large_cluster,
     render,
@@ -85,6 +86,8 @@ class IptablesProxier:
     sync_period: float = 30.0
     clock: Callable[[], float] = time.monotonic
     _last_stale_cleanup: float = field(default=float("-inf"), init=False)
+    # Unchanged services' rules from the previous render: a small change renders only itself.
+    _cache: RenderCache = field(default_factory=RenderCache, init=False)
 
     @property
     def family(self) -> str:
@@ -125,7 +128,12 @@ class IptablesProxier:
 
         started = time.perf_counter()
         rendered = render(
-            view, opts, changed_services=changed_services, existing_nat_chains=existing, stale_cleanup_due=cleanup_due
+            view,
+            opts,
+            changed_services=changed_services,
+            existing_nat_chains=existing,
+            stale_cleanup_due=cleanup_due,
+            cache=self._cache,
         )
         text, added = self._with_missing_jumps(rendered) if full else (rendered.text, 0)
         rendered_at = time.perf_counter()
