@@ -157,6 +157,14 @@ def assert_same_objects_where_equal(previous: NodeView, view: NodeView) -> None:
                 assert old[name] is value, name
 
 
+def assert_names_shared(view: NodeView) -> None:
+    """One object per name across the view's maps: lookups then match by identity."""
+    canonical = {name: name for name in view.services}
+    for names in (view.endpoints, *view.by_service.values()):
+        for name in names:
+            assert canonical.setdefault(name, name) is name, name
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios)
 def test_incremental_view_equals_full_build(scenario: list[tuple[str, Any]]) -> None:
@@ -178,6 +186,8 @@ def test_incremental_view_equals_full_build(scenario: list[tuple[str, Any]]) -> 
             expected = fresh_view(ref_state, family, node_name)
             assert view == expected
             assert view.by_service == NodeView(dict(view.services), dict(view.endpoints)).by_service
+            assert_names_shared(view)
+            assert_names_shared(expected)
             if previous is not None and previous[1:] == (family, node_name):
                 assert_same_objects_where_equal(previous[0], view)
             assert tracker.take(view) == ref_tracker.take(expected)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
 
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import EndpointSlice, Service
@@ -210,4 +211,18 @@ def endpoints_map(slices: Iterable[EndpointSlice], family: str, node_name: str) 
 
 
 def build_view(services: Iterable[Service], slices: Iterable[EndpointSlice], family: str, node_name: str) -> NodeView:
-    return NodeView(service_ports(services, family), endpoints_map(slices, family, node_name))
+    ports = service_ports(services, family)
+    return NodeView(ports, renamed({name: name for name in ports}, endpoints_map(slices, family, node_name)))
+
+
+V = TypeVar("V")
+
+
+def renamed(known: dict[ServicePortName, ServicePortName], entries: Mapping[ServicePortName, V]) -> dict[ServicePortName, V]:
+    """`entries` keyed by the name objects in `known` (names not in it are added to it).
+
+    Built apart, the services and endpoints maps hold equal but distinct name objects; sharing
+    them lets a port's endpoints be found by identity instead of by ServicePortName.__eq__, a
+    Python call that was a fifth of a partial sync at 10k services.
+    """
+    return {known.setdefault(name, name): value for name, value in entries.items()}

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from typing import TypeVar
 
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.model import NodeView, ServiceKey, ServicePortName, build_view, endpoints_map, ports_of_service
+from kubeproxy.proxy.model import NodeView, ServiceKey, ServicePortName, build_view, endpoints_map, ports_of_service, renamed
 
 V = TypeVar("V")
 
@@ -53,10 +53,12 @@ def _patched(previous: NodeView, state: ClusterState, touched: Collection[Servic
     endpoints = dict(previous.endpoints)
     index = dict(previous.by_service)
     for key in set(touched):
-        svc = state.services.get(key)
-        ports = ports_of_service(svc, family) if svc is not None else {}
-        eps = endpoints_map(state.slices_of(key), family, node_name)
         old_names = index.pop(key, frozenset())
+        # The maps hold these name objects already: new entries reuse them (see `renamed`).
+        known = {name: name for name in old_names}
+        svc = state.services.get(key)
+        ports = renamed(known, ports_of_service(svc, family) if svc is not None else {})
+        eps = renamed(known, endpoints_map(state.slices_of(key), family, node_name))
         for name in old_names - ports.keys():
             services.pop(name, None)
         for name in old_names - eps.keys():
@@ -71,9 +73,11 @@ def _patched(previous: NodeView, state: ClusterState, touched: Collection[Servic
 
 
 def _reuse_equal(previous: NodeView, fresh: NodeView) -> NodeView:
-    """`fresh` with every entry equal to one of `previous` replaced by that older object."""
-    services = _kept_if_equal(previous.services, fresh.services)
-    endpoints = _kept_if_equal(previous.endpoints, fresh.endpoints)
+    """`fresh` with every name and entry equal to one of `previous` replaced by that older object."""
+    known = {name: name for name in previous.services}
+    known.update((name, name) for name in previous.endpoints if name not in known)
+    services = _kept_if_equal(previous.services, renamed(known, fresh.services))
+    endpoints = _kept_if_equal(previous.endpoints, renamed(known, fresh.endpoints))
     return NodeView(services, endpoints)
 
 

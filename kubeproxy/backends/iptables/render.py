@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import itertools
+import operator
 from bisect import insort
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -166,6 +167,9 @@ class _Writer:
         )
 
 
+_SERVICE_OF = operator.attrgetter("service")
+
+
 def is_large_cluster(view: NodeView) -> bool:
     """Upstream's large-cluster mode: no per-endpoint comments, stale chains cleaned up rarely.
 
@@ -236,7 +240,7 @@ def render(
         ports, per_port = cache.rules(view, (opts, large), render_one)
 
     # A partial sync leaves the own chains of unchanged services as they are in the kernel.
-    writes = [True] * len(ports) if changed is None else [name.service in changed for name in ports]
+    writes = [True] * len(ports) if changed is None else list(map(changed.__contains__, map(_SERVICE_OF, ports)))
     written = list(itertools.compress(per_port, writes))
     w.filter_rules.extend(itertools.chain.from_iterable(rules.filter_rules for rules in per_port))
     w.nat_chains.extend(f":{chain} - [0:0]" for rules in written for chain in rules.chains)
@@ -533,6 +537,7 @@ class _Memo(NamedTuple):
 
 
 _NO_MEMO = _Memo(None, None, None)
+_MEMO_SVC, _MEMO_ENDPOINTS, _MEMO_RULES = (operator.attrgetter(f) for f in ("svc", "endpoints", "rules"))
 
 
 class RenderCache:
@@ -544,6 +549,9 @@ class RenderCache:
     Identity is checked first because it is cheap and, for views from a `ViewBuilder`, holds
     for every unchanged port; views are immutable, so the same objects mean the same rules.
     Use one cache per rule set (IP family).
+
+    At 10k service ports a Python loop touching every port costs more than the few renders a
+    small change needs, so the bookkeeping works on whole lists, kept in name order.
     """
 
     # Beyond this many new service ports a fresh sort beats inserting each into the order.
@@ -551,8 +559,8 @@ class RenderCache:
 
     def __init__(self) -> None:
         self._key: tuple[IptablesOptions, bool] | None = None
-        self._memos: dict[ServicePortName, _Memo] = {}
-        self._ports: list[ServicePortName] = []  # the keys of _memos, sorted
+        self._ports: list[ServicePortName] = []  # the last render's service ports, sorted
+        self._memos: list[_Memo] = []  # their memos, in the same order
         self.reused = 0  # service ports taken from the cache by the last render
         self.rendered = 0  # service ports the last render computed
 
@@ -568,53 +576,55 @@ class RenderCache:
         """
         if key != self._key:
             # A private copy, so that options changed in place still invalidate the cache.
-            self._key, self._memos, self._ports = copy.deepcopy(key), {}, []
+            self._key, self._ports, self._memos = copy.deepcopy(key), [], []
         try:
             return self._rules(view, render_one)
         except BaseException:
             # Half-updated bookkeeping must not outlive the failure: start afresh next time.
-            self._key, self._memos, self._ports = None, {}, []
+            self._key, self._ports, self._memos = None, [], []
             raise
 
     def _rules(
         self, view: NodeView, render_one: Callable[[ServicePortInfo, list[EndpointInfo]], ServiceRules]
     ) -> tuple[list[ServicePortName], list[ServiceRules]]:
-        services, endpoints, memos = view.services, view.endpoints, self._memos
-        ports = self._sorted(services)
-        # Whole-list passes in C where possible: at 10k service ports a loop doing all of this
-        # per port costs more than the few renders a small change needs.
-        found = list(map(memos.get, ports, itertools.repeat(_NO_MEMO)))
-        svcs = list(map(services.__getitem__, ports))
+        services, endpoints = view.services, view.endpoints
+        ports, memos = self._ports, self._memos
+        svcs = list(map(services.get, ports))
+        # Not the same service ports as last time? (`None in svcs` would call each one's __eq__.)
+        if len(ports) != len(services) or not all(svcs):
+            ports, memos = self._realigned(services)
+            svcs = list(map(services.__getitem__, ports))
         eps = list(map(endpoints.get, ports))
-        suspects = [
-            i for i, (m, svc, e) in enumerate(zip(found, svcs, eps, strict=True)) if m.svc is not svc or m.endpoints is not e
-        ]
+        memos = list(memos)
+        suspects = itertools.compress(
+            itertools.count(),
+            map(
+                operator.or_,
+                map(operator.is_not, svcs, map(_MEMO_SVC, memos)),
+                map(operator.is_not, eps, map(_MEMO_ENDPOINTS, memos)),
+            ),
+        )
         rendered = 0
         for i in suspects:
-            old, svc, e = found[i], svcs[i], eps[i]
+            old, svc, e = memos[i], svcs[i], eps[i]
             if old is not _NO_MEMO and old.svc == svc and (old.endpoints or []) == (e or []):
-                memo = _Memo(svc, e, old.rules)  # equal values: remember the new objects
+                memos[i] = _Memo(svc, e, old.rules)  # equal values: remember the new objects
             else:
-                memo = _Memo(svc, e, render_one(svc, e or []))
+                memos[i] = _Memo(svc, e, render_one(svc, e or []))  # type: ignore[arg-type]  # every port has its svc
                 rendered += 1
-            memos[ports[i]] = found[i] = memo
-        if len(memos) != len(ports):
-            for gone in memos.keys() - services.keys():
-                del memos[gone]
-        self._ports = ports
+        self._ports, self._memos = ports, memos
         self.reused, self.rendered = len(ports) - rendered, rendered
-        return ports, [m.rules for m in found if m.rules is not None]
+        return ports, [m.rules for m in memos if m.rules is not None]
 
-    def _sorted(self, services: Mapping[ServicePortName, ServicePortInfo]) -> list[ServicePortName]:
-        """The keys of `services` in order, from the previous order when few changed."""
-        known = self._memos.keys()
-        if services.keys() == known:
-            return self._ports
-        added = services.keys() - known
+    def _realigned(self, services: Mapping[ServicePortName, ServicePortInfo]) -> tuple[list[ServicePortName], list[_Memo]]:
+        """The keys of `services` in order, with the memos of those seen last time (_NO_MEMO for new ones)."""
+        known = dict(zip(self._ports, self._memos, strict=True))
+        added = services.keys() - known.keys()
         if len(added) > self._INSERTS:
-            return sorted(services)
-        removed = known - services.keys()
-        ports = [p for p in self._ports if p not in removed] if removed else list(self._ports)
-        for port in added:
-            insort(ports, port)
-        return ports
+            ports = sorted(services)
+        else:
+            removed = known.keys() - services.keys()
+            ports = [p for p in self._ports if p not in removed] if removed else list(self._ports)
+            for port in added:
+                insort(ports, port)
+        return ports, list(map(known.get, ports, itertools.repeat(_NO_MEMO)))
