@@ -27,8 +27,7 @@ class ViewBuilder:
 
     def __init__(self) -> None:
         self._view: NodeView | None = None
-        self._family = ""
-        self._node_name = ""
+        self._line = ("", "")  # the family and node name of `_view`
 
     def update(self, state: ClusterState, touched: Collection[ServiceKey] | None, *, family: str, node_name: str) -> NodeView:
         """The view of `state` for this family and node.
@@ -37,14 +36,14 @@ class ViewBuilder:
             after the change) may have changed since the previous update; None rebuilds all.
             A new family or node name rebuilds all too.
         """
-        previous = self._view
-        if previous is None or touched is None or (family, node_name) != (self._family, self._node_name):
-            fresh = build_view(state.services.values(), state.slices.values(), family, node_name)
-            same_line = previous is not None and (family, node_name) == (self._family, self._node_name)
-            view = _reuse_equal(previous, fresh) if same_line and previous is not None else fresh
+        previous, line = self._view, (family, node_name)
+        if previous is None or line != self._line:
+            view = build_view(state.services.values(), state.slices.values(), family, node_name)
+        elif touched is None:
+            view = _reuse_equal(previous, build_view(state.services.values(), state.slices.values(), family, node_name))
         else:
             view = _patched(previous, state, touched, family, node_name)
-        self._view, self._family, self._node_name = view, family, node_name
+        self._view, self._line = view, line
         return view
 
 
