@@ -13,14 +13,22 @@ masquerading, the same endpoint decisions through `categorize`):
 
 Endpoint selection is where we differ, for scale. Upstream gives every service port a chain
 that picks an endpoint with an anonymous `numgen random mod N vmap { 0 : goto endpoint-…, … }`
-and every endpoint a chain of its own. Measured on this machine (nft 1.0.6, kernel 6.18; see
-bench/nftables.py and the report), loading that shape takes 2.1 s at 1k services × 10
-endpoints, 14.7 s at 2k and 51 s at 4k: the kernel allocates each anonymous set's name by
-scanning every set of the table, so the load is quadratic. Named per-service maps are no
-better (set lookups by name are list walks: 8000 sets took 7.9 s), one shared map bound by a
-rule per service is worse (each element added to a map is validated against every rule that
-uses it: 18.8 s at 10k services, 186 s if the elements come first), and even plain chained
-rules cost ~25 µs per object in nft, so 100k endpoint chains with their rules alone are ~7 s.
+and every endpoint a chain of its own. Measured on this machine (nft 1.0.6, kernel 6.18, a
+shared 2-core machine at load 4-5, so ±30%; `bench/nftables.py --shapes`), loading only the
+endpoint selection of N services × 10 endpoints with `nft -f`:
+
+    services   ours (below)   chained numgen jumps   named map per service   upstream (anon vmap)
+        1000       0.27 s            1.80 s                 1.12 s                  2.67 s
+        2000       0.58 s            2.77 s                 2.07 s                 12.16 s
+        4000       0.67 s            4.73 s                 6.83 s                 42.67 s
+       10000       1.46 s           10.46 s                24.74 s                  > 60 s
+
+Anonymous sets: the kernel names each one by scanning every set of the table (quadratic).
+Named sets: every lookup by name walks the table's set list (8000 sets alone: 7.9 s). One
+shared map keyed by a per-service id, used by a rule per service, is worse still: each element
+added to a map is validated against every rule that uses the map (18.8 s at 10k services, 186 s
+with the elements first). Chains and rules cost ~25 µs each in nft, so 100k endpoint chains are
+several seconds before anything else.
 
 So endpoints are map *elements*, keyed by packet fields, in maps that one rule each uses:
 
@@ -36,6 +44,9 @@ externalTrafficPolicy Local) to the same selectors. A service port without Clien
 therefore costs no chain and no rule, only elements: its cluster IP, its service-ips entry and
 one element per endpoint (per address it is reachable at). Every map is used by at most two
 rules, nothing is anonymous, and a change of endpoints is a few element additions and deletions.
+The whole table for 10k services × 10 endpoints (bench/nftables.py): render 0.83 s, cold sync
+(render + load) 2.55 s, one endpoint replaced 52 ms (incremental render, diff, one nft run of 20
+element operations), resync without change 7 ms and no kernel operation.
 
 Hairpin (a pod reaching itself through a service must be masqueraded, or it would answer itself
 directly): upstream has a rule in every endpoint chain; we have one rule in `masquerading` for
