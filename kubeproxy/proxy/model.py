@@ -74,7 +74,9 @@ class ServicePortInfo:
 
     @property
     def uses_cluster_endpoints(self) -> bool:
-        return not self.internal_policy_local or (self.externally_accessible and not self.external_policy_local)
+        # Even with externalTrafficPolicy Local, external traffic from pods and from the node
+        # itself is short-circuited to the cluster endpoints, so those are needed too.
+        return not self.internal_policy_local or self.externally_accessible
 
     @property
     def uses_local_endpoints(self) -> bool:
