@@ -114,6 +114,7 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
     """Print the rules upstream kube-proxy would program for these objects.
 
     For --proxy-mode iptables: the iptables-restore --noflush input of a full sync.
+    For --proxy-mode nftables: the `nft -f` input of the `kube-proxy` table.
     Objects that cannot be used are skipped with a warning on stderr.
     """
     from kubeproxy import render as offline
@@ -128,8 +129,17 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
         click.echo(f"kubeproxy: {warning}", err=True)
     if loaded.objects == 0:
         _fail("no objects could be read", 1)
-    if cfg.mode != "iptables":
-        _fail(f"--proxy-mode {cfg.mode}: not implemented yet")
+    if cfg.mode == "nftables":
+        from kubeproxy.backends.nftables.offline import render_nftables
+
+        try:
+            nft = render_nftables(loaded.state, cfg)
+        except ConfigError as exc:
+            _fail(str(exc))
+        for warning in nft.rendering.warnings:
+            click.echo(f"kubeproxy: {warning}", err=True)
+        sys.stdout.write(nft.rendering.text())
+        return
     try:
         result = offline.render_iptables(
             loaded.state,
@@ -208,8 +218,6 @@ def run_cmd(
         cfg = validate(replace(cfg, **changes))
     except (ConfigError, ManifestError) as exc:
         _fail(str(exc))
-    if cfg.mode != "iptables":
-        _fail(f"--proxy-mode {cfg.mode}: not implemented yet")
     proxy = live.LiveProxy(cfg, node_name(cfg, socket.gethostname()), iptables_variant=iptables_variant or "")
     try:
         source = _source(cfg, manifests, master, proxy)
@@ -238,11 +246,15 @@ def _source(cfg: ProxyConfig, manifests: tuple[str, ...], master: str | None, pr
 def cleanup(ipv6: bool) -> None:
     """Remove the chains and jump rules kubeproxy installed, and nothing else.
 
+    iptables mode: our chains and jumps (--ipv6: in ip6tables). nftables mode: the `kube-proxy`
+    tables of both families.
+
     Chains shared with kubelet (KUBE-MARK-MASQ, KUBE-FIREWALL) go only if nothing else uses them.
     """
     from kubeproxy.backends.iptables.proxier import IptablesProxier
+    from kubeproxy.backends.nftables.proxier import NftablesProxier
 
-    removed = IptablesProxier(ipv6=ipv6).cleanup()
+    removed = IptablesProxier(ipv6=ipv6).cleanup() + NftablesProxier().cleanup()
     for item in removed:
         click.echo(f"removed {item}")
     if not removed:

@@ -38,6 +38,8 @@ from kubeproxy.backends.iptables.apply import RestoreError, Runner, ensure_nfacc
 from kubeproxy.backends.iptables.options import iptables_options
 from kubeproxy.backends.iptables.proxier import IptablesProxier, SyncReport
 from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+from kubeproxy.backends.nftables.apply import NftError
+from kubeproxy.backends.nftables.proxier import NftablesProxier, NftSyncReport
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
@@ -99,7 +101,7 @@ class LiveProxy:
     runner: BoundedFrequencyRunner = field(init=False)
     conntrack_cleaner: conntrack.Reconciler = field(init=False)
     view_builder: ViewBuilder = field(default_factory=ViewBuilder, init=False)
-    backend: IptablesProxier = field(init=False)
+    backend: IptablesProxier | NftablesProxier = field(init=False)
     _initialized: bool = field(default=False, init=False)
     _family: str = field(default="IPv4", init=False)
     _nfacct: tuple[str, ...] = field(default=(), init=False)
@@ -108,7 +110,7 @@ class LiveProxy:
     _pending_endpoints: int = field(default=0, init=False)
     syncs: int = field(default=0, init=False)  # successful syncs
     failed_syncs: int = field(default=0, init=False)
-    last_report: SyncReport | None = field(default=None, init=False)
+    last_report: SyncReport | NftSyncReport | None = field(default=None, init=False)
     last_changes: Changes | None = field(default=None, init=False)
     servers: dict[str, asyncio.Server] = field(default_factory=dict, init=False)
     _progress: asyncio.Condition | None = field(default=None, init=False)
@@ -125,11 +127,12 @@ class LiveProxy:
             max_interval=self.cfg.sync_period,
             # Only an unexpected exception gets here; restore failures schedule their own retry.
             retry_interval=self.cfg.sync_period,
-            name="iptables-sync",
+            name=f"{self.cfg.mode}-sync",
         )
-        self.backend = IptablesProxier(
-            ipv6=False, run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant
-        )
+        if self.cfg.mode == "nftables":
+            self.backend = NftablesProxier(run=self.run_cmd, sync_period=self.cfg.sync_period)
+        else:
+            self.backend = IptablesProxier(run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant)
 
     # -- events
 
@@ -196,16 +199,20 @@ class LiveProxy:
         self.last_changes = changes
         triggers, self._triggers = self._triggers, []
         self._pending_services = self._pending_endpoints = 0
-        log.info(kv("Syncing iptables rules", full=changes.full, services=len(changes.services)))
+        log.info(kv(f"Syncing {self.cfg.mode} rules", full=changes.full, services=len(changes.services)))
         try:
             report = await asyncio.to_thread(self.backend.sync, view, opts, changes.changed_services)  # type: ignore[arg-type]
-        except (RestoreError, OSError, TimeoutError) as exc:
+        except (RestoreError, NftError, OSError, TimeoutError) as exc:
             # What the failed sync consumed is lost: the retry rewrites everything.
             self.tracker.request_full_sync()
-            self.metrics.restore_failures_total.inc()
-            if not changes.full:
-                self.metrics.partial_restore_failures_total.inc()
-            log.error(kv("Failed to execute iptables-restore", err=exc))
+            if isinstance(exc, NftError):
+                self.metrics.nftables_sync_failures_total.inc()
+                log.error(kv("nftables sync failed", err=exc))
+            else:
+                self.metrics.restore_failures_total.inc()
+                if not changes.full:
+                    self.metrics.partial_restore_failures_total.inc()
+                log.error(kv("Failed to execute iptables-restore", err=exc))
             self.runner.retry_after(self.cfg.min_sync_period)
             self.failed_syncs += 1
             await self._finished()
@@ -232,7 +239,7 @@ class LiveProxy:
         async with cond:
             cond.notify_all()
 
-    def _record(self, report: SyncReport, elapsed: float, triggers: list[float]) -> None:
+    def _record(self, report: SyncReport | NftSyncReport, elapsed: float, triggers: list[float]) -> None:
         self.syncs += 1
         self.last_report = report
         m = self.metrics
@@ -242,11 +249,11 @@ class LiveProxy:
         m.last_timestamp.set(now)
         m.service_changes_pending.set(0)
         m.endpoint_changes_pending.set(0)
-        r = report.rendered
-        m.iptables_total.labels(table="filter").set(r.filter_rules)
-        m.iptables_total.labels(table="nat").set(r.nat_rules_total)
-        m.no_local_endpoints_total.labels(traffic_policy="internal").set(r.no_local_endpoints_internal)
-        m.no_local_endpoints_total.labels(traffic_policy="external").set(r.no_local_endpoints_external)
+        if isinstance(report, SyncReport):
+            m.iptables_total.labels(table="filter").set(report.rendered.filter_rules)
+            m.iptables_total.labels(table="nat").set(report.rendered.nat_rules_total)
+        m.no_local_endpoints_total.labels(traffic_policy="internal").set(report.no_local_endpoints_internal)
+        m.no_local_endpoints_total.labels(traffic_policy="external").set(report.no_local_endpoints_external)
         for trigger in triggers:
             if now >= trigger:
                 m.network_programming_duration.observe(now - trigger)
@@ -278,9 +285,10 @@ class LiveProxy:
     # -- running
 
     def prepare(self) -> None:
-        """Kernel set-up before the first sync: nfacct counters and the canary chains."""
-        self._nfacct = tuple(sorted(ensure_nfacct_counters(NFACCT_COUNTERS, self.run_cmd)))
-        self.backend.ensure_canary()
+        """Kernel set-up before the first sync: nfacct counters and the canary chains (iptables)."""
+        if isinstance(self.backend, IptablesProxier):
+            self._nfacct = tuple(sorted(ensure_nfacct_counters(NFACCT_COUNTERS, self.run_cmd)))
+        self.backend.prepare()
 
     def _nfacct_packets(self, name: str) -> int | None:
         return nfacct_packets(name, self.run_cmd) if name in self._nfacct else None

@@ -69,6 +69,14 @@ class SyncReport:
     restore_seconds: float
     jumps_added: int = 0
 
+    @property
+    def no_local_endpoints_internal(self) -> int:
+        return self.rendered.no_local_endpoints_internal
+
+    @property
+    def no_local_endpoints_external(self) -> int:
+        return self.rendered.no_local_endpoints_external
+
 
 def chains_in_save(text: str) -> set[str]:
     """Chain names declared in `iptables-save` output (lines `:NAME POLICY [p:b]`)."""
@@ -99,6 +107,10 @@ class IptablesProxier:
     def _iptables(self, *args: str, check: bool = False) -> bool:
         binary = self._binary()
         return self.run([binary, "-w", *args], check=check).returncode == 0
+
+    def prepare(self) -> None:
+        """Before the first sync: the canary chains whose disappearance means a flush."""
+        self.ensure_canary()
 
     def canary_present(self) -> bool:
         """Whether the canary in the mangle table is still there.

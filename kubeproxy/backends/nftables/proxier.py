@@ -1,0 +1,97 @@
+"""The nftables backend of the live proxy: render (incrementally) and let the applier diff.
+
+One sync: render the view (only the changed services when the tracker says so, reusing the
+previous rendering), hand it to the `NftApplier`, which sends only the difference from what it
+applied last (nothing at all when nothing changed). Every syncPeriod the table is looked at once:
+if someone flushed or deleted it, the sync becomes a full one, as the iptables backend does when
+its canary disappears.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.iptables.apply import Runner, local_run
+from kubeproxy.backends.iptables.render import IptablesOptions
+from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
+from kubeproxy.backends.nftables.render import render
+from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.proxy.model import NodeView
+
+log = logging.getLogger("kubeproxy.nftables")
+
+
+@dataclass(frozen=True)
+class NftSyncReport:
+    full: bool
+    rendering: NftRendering
+    result: ApplyResult
+    render_seconds: float
+
+    @property
+    def no_local_endpoints_internal(self) -> int:
+        return self.rendering.no_local_endpoints_internal
+
+    @property
+    def no_local_endpoints_external(self) -> int:
+        return self.rendering.no_local_endpoints_external
+
+
+@dataclass
+class NftablesProxier:
+    """One IP family's `kube-proxy` table; `sync` is called by the runner only."""
+
+    ipv6: bool = False
+    run: Runner = local_run
+    sync_period: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    _applier: NftApplier | None = field(default=None, init=False)
+    _previous: NftRendering | None = field(default=None, init=False)
+    _checked_at: float = field(default=float("-inf"), init=False)
+    _warned: frozenset[str] = field(default=frozenset(), init=False)
+
+    @property
+    def family(self) -> str:
+        return "ip6" if self.ipv6 else "ip"
+
+    def prepare(self) -> None:
+        """Nothing to set up before the first sync: the table carries its own base chains."""
+
+    def _current_applier(self) -> NftApplier:
+        if self._applier is None or self._applier.family != self.family:
+            self._applier, self._previous = NftApplier(self.family, self.run), None
+        return self._applier
+
+    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> NftSyncReport:
+        applier = self._current_applier()
+        full = changed_services is None
+        now = self.clock()
+        if not full and now - self._checked_at >= self.sync_period:
+            self._checked_at = now
+            if not applier.table_intact():
+                log.info("the kube-proxy table was flushed or deleted: doing a full sync")
+                full, changed_services = True, None
+        started = time.perf_counter()
+        rendering = render(view, opts, previous=self._previous, changed_services=changed_services)
+        rendered = time.perf_counter() - started
+        new_warnings = set(rendering.warnings) - self._warned
+        for warning in sorted(new_warnings):
+            log.warning("%s", warning)
+        self._warned = frozenset(rendering.warnings)
+        try:
+            result = applier.apply(rendering, full=full)
+        finally:
+            # The rendering is right whatever the kernel said; the applier knows what it holds.
+            self._previous = rendering
+        return NftSyncReport(full or result.mode == "full", rendering, result, rendered)
+
+    def cleanup(self) -> list[str]:
+        """Delete our tables (both families), and nothing else."""
+        removed = []
+        for family in ("ip", "ip6"):
+            if NftApplier(family, self.run).cleanup():
+                removed.append(f"nftables table {family} kube-proxy")
+        return removed
