@@ -7,7 +7,10 @@
         cluster.wait_applied(objs)
         cluster.request("tcp", cluster.client, "192.168.0.2:30080")
 
-Without a running proxy, `load_rendered(objs)` loads the offline renderer's rules instead. With an
+The proxy runs in `MiniCluster.build(proxy_mode=...)`'s mode ("iptables", the default, or
+"nftables"); the waits (`wait_applied`, `wait_endpoints`, `wait_rules`) read that mode's rules
+in the node (lab/node_rules.py), so a test reads the same in both modes. Without a running
+proxy, `load_rendered(objs)` loads the offline renderer's iptables rules instead. With an
 API server instead of files (the test API server, run in the node namespace, driven by the real
 `kubectl` there):
 
@@ -60,7 +63,8 @@ from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
 from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import netns as L
-from kubeproxy.lab import objects
+from kubeproxy.lab import node_rules, objects
+from kubeproxy.lab.node_rules import NodeRules
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.render import render_iptables
 
@@ -155,6 +159,7 @@ class MiniCluster:
     workdir: Path
     tcp_ports: tuple[int, ...]
     udp_ports: tuple[int, ...]
+    proxy_mode: str = "iptables"  # the proxy's --proxy-mode, and so the rules the waits read
     pods: dict[str, Pod] = field(default_factory=dict)
     proxy: subprocess.Popen[str] | None = None
     apiserver: subprocess.Popen[str] | None = None
@@ -163,6 +168,9 @@ class MiniCluster:
     _next_host: dict[str, int] = field(default_factory=dict, repr=False)
     _jumps_loaded: bool = field(default=False, repr=False)
     _applied: dict[tuple[str, str, str], objects.JSON] = field(default_factory=dict, repr=False)
+    # Every Service published (files or kubectl), latest version: the nftables maps are keyed by
+    # their addresses and ports, not by name, so the waits look a service port up here.
+    _services: dict[tuple[str, str, str], objects.JSON] = field(default_factory=dict, repr=False)
 
     # ---- building and tearing down -------------------------------------------------------
 
@@ -175,14 +183,18 @@ class MiniCluster:
         *,
         tcp_ports: Sequence[int] = (8080,),
         udp_ports: Sequence[int] = (5353,),
+        proxy_mode: str = "iptables",
     ) -> Iterator[MiniCluster]:
-        """The node, the client and the pods, each pod serving `tcp_ports` and `udp_ports`."""
+        """The node, the client and the pods, each pod serving `tcp_ports` and `udp_ports`;
+        `start_proxy` runs the proxy in `proxy_mode`."""
+        if proxy_mode not in node_rules.MODES:
+            raise ClusterError(f"proxy_mode {proxy_mode!r}: want one of {', '.join(node_rules.MODES)}")
         with ExitStack() as stack:
             workdir = Path(tempfile.mkdtemp(prefix="kp-cluster-"))
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
             node = stack.enter_context(L.netns("kpnode"))
             client = stack.enter_context(L.netns("kpcli"))
-            cluster = cls(node, client, workdir, tuple(tcp_ports), tuple(udp_ports), _stack=stack)
+            cluster = cls(node, client, workdir, tuple(tcp_ports), tuple(udp_ports), proxy_mode, _stack=stack)
             (workdir / "manifests").mkdir()
             cluster._wire_node_and_client()
             # Pods are torn down after the proxy (ExitStack unwinds in reverse), the node and client last.
@@ -300,9 +312,14 @@ class MiniCluster:
         """Write objects as one multi-document YAML file, atomically: a watcher never sees half a file."""
         path = self.manifests / filename
         tmp = path.with_name(f".{filename}.tmp")
-        tmp.write_text(yaml.safe_dump_all(list(objs), sort_keys=False))
+        objs = list(objs)
+        tmp.write_text(yaml.safe_dump_all(objs, sort_keys=False))
         os.replace(tmp, path)
+        self._remember(objs)
         return path
+
+    def _remember(self, objs: Iterable[objects.JSON]) -> None:
+        self._services.update((_object_key(obj), obj) for obj in objs if obj.get("kind") == "Service")
 
     # ---- objects through an API server and kubectl -----------------------------------------
 
@@ -356,6 +373,7 @@ class MiniCluster:
         kubectl said (`service/web created`, `... unchanged`, `... deleted`).
         """
         wanted = {_object_key(obj): obj for obj in objs}
+        self._remember(wanted.values())
         gone = [obj for key, obj in self._applied.items() if key not in wanted]
         said = []
         if wanted:
@@ -377,6 +395,8 @@ class MiniCluster:
         The first load also adds the jumps from the built-in chains (as a proxy's start-up
         would); later loads are full syncs of our chains only. Returns the loaded text.
         """
+        if self.proxy_mode != "iptables":
+            raise ClusterError(f"load_rendered loads iptables rules; this cluster reads {self.proxy_mode} rules")
         cfg = cfg or ProxyConfig(hostname_override=NODE_NAME)
         state, warnings = build_state(objs)
         if warnings:
@@ -392,10 +412,18 @@ class MiniCluster:
     # ---- the proxy under test --------------------------------------------------------------
 
     def start_proxy(self, *extra_args: str, kubeconfig: Path | None = None) -> subprocess.Popen[str]:
-        """`kubeproxy -v 2 run` inside the node namespace, reading the manifests folder, or with
-        `kubeconfig` (see `start_apiserver`) watching that API server; output in proxy.log."""
+        """`kubeproxy -v 2 run --proxy-mode MODE` inside the node namespace, reading the manifests
+        folder, or with `kubeconfig` (see `start_apiserver`) watching that API server; output in
+        proxy.log. A `--proxy-mode` among `extra_args` wins, and the waits read that mode's rules."""
         if self.proxy is not None and self.proxy.poll() is None:
             raise ClusterError("a proxy is running already; stop_proxy() first")
+        if "--proxy-mode" in extra_args:
+            mode = extra_args[extra_args.index("--proxy-mode") + 1 :][:1]
+            if not mode or mode[0] not in node_rules.MODES:
+                raise ClusterError(f"--proxy-mode {' '.join(mode)!r}: want one of {', '.join(node_rules.MODES)}")
+            self.proxy_mode = mode[0]
+        else:
+            extra_args = ("--proxy-mode", self.proxy_mode, *extra_args)
         source = ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--manifests", str(self.manifests)]
         argv = [
             kubeproxy_binary(),
@@ -461,59 +489,65 @@ class MiniCluster:
     def iptables_save(self, table: str = "nat") -> str:
         return self.node.run(["iptables-save", "-t", table]).stdout
 
-    def wait_rules(self, what: str, check: Callable[[str], bool], table: str = "nat", timeout: float = 15) -> str:
-        """Poll `iptables-save -t table` of the node until `check(text)` holds; return that text."""
+    def node_rules(self) -> NodeRules:
+        """One snapshot of the node's rules in the proxy's mode (iptables-save, or our nft table)."""
+        return node_rules.read(self.proxy_mode, self.node.run, self._services.values())
 
-        def matched() -> str | None:
-            text = self.iptables_save(table)
-            return text if check(text) else None
+    def wait_rules(
+        self, what: str, check: Callable[[NodeRules], bool], timeout: float = 15, seen: Callable[[], str] | None = None
+    ) -> NodeRules:
+        """Poll the node's rules until `check(rules)` holds; return that snapshot. On timeout the
+        error says `seen()` (what the last look found), then the proxy's log."""
 
-        return self._poll_with_log(what, matched, timeout)
+        def matched() -> NodeRules | None:
+            rules = self.node_rules()
+            return rules if check(rules) else None
 
-    def endpoints_in_rules(self, service_port: str, text: str | None = None) -> set[str]:
-        """`ip:port` targets of the DNAT rules commented `service_port` (`ns/name:port`, as upstream writes it)."""
-        text = self.iptables_save("nat") if text is None else text
-        found = set()
-        for line in text.splitlines():
-            if not (line.startswith("-A KUBE-SEP-") and "--to-destination" in line):
-                continue
-            words = shlex.split(line)
-            if "--comment" in words and words[words.index("--comment") + 1] == service_port:
-                found.add(words[words.index("--to-destination") + 1])
-        return found
+        return self._poll_with_log(what, matched, timeout, seen)
+
+    def endpoints_in_rules(self, service_port: str, rules: NodeRules | None = None) -> set[str]:
+        """`ip:port`s the node's rules DNAT `service_port` (`ns/name:port`, as upstream names it) to."""
+        return (rules or self.node_rules()).endpoints(service_port)
 
     def wait_endpoints(self, service_port: str, expected: Iterable[str], timeout: float = 15) -> None:
         """Wait until the node's DNAT rules for `service_port` go to exactly `expected` (`ip:port`)."""
         want = set(expected)
-        self.wait_rules(
-            f"{service_port} endpoints {sorted(want)} in the node's rules",
-            lambda text: self.endpoints_in_rules(service_port, text) == want,
-            timeout=timeout,
-        )
+        seen: list[set[str]] = []
+
+        def check(rules: NodeRules) -> bool:
+            seen[:] = [rules.endpoints(service_port)]
+            return seen[0] == want
+
+        what = f"{service_port} endpoints {sorted(want)} in the node's {self.proxy_mode} rules"
+        self.wait_rules(what, check, timeout, lambda: f"the rules went to {sorted(seen[0]) if seen else 'nothing yet'}")
 
     def wait_applied(self, objs: Sequence[objects.JSON], timeout: float = 15) -> None:
         """Wait until the node's rules send every service port in `objs` to the endpoints its
         slices give it, and reject those without endpoints (see `objects.expected_endpoints`)."""
         expected = objects.expected_endpoints(objs)
+        self._remember(objs)
+        mismatch: list[str] = []
 
-        def applied() -> bool:
-            nat, filter_text = self.iptables_save("nat"), ""
+        def applied(rules: NodeRules) -> bool:
             for service_port, want in expected.items():
-                if want and self.endpoints_in_rules(service_port, nat) != want:
+                if want and (got := rules.endpoints(service_port)) != want:
+                    mismatch[:] = [f"{service_port} goes to {sorted(got)}, not {sorted(want)}"]
                     return False
-                if not want:
-                    filter_text = filter_text or self.iptables_save("filter")
-                    if f'"{service_port} has no endpoints"' not in filter_text:
-                        return False
+                if not want and not rules.rejects(service_port):
+                    mismatch[:] = [f"{service_port} is not rejected for want of endpoints"]
+                    return False
             return True
 
-        self._poll_with_log(f"the rules of {len(expected)} service ports", applied, timeout)
+        what = f"the {self.proxy_mode} rules of {len(expected)} service ports"
+        self.wait_rules(what, applied, timeout, lambda: mismatch[0] if mismatch else "nothing read yet")
 
     def _check_proxy_alive(self) -> None:
         if self.proxy is not None and self.proxy.poll() is not None:
             raise ProxyExited(f"the proxy exited with status {self.proxy.returncode}:\n{_tail(self.proxy_log())}")
 
-    def _poll_with_log(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
+    def _poll_with_log(
+        self, what: str, check: Callable[[], T | None], timeout: float, seen: Callable[[], str] | None = None
+    ) -> T:
         def checked() -> T | None:
             self._check_proxy_alive()
             return check()
@@ -523,9 +557,10 @@ class MiniCluster:
         except ProxyExited:
             raise
         except ClusterError as exc:
+            message = f"{exc}; {seen()}" if seen is not None else str(exc)
             if self.proxy is None:
-                raise
-            raise ClusterError(f"{exc}; proxy log:\n{_tail(self.proxy_log())}") from None
+                raise ClusterError(message) from None
+            raise ClusterError(f"{message}; proxy log:\n{_tail(self.proxy_log())}") from None
 
     # ---- traffic ---------------------------------------------------------------------------
 

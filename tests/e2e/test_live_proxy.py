@@ -1,5 +1,5 @@
 """`kubeproxy run` in the node namespace, reading manifest files: the scenarios with real packets,
-while the proxy (not the test) decides when and what to sync."""
+while the proxy (not the test) decides when and what to sync; every one in each proxy mode."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import pytest
 
 from kubeproxy.lab.cluster import MiniCluster, kubeproxy_binary
+from kubeproxy.lab.node_rules import MODES
 from kubeproxy.lab.objects import endpoint_slice, service
 from tests.e2e import scenarios
 
@@ -24,6 +25,12 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(not _has_run_command(), reason="`kubeproxy run` is not available yet"),
 ]
+
+
+@pytest.fixture(params=MODES)
+def proxy_mode(request: pytest.FixtureRequest) -> str:
+    """The bed (`cluster`) runs the proxy in this mode and reads its rules."""
+    return str(request.param)
 
 
 @pytest.fixture
