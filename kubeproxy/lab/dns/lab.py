@@ -165,6 +165,8 @@ class ScenarioResult:
     checks: list[Check] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     manual_dnat_packets: int | None = None
+    # Seconds left to the external IP's UDP conntrack entries when the load ended: (min, max, how many).
+    flow_timeouts_left: tuple[int, int, int] | None = None
     warnings: list[str] = field(default_factory=list)
 
     # ---- what the report says ----------------------------------------------------------------
@@ -198,6 +200,12 @@ class ScenarioResult:
     def first_failed_check(self) -> float | None:
         failed = self.failed_checks
         return failed[0].t if failed else None
+
+    @property
+    def flow_timeout(self) -> int:
+        """How long (s) a DNS query's conntrack entry, and so its SNAT port, lives: the Service's own
+        UDP timeout when the scenario sets one, else the node's."""
+        return self.scenario.service_udp_timeout or self.udp_timeout
 
     @property
     def conntrack_peak(self) -> int:
@@ -267,11 +275,15 @@ class ScenarioResult:
             "conntrack_peak": self.conntrack_peak,
             "max_healthy_rate": self.max_healthy_rate,
             "udp_timeout_s": self.udp_timeout,
+            "service_udp_timeout_s": self.scenario.service_udp_timeout,
             "snat_ports": SNAT_PORTS,
-            "snat_capacity_per_s": round(SNAT_PORTS / self.udp_timeout, 1),
+            "snat_capacity_per_s": round(SNAT_PORTS / self.flow_timeout, 1),
             "conntrack_max": self.conntrack_max,
             "conntrack_insert_failed": self.insert_failed,
             "manual_dnat_packets": self.manual_dnat_packets,
+            "flow_timeouts_left_s": None
+            if self.flow_timeouts_left is None
+            else dict(zip(("min", "max", "entries"), self.flow_timeouts_left, strict=True)),
             "world": self.description,
             "warnings": self.warnings,
             "steps": [
@@ -374,7 +386,8 @@ class _Agent:
 def run_scenario(world: DnsWorld, plan: LabPlan, progress: Progress = lambda _: None) -> ScenarioResult:
     """The plan's rates against `world`, with the health check and the conntrack sampler running throughout."""
     udp_timeout, ct_max = world.udp_timeout(), world.conntrack_max()
-    result = ScenarioResult(world.scenario, world.describe(), udp_timeout, ct_max, warnings=plan.warnings(udp_timeout, ct_max))
+    flow_timeout = world.scenario.service_udp_timeout or udp_timeout
+    result = ScenarioResult(world.scenario, world.describe(), udp_timeout, ct_max, warnings=plan.warnings(flow_timeout, ct_max))
     server = f"{EXTERNAL_IP}:53"
     t0 = time.time() + _LEAD
     agents: list[_Agent] = []
@@ -409,6 +422,9 @@ def run_scenario(world: DnsWorld, plan: LabPlan, progress: Progress = lambda _: 
             report = line["report"]
             planned = len(result.steps) * plan.duration
             result.steps.append(Step(rate, plan.duration, planned, line["t0"] - t0, report["totals"], report["seconds"]))
+        left = world.udp_flow_timeouts(EXTERNAL_IP)
+        if left:
+            result.flow_timeouts_left = (min(left), max(left), len(left))
         for agent in (health, sampler):
             agent.wait(max(0.0, end - time.time()) + plan.check_timeout + 30)
         lines = sorted(health.lines, key=lambda r: r["t"])  # overlapping checks report in the order they end
@@ -435,7 +451,7 @@ def run_lab(plan: LabPlan, progress: Progress = lambda _: None) -> LabResult:
         progress(f"{scenario.name}: building the world ({scenario.summary})")
         with DnsWorld.build(scenario, pods=plan.pods, udp_timeout=plan.udp_timeout, source_cidr=plan.source_cidr) as world:
             progress(world.describe())
-            for warning in plan.warnings(world.udp_timeout(), world.conntrack_max()):
+            for warning in plan.warnings(scenario.service_udp_timeout or world.udp_timeout(), world.conntrack_max()):
                 progress(f"warning: {warning}")
             result = run_scenario(world, plan, progress)
         progress(summary_line(result))

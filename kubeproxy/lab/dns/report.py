@@ -21,6 +21,12 @@ def _first_failure(r: ScenarioResult) -> str:
     return "-" if r.first_failed_check is None else f"{r.first_failed_check:g} s"
 
 
+def _timeout(r: ScenarioResult) -> str:
+    if r.flow_timeout == r.udp_timeout:
+        return f"{r.udp_timeout} s"
+    return f"{r.flow_timeout} s (Service; node {r.udp_timeout} s)"
+
+
 def table(result: LabResult) -> Table:
     plan = result.plan
     what = f"ramp {', '.join(f'{x:g}' for x in plan.rates)}/s" if plan.ramp else f"{plan.rates[0]:g} queries/s"
@@ -43,7 +49,7 @@ def table(result: LabResult) -> Table:
             f"[red]{failed}[/red]" if failed else "0",
             _first_failure(r),
             f"{r.conntrack_peak:,}",
-            f"{r.udp_timeout} s",
+            _timeout(r),
             _rate(r.max_healthy_rate),
         )
     return t
@@ -96,9 +102,10 @@ def plot(result: LabResult, path: Path) -> None:
     ax_check.set_ylim(-5, queries + 5)
     ax_check.set_xlabel("seconds since the load started")
     ax_check.legend(loc="lower left", fontsize="small")
-    timeout = result.scenarios[0].udp_timeout if result.scenarios else 0
-    fig.suptitle(f"DNS through an external IP: {', '.join(r.scenario.name for r in result.scenarios)} "
-                 f"(UDP conntrack timeout {timeout} s)")  # fmt: skip
+    timeouts = ", ".join(f"{r.scenario.name} {r.flow_timeout} s" for r in result.scenarios if r.flow_timeout != r.udp_timeout)
+    node = result.scenarios[0].udp_timeout if result.scenarios else 0
+    fig.suptitle(f"DNS through an external IP: {', '.join(r.scenario.name for r in result.scenarios)}\n"
+                 f"UDP conntrack timeout {node} s{'; ' + timeouts if timeouts else ''}")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

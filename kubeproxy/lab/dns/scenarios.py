@@ -13,8 +13,10 @@ seed's shape; they differ only in what the node does to a query for the external
   pods only and keeps its source address (the fix Kubernetes offers).
 - `nftables`, `nft-ct-timeout`: the same Service under `kubeproxy run --proxy-mode nftables`,
   the second with the annotation that gives the Service's UDP flows their own (short) conntrack
-  timeout, so SNAT ports are freed sooner. They need the nftables mode of `kubeproxy run`; until
-  it exists the lab says so when asked for them.
+  timeout, so SNAT ports are freed sooner: at 5 s the SNAT bound is 64,512 ports / 5 s, about
+  12,900 queries/s, instead of about 2,150/s at the kernel's 30 s. The nftables mode masquerades
+  `fully-random` (as upstream's does), where the iptables mode's MASQUERADE keeps a client's port
+  when it is free; either way a flow holds one of the same 64,512 ports.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# The annotation the nftables backend reads (kubeproxy/backends/nftables/annotations.py).
-UDP_CONNTRACK_TIMEOUT_ANNOTATION = "kubeproxy.io/udp-conntrack-timeout"
+from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_conntrack_timeout
+
 NFT_CT_TIMEOUT = "5s"
 
 # Bounds of a lab run. The load generator's goal is 20k queries/s on this class of machine;
@@ -48,6 +50,16 @@ class Scenario:
         """Does the node SNAT the external IP's queries (the seed's problem)?"""
         return self.external_traffic_policy == "Cluster" and not self.manual_dnat
 
+    @property
+    def service_udp_timeout(self) -> int | None:
+        """The Service's own UDP conntrack timeout in seconds (the nftables annotation), None for the node's."""
+        if self.proxy_mode != "nftables":
+            return None  # only the nftables backend reads the annotation
+        seconds, warning = udp_conntrack_timeout(self.annotations, self.name)
+        if warning is not None:
+            raise ValueError(f"scenario {self.name}: {warning}")
+        return seconds
+
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -58,9 +70,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("nftables", "kubeproxy run --proxy-mode nftables, externalTrafficPolicy Cluster", proxy_mode="nftables"),
         Scenario(
             "nft-ct-timeout",
-            f"nftables mode, Service annotated {UDP_CONNTRACK_TIMEOUT_ANNOTATION}: {NFT_CT_TIMEOUT}",
+            f"nftables mode, Service annotated {UDP_CONNTRACK_TIMEOUT}: {NFT_CT_TIMEOUT}",
             proxy_mode="nftables",
-            annotations={UDP_CONNTRACK_TIMEOUT_ANNOTATION: NFT_CT_TIMEOUT},
+            annotations={UDP_CONNTRACK_TIMEOUT: NFT_CT_TIMEOUT},
         ),
     )
 }

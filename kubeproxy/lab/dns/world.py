@@ -156,6 +156,11 @@ class DnsWorld:
     def flush_conntrack(self) -> None:
         self.node.run(["conntrack", "-F"], check=False)
 
+    def udp_flow_timeouts(self, orig_dst: str) -> list[int]:
+        """Seconds left to each of the node's UDP conntrack entries whose original destination is `orig_dst`."""
+        out = self.node.run(["conntrack", "-L", "-p", "udp", "--orig-dst", orig_dst], check=False).stdout
+        return [int(m.group(1)) for m in re.finditer(r"^udp\s+17\s+(\d+)\s", out, re.M)]
+
     def conntrack_count(self) -> int:
         return int(self._read(_SYSCTL + "nf_conntrack_count"))
 
