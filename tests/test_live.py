@@ -1,7 +1,8 @@
 """The live proxy in-process against the test API server, programming a namespace's kernel.
 
-Faults as the issue lists them: the API server going away and coming back, a failed
-iptables-restore, a malformed object, SIGTERM.
+Faults as the issue lists them, in both proxy modes: the API server going away and coming back,
+a failed iptables-restore / nft transaction, a malformed object, SIGTERM, and the rules wiped
+behind the proxy's back (a firewall reload flushing tables).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,16 +85,29 @@ async def _until(proxy: LiveProxy, cond: Callable[[], bool], what: str, timeout:
         raise AssertionError(f"timed out waiting for {what}") from None
 
 
-def _nat(netns) -> str:
+@pytest.fixture(params=["iptables", "nftables"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _rules(netns, mode: str) -> str:
+    """The NAT rules the proxy in `mode` programs: iptables-save's nat table, or our nft table."""
+    if mode == "nftables":
+        return netns.run(["nft", "list", "table", "ip", "kube-proxy"], check=False).stdout
     text = netns.run(["iptables-save", "-t", "nat"]).stdout
     return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
 
 
+def _dnats_to(netns, mode: str, ip: str, port: int = 8080) -> bool:
+    """Whether the rules DNAT some service to `ip:port` (nftables keeps it as a map element `ip . port`)."""
+    return (f"{ip} . {port}" if mode == "nftables" else f"{ip}:{port}") in _rules(netns, mode)
+
+
 async def _with_proxy(
-    netns, server: ApiServer, tmp_path: Path, body: Callable[[LiveProxy], Awaitable[None]], run_cmd=None
+    netns, server: ApiServer, tmp_path: Path, mode: str, body: Callable[[LiveProxy], Awaitable[None]], run_cmd=None
 ) -> None:
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-    proxy = LiveProxy(CFG, "node-1", run_cmd=run_cmd or netns.run)
+    proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=run_cmd or netns.run)
     client = connect(load_config(kubeconfig))
     fast = lambda: Backoff(initial=0.05, cap=0.2)  # noqa: E731
     source = ApiSource(client, "node-1", proxy.on_event, backoff_factory=fast)
@@ -114,25 +129,25 @@ def server():
         yield api
 
 
-def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(netns, server, tmp_path) -> None:
+def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(netns, server, tmp_path, mode) -> None:
     async def body(proxy: LiveProxy) -> None:
-        assert '"dns/bind:dns-udp cluster IP"' in _nat(netns)
+        assert _dnats_to(netns, mode, "10.244.1.3", 53)  # the demo's bind pod
         for obj in _service("fresh", "10.96.7.7", ["10.244.1.77"]):
             server.apply(obj)
-        await _until(proxy, lambda: "10.244.1.77:8080" in _nat(netns), "the new endpoint's DNAT rule")
+        await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.77"), "the new endpoint's DNAT rule")
 
         healthz = f"http://127.0.0.1:{_port(proxy, 'healthz')}/healthz"
         assert (await asyncio.to_thread(_get, healthz))[0] == 200
-        before = _nat(netns)
+        before = _rules(netns, mode)
         server.stop()
         await _until(proxy, lambda: _get(healthz)[0] == 503, "healthz to report the stale rules")
         status, text = await asyncio.to_thread(_get, healthz)
         assert json.loads(text)["lastUpdated"]
-        assert _nat(netns) == before  # nothing removed while the API server is away
+        assert _rules(netns, mode) == before  # nothing removed while the API server is away
 
         server.start()
         server.apply(_service("fresh", "10.96.7.7", ["10.244.1.78"])[1])
-        await _until(proxy, lambda: "10.244.1.78:8080" in _nat(netns), "the change made during the outage")
+        await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.78"), "the change made during the outage")
         await _until(proxy, lambda: _get(healthz)[0] == 200, "healthz to recover")
 
         status, metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{_port(proxy, 'metrics')}/metrics")
@@ -141,16 +156,20 @@ def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(netns, server, t
         changes = [line for line in metrics.splitlines() if line.startswith("kubeproxy_sync_proxy_rules_endpoint_changes_total")]
         assert changes and float(changes[0].split()[-1]) >= 3
 
-    asyncio.run(_with_proxy(netns, server, tmp_path, body))
+    asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
 
 
-def test_failed_restore_is_counted_and_retried_as_a_full_sync(netns, server, tmp_path) -> None:
+def _is_apply(argv: list[str]) -> bool:
+    return argv[0].endswith("-restore") or argv[:3] == ["nft", "-f", "-"]
+
+
+def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns, server, tmp_path, mode) -> None:
     failures = {"left": 0}
 
     def flaky(argv, **kwargs):
-        if failures["left"] and argv[0].endswith("-restore"):
+        if failures["left"] and _is_apply(argv):
             failures["left"] -= 1
-            return subprocess.CompletedProcess(argv, 1, "", "iptables-restore: line 7 failed (injected)")
+            return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: line 7 failed (injected)")
         return netns.run(argv, **kwargs)
 
     async def body(proxy: LiveProxy) -> None:
@@ -158,29 +177,50 @@ def test_failed_restore_is_counted_and_retried_as_a_full_sync(netns, server, tmp
         before = proxy.failed_syncs
         for obj in _service("late", "10.96.8.8", ["10.244.1.88"]):
             server.apply(obj)
-        await _until(proxy, lambda: "10.244.1.88:8080" in _nat(netns), "the change after the failed restore")
-        assert proxy.failed_syncs == before + 1
+        await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.88"), "the change after the failed apply")
+        assert failures["left"] == 0 and proxy.failed_syncs == before + 1
         assert proxy.last_report is not None and proxy.last_report.full
-        assert proxy.metrics.restore_failures_total._value.get() == 1
+        counter = proxy.metrics.nftables_sync_failures_total if mode == "nftables" else proxy.metrics.restore_failures_total
+        assert counter._value.get() == 1
 
-    asyncio.run(_with_proxy(netns, server, tmp_path, body, run_cmd=flaky))
+    asyncio.run(_with_proxy(netns, server, tmp_path, mode, body, run_cmd=flaky))
 
 
-def test_malformed_object_is_skipped_by_name_and_others_still_sync(netns, server, tmp_path, caplog) -> None:
+def test_malformed_object_is_skipped_by_name_and_others_still_sync(netns, server, tmp_path, mode, caplog) -> None:
     caplog.set_level(logging.WARNING)
 
     async def body(proxy: LiveProxy) -> None:
         bad, good = _service("broken", "10.96.300.1", ["10.244.1.90"]), _service("fine", "10.96.9.9", ["10.244.1.91"])
         for obj in [*bad, *good]:
             server.apply(obj)
-        await _until(proxy, lambda: "10.244.1.91:8080" in _nat(netns), "the valid service")
+        await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.91"), "the valid service")
         assert "default/broken" in caplog.text and "10.96.300.1" in caplog.text
-        assert "10.244.1.90" not in _nat(netns)
+        assert "10.244.1.90" not in _rules(netns, mode)
 
-    asyncio.run(_with_proxy(netns, server, tmp_path, body))
+    asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
 
 
-def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path) -> None:
+# What a firewall reload does to the proxy's rules, per mode.
+_WIPES = {
+    "iptables": [["iptables", "-t", t, flag] for t in ("nat", "filter", "mangle") for flag in ("-F", "-X")],
+    "nftables": [["nft", "delete", "table", "ip", "kube-proxy"]],
+}
+
+
+def test_rules_wiped_behind_its_back_are_restored(netns, server, tmp_path, mode) -> None:
+    async def body(proxy: LiveProxy) -> None:
+        before = _rules(netns, mode)
+        for argv in _WIPES[mode]:
+            netns.run(argv)
+        assert not _dnats_to(netns, mode, "10.244.1.3", 53)
+        # Nothing changed in the cluster: only the periodic check (canary chain / table) can notice.
+        await _until(proxy, lambda: _rules(netns, mode) == before, "the wiped rules to be put back as they were")
+        assert proxy.last_report is not None and proxy.last_report.full
+
+    asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
+
+
+def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path, mode) -> None:
     manifests = tmp_path / "m"
     manifests.mkdir()
     (manifests / "demo.yaml").write_text(DEMO.read_text())
@@ -189,6 +229,8 @@ def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path) -> None:
         "-v",
         "2",
         "run",
+        "--proxy-mode",
+        mode,
         "--manifests",
         str(manifests),
         "--hostname-override",
@@ -210,10 +252,10 @@ def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path) -> None:
     proc.send_signal(signal.SIGTERM)
     rest = proc.stderr.read()
     assert proc.wait(timeout=20) == 0, rest
-    assert "KUBE-SVC-" in _nat(netns)
+    assert _dnats_to(netns, mode, "10.244.1.3", 53)
 
 
-def test_node_being_deleted_fails_healthz_but_not_livez(netns, server, tmp_path) -> None:
+def test_node_being_deleted_fails_healthz_but_not_livez(netns, server, tmp_path, mode) -> None:
     async def body(proxy: LiveProxy) -> None:
         base = f"http://127.0.0.1:{_port(proxy, 'healthz')}"
         node = server.get("Node", "", "node-1")
@@ -224,4 +266,4 @@ def test_node_being_deleted_fails_healthz_but_not_livez(netns, server, tmp_path)
         assert json.loads(text)["nodeEligible"] is False
         assert (await asyncio.to_thread(_get, f"{base}/livez"))[0] == 200
 
-    asyncio.run(_with_proxy(netns, server, tmp_path, body))
+    asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
