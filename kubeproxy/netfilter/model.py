@@ -412,7 +412,7 @@ class NSet:
     name: str
     key_type: tuple[str, ...]
     is_map: bool = False
-    data_type: str | None = None
+    data_type: str | tuple[str, ...] | None = None  # a tuple for a concatenation
     elements: set[Any] = field(default_factory=set)
     intervals: list[tuple[Any, Any]] = field(default_factory=list)
     mapping: dict[Any, Any] = field(default_factory=dict)

@@ -499,6 +499,10 @@ def parse_objects(objs: list[Any]) -> Ruleset:
                 key_t = body["type"]
                 key_t = tuple(key_t) if isinstance(key_t, list) else key_t
                 data_t = body.get("map") if kind == "map" else None
+                # nft 1.0.6 prints a concatenated data type as one string ("ipv4_addr . inet_service"),
+                # where it prints a concatenated key type as a list.
+                if isinstance(data_t, str) and " . " in data_t:
+                    data_t = data_t.split(" . ")
                 if isinstance(data_t, list):
                     data_t = tuple(data_t)
                 s = NSet(body["name"], key_t if isinstance(key_t, tuple) else (key_t,), kind == "map", data_t)

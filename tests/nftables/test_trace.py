@@ -4,23 +4,17 @@ The table is applied by NftApplier into the node of a client -- node -- pods bed
 `nft -j list ruleset`, parsed by kubeproxy.netfilter.nft_json and walked by
 kubeproxy.netfilter.simulate; real packets then check every predicted outcome and its frequency.
 
-One construct of ours the tracer's JSON reader does not take yet: a map whose *data* is a
-concatenation (`: ipv4_addr . inet_service`, our selector maps). nft prints that data type as one
-string, "ipv4_addr . inet_service", which nft_json reads as a single type. `_tracer_json` splits it
-into a list, as nft prints concatenated key types; the strict xfail below turns red when the tracer
-learns it, so that the workaround can go.
+Our selector maps have a concatenated *data* type (`: ipv4_addr . inet_service`), which nft 1.0.6
+prints as one string where it prints a concatenated key type as a list; the tracer reads both.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from kubeproxy.backends.nftables.apply import NftApplier
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.netfilter import nft_json
-from kubeproxy.netfilter.model import ParseError
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
 from tests.netfilter.kernel_bed import assert_kernel_agrees, bed
@@ -35,15 +29,6 @@ BED = {
     "node_back": ("eth1", "10.244.0.1/16"),
     "backends": ["10.244.1.10/16", "10.244.2.10/16", "10.244.1.3/16"],
 }
-
-
-def _tracer_json(dump: str) -> str:
-    doc = json.loads(dump)
-    for obj in doc["nftables"]:
-        body = obj.get("map")
-        if body and isinstance(body.get("map"), str) and " . " in body["map"]:
-            body["map"] = body["map"].split(" . ")
-    return json.dumps(doc)
 
 
 @pytest.mark.parametrize(
@@ -62,7 +47,7 @@ def test_tracer_agrees_with_the_kernel_on_our_table(proto: str, dst: str, count:
         NftApplier("ip", b.node.run).apply(render(view(NODE_VIEW, node="node"), options(**NODE_OPTIONS)))
         b.serve(b.backend, "tcp", ["10.244.1.10:8080", "10.244.2.10:8080"])
         b.serve(b.backend, "udp", ["10.244.1.3:53"])
-        rs = nft_json.parse(_tracer_json(b.node.run(["nft", "-j", "list", "ruleset"]).stdout))
+        rs = nft_json.parse(b.node.run(["nft", "-j", "list", "ruleset"]).stdout)
         src = "172.16.0.1" if from_node else b.client_ip
         res = trace(rs, b.model, make_packet(proto, src, dst, in_iface=None if from_node else "eth0"))
         observed = b.send(proto, dst, count, timeout=0.5, from_node=from_node)
@@ -77,7 +62,11 @@ def test_tracer_agrees_with_the_kernel_on_our_table(proto: str, dst: str, count:
         ]
 
 
-@pytest.mark.xfail(strict=True, raises=ParseError, reason="nft_json reads a concatenated map data type as one type")
 def test_tracer_reads_concatenated_map_data_types(netns) -> None:  # type: ignore[no-untyped-def]
     netns.run(["nft", "-f", "-"], input=render(view(NODE_VIEW, node="node"), options(**NODE_OPTIONS)).text())
-    nft_json.parse(netns.run(["nft", "-j", "list", "ruleset"]).stdout)
+    rs = nft_json.parse(netns.run(["nft", "-j", "list", "ruleset"]).stdout)
+    table = rs.table("kube-proxy", "ip")
+    assert table is not None
+    selector = table.sets["cluster-endpoints-2"]
+    assert selector.data_type == ("ipv4_addr", "inet_service")
+    assert sorted(selector.mapping.values()) == [(0x0AF4010A, 8080), (0x0AF4020A, 8080)]
