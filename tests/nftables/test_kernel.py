@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends.nftables.apply import NftApplier
+from kubeproxy.backends.nftables.proxier import NftablesProxier
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.lab import netns as L
@@ -169,6 +170,35 @@ def test_full_resync_recovers_a_flushed_or_deleted_table(netns: L.NetNS) -> None
     assert applier.cleanup() and not applier.table_intact()
 
 
+def test_the_proxier_checks_the_table_once_a_period_in_a_sync_without_changes(netns: L.NetNS) -> None:
+    # Listing a chain costs seconds at 10k services (nft fetches every element), so a sync that
+    # carries a change does not wait for the check unless none has come for two periods.
+    now = [0.0]
+    listings: list[list[str]] = []  # the checks: `nft -j list chain ip kube-proxy services`
+
+    def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        if argv[-4:-2] == ["chain", "ip"] and "list" in argv:
+            listings.append(argv)
+        return netns.run(argv, **kwargs)
+
+    proxier = NftablesProxier(run=run, sync_period=30.0, clock=lambda: now[0])
+    v, opts = view(FEATURES), options()
+    one = frozenset({next(iter(v.services)).service})
+    assert proxier.sync(v, opts, None).full
+    netns.run(["nft", "flush", "table", "ip", "kube-proxy"])
+    now[0] = 20.0
+    assert not proxier.sync(v, opts, frozenset()).full and not listings  # checked at 0 by the full sync
+    now[0] = 31.0
+    assert not proxier.sync(v, opts, one).full and not listings  # a change is not delayed by the check
+    report = proxier.sync(v, opts, frozenset())  # the periodic sync checks, and repairs
+    assert report.full and len(listings) == 1
+    assert listing(netns) == fresh_listing(report.rendering)
+    netns.run(["nft", "flush", "table", "ip", "kube-proxy"])
+    now[0] = 92.0
+    assert proxier.sync(v, opts, one).full  # no quiet sync for two periods: a change waits for the check
+    assert len(listings) == 2
+
+
 def test_a_restart_fixes_base_chains_drops_leftovers_and_keeps_affinity(netns: L.NetNS) -> None:
     r = render(view(FEATURES), options())
     # What an older version (or someone else) left: a base chain at another priority, an unknown
@@ -293,10 +323,6 @@ def test_annotated_udp_service_gets_its_own_conntrack_timeout() -> None:
     assert min(other) > 5  # the kernel's default for a replied UDP flow (30 s)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_a_table_that_cannot_be_reconciled_is_recreated(netns: L.NetNS) -> None:
     # an `affinity` set of another type: kept as dynamic, it makes the in-place resync fail
     netns.run(
@@ -307,3 +333,7 @@ def test_a_table_that_cannot_be_reconciled_is_recreated(netns: L.NetNS) -> None:
     r = render(view(FEATURES), options())
     assert applier.apply(r).mode == "create"
     assert listing(netns) == fresh_listing(r)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
