@@ -182,7 +182,10 @@ def _reply_destinations(world: DnsWorld) -> set[str]:
 
 
 @pytest.mark.root
-@pytest.mark.parametrize(("name", "masqueraded"), [("snat", True), ("dnat", False), ("local", False)])
+@pytest.mark.parametrize(
+    ("name", "masqueraded"),
+    [("snat", True), ("dnat", False), ("local", False), ("nftables", True), ("nft-ct-timeout", True)],
+)
 def test_scenarios_decide_who_the_pod_answers(name: str, masqueraded: bool):
     with DnsWorld.build(SCENARIOS[name], udp_timeout=45) as world:
         assert world.udp_timeout() == 45
@@ -232,6 +235,23 @@ def test_snat_collapses_at_the_snat_port_limit_local_does_not(tmp_path: Path):
     assert local["lost"] == 0 and local["answered"] == local["sent"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "snat" in out.output and "local" in out.output and "max healthy rate" in out.output
+
+
+@pytest.mark.root
+def test_a_short_service_udp_timeout_keeps_snat_healthy(tmp_path: Path):
+    # The same load that collapses `snat` above, through the nftables mode with the Service's
+    # own 5 s UDP timeout: ports come back after 5 s, so the table never fills.
+    report = tmp_path / "lab.json"
+    out = _invoke("dns", "--scenario", "nft-ct-timeout", "--rate", str(CI_RATE), "--duration", f"{CI_SECONDS}s",
+                  "--udp-timeout", "30", "--json", str(report))  # fmt: skip
+    assert out.exit_code == 0, out.output
+    (r,) = json.loads(report.read_text())["scenarios"]
+    assert (r["udp_timeout_s"], r["service_udp_timeout_s"]) == (30, 5)
+    assert r["sent"] >= 0.9 * CI_RATE * CI_SECONDS, r["steps"]
+    assert r["health_checks_failed"] == 0 and r["lost"] == 0, r["checks"]
+    assert r["conntrack_peak"] < 0.75 * SNAT_PORTS  # includes expired entries not yet collected
+    left = r["flow_timeouts_left_s"]
+    assert left["entries"] > CI_RATE and left["max"] <= 5  # the masqueraded flows carry the Service's timeout
 
 
 @pytest.mark.root
