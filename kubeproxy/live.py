@@ -37,7 +37,7 @@ from kubeproxy.backends import conntrack
 from kubeproxy.backends.iptables.apply import RestoreError, Runner, ensure_nfacct_counters, local_run, nfacct_packets
 from kubeproxy.backends.iptables.options import iptables_options
 from kubeproxy.backends.iptables.proxier import IptablesProxier, SyncReport
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+from kubeproxy.backends.iptables.render import NFACCT_COUNTERS, IptablesOptions
 from kubeproxy.backends.nftables.apply import NftError
 from kubeproxy.backends.nftables.proxier import NftablesProxier, NftSyncReport
 from kubeproxy.cluster.state import ClusterState
@@ -170,7 +170,7 @@ class LiveProxy:
 
     # -- sync
 
-    def _view(self) -> tuple[NodeView, object]:
+    def _view(self) -> tuple[NodeView, IptablesOptions]:
         node = self.state.nodes.get(self.node_name)
         family = primary_family(self.cfg, node)
         opts = iptables_options(
@@ -184,6 +184,7 @@ class LiveProxy:
         self.backend.ipv6 = family == IPV6
         self.metrics.ip_family = family
         self._family = family
+        self.service_health.set_bind_ips(_health_check_ips(opts))
         # Only the services touched since the last sync are recomputed (2.8 s → ms at 10k).
         view = self.view_builder.update(self.state, self.tracker.pending(), family=family, node_name=opts.node_name)
         return view, opts
@@ -341,3 +342,11 @@ async def run_until_signalled(proxy: LiveProxy, source: Source) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await proxy.serve(source)
     log.info(kv("Exiting, leaving the rules in place"))
+
+
+def _health_check_ips(opts: IptablesOptions) -> tuple[str, ...]:
+    """Where health-check node ports listen, as upstream: on the node's addresses that
+    --nodeport-addresses selects, or on every address of the family when it selects all."""
+    if opts.nodeport_match_all:
+        return ("::",) if opts.family == IPV6 else ("0.0.0.0",)
+    return opts.nodeport_ips

@@ -292,6 +292,29 @@ def test_removed_service_closes_its_port_and_a_changed_port_moves() -> None:
     run(main)
 
 
+def test_changed_bind_addresses_move_the_listeners() -> None:
+    health = ProxyHealth(TIMEOUT, FakeClock())
+    servers = ServiceHealthServers(health, ("127.0.0.1",))
+    port = free_port()
+
+    def answers(ip: str) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex((ip, port)) == 0
+
+    async def main() -> None:
+        await servers.sync_services({WEB: port})
+        assert answers("127.0.0.1") and not answers("127.0.0.2")
+        servers.set_bind_ips(("127.0.0.2",))  # e.g. --nodeport-addresses now selects another address
+        assert servers.ports() == {}  # closed at once, reopened by the next sync
+        await servers.sync_services({WEB: port})
+        assert answers("127.0.0.2") and not answers("127.0.0.1")
+        servers.set_bind_ips(("127.0.0.2",))  # unchanged: the listener stays
+        assert servers.ports() == {WEB: port}
+        await servers.close()
+
+    run(main)
+
+
 def test_port_taken_by_another_service_is_logged_and_retried(caplog: pytest.LogCaptureFixture) -> None:
     health = ProxyHealth(TIMEOUT, FakeClock())
     servers = ServiceHealthServers(health, ("127.0.0.1",), node_name="node-1")

@@ -172,6 +172,19 @@ class ServiceHealthServers:
         self._node_name = node_name
         self._services: dict[ServiceKey, _ServiceListener] = {}
 
+    def set_bind_ips(self, bind_ips: Sequence[str]) -> None:
+        """Listen on `bind_ips` from the next `sync_services` on. When they change (the node's
+        addresses that --nodeport-addresses selects, or its family), open listeners are closed,
+        to reopen there."""
+        ips = tuple(bind_ips)
+        if ips == self._bind_ips:
+            return
+        log.info('"Health-check node ports listen on" addresses="%s"', ",".join(ips) or "none")
+        self._bind_ips = ips
+        for listener in self._services.values():
+            listener.close()
+        self._services.clear()
+
     async def sync_services(self, ports: Mapping[ServiceKey, int]) -> None:
         """Make `ports` ((namespace, name) → healthCheckNodePort) the set of open listeners."""
         for key, listener in list(self._services.items()):

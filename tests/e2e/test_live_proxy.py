@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kubeproxy.lab.cluster import MiniCluster, kubeproxy_binary
+from kubeproxy.lab.cluster import NODE_IP, ClusterError, MiniCluster, kubeproxy_binary
 from kubeproxy.lab.node_rules import MODES
 from kubeproxy.lab.objects import endpoint_slice, service
 from tests.e2e import scenarios
@@ -53,3 +53,21 @@ def test_a_change_is_synced_and_reported(cluster: MiniCluster, load: scenarios.L
     assert cluster.wait_synced(after=changed) > first
     cluster.wait_endpoints("default/web:http", scenarios.at(cluster, "b"))
     assert "SyncProxyRules complete" in cluster.proxy_log()
+
+
+def test_nodeport_addresses_limit_where_health_check_ports_listen(cluster: MiniCluster) -> None:
+    # As upstream: with --nodeport-addresses, a healthCheckNodePort listens on the node's addresses
+    # in those CIDRs only (here the node IP), not on every address (the default).
+    port = scenarios.Port("http", 80, 8080, node_port=scenarios.NODE_PORT)
+    svc = service("shop", "10.96.0.20", [port], type="LoadBalancer", load_balancer_ips=[scenarios.LB_IP],
+                  external_traffic_policy="Local", health_check_node_port=scenarios.HEALTH_CHECK_NODE_PORT)  # fmt: skip
+    objs = [svc, endpoint_slice("shop", cluster.backends("a"), [port])]
+    load = scenarios.live_load(
+        cluster,
+        cluster.write_manifests,
+        lambda: cluster.start_proxy(*scenarios.PROXY_ARGS, "--nodeport-addresses", f"{NODE_IP}/24"),
+    )
+    load(objs)
+    scenarios.answer_eventually(cluster, f"http://{NODE_IP}:{scenarios.HEALTH_CHECK_NODE_PORT}/", 200, weight=1)
+    with pytest.raises(ClusterError, match="refused"):
+        cluster.http_get(cluster.node, f"http://127.0.0.1:{scenarios.HEALTH_CHECK_NODE_PORT}/")
