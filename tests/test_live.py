@@ -159,6 +159,25 @@ def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(netns, server, t
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
 
 
+def _record_syncs(proxy: LiveProxy) -> list[tuple[bool, bool]]:
+    """From now on, (was full, failed) for each backend sync, in order: periodic syncs go on while
+    a test waits, so `last_report` may already be a later one."""
+    calls: list[tuple[bool, bool]] = []
+    real_sync = proxy.backend.sync
+
+    def recording(view, opts, changed):  # type: ignore[no-untyped-def]
+        try:
+            report = real_sync(view, opts, changed)
+        except Exception:
+            calls.append((changed is None, True))
+            raise
+        calls.append((changed is None or report.full, False))
+        return report
+
+    proxy.backend.sync = recording  # type: ignore[method-assign]
+    return calls
+
+
 def _is_apply(argv: list[str]) -> bool:
     return argv[0].endswith("-restore") or argv[:3] == ["nft", "-f", "-"]
 
@@ -173,13 +192,15 @@ def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns, server, tmp_p
         return netns.run(argv, **kwargs)
 
     async def body(proxy: LiveProxy) -> None:
+        calls = _record_syncs(proxy)
         failures["left"] = 1
         before = proxy.failed_syncs
         for obj in _service("late", "10.96.8.8", ["10.244.1.88"]):
             server.apply(obj)
         await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.88"), "the change after the failed apply")
         assert failures["left"] == 0 and proxy.failed_syncs == before + 1
-        assert proxy.last_report is not None and proxy.last_report.full
+        failed_at = next(i for i, (_, failed) in enumerate(calls) if failed)
+        assert calls[failed_at + 1] == (True, False)  # the retry rewrote everything
         counter = proxy.metrics.nftables_sync_failures_total if mode == "nftables" else proxy.metrics.restore_failures_total
         assert counter._value.get() == 1
 
@@ -209,13 +230,14 @@ _WIPES = {
 
 def test_rules_wiped_behind_its_back_are_restored(netns, server, tmp_path, mode) -> None:
     async def body(proxy: LiveProxy) -> None:
+        calls = _record_syncs(proxy)
         before = _rules(netns, mode)
         for argv in _WIPES[mode]:
             netns.run(argv)
         assert not _dnats_to(netns, mode, "10.244.1.3", 53)
         # Nothing changed in the cluster: only the periodic check (canary chain / table) can notice.
         await _until(proxy, lambda: _rules(netns, mode) == before, "the wiped rules to be put back as they were")
-        assert proxy.last_report is not None and proxy.last_report.full
+        assert (True, False) in calls  # by a full sync
 
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
 
