@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_live import run_demo_until_sigterm
+
 pytestmark = pytest.mark.root
 KUBEPROXY = str(Path(sys.executable).parent / "kubeproxy")
-DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
 
 # A firewall of someone else's, in both iptables and nftables, with names close to ours.
 FOREIGN_IPTABLES = """*nat
@@ -49,31 +47,13 @@ def _snapshot(ns) -> tuple[list[str], list[str]]:
     return iptables, tables
 
 
-def _run_until_first_sync(ns, tmp_path: Path, mode: str) -> None:
-    manifests = tmp_path / mode
-    manifests.mkdir()
-    (manifests / "demo.yaml").write_text(DEMO.read_text())
-    argv = [KUBEPROXY, "-v", "2", "run", "--proxy-mode", mode, "--manifests", str(manifests), "--hostname-override", "node-1",
-            "--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", ""]  # fmt: skip
-    proc = ns.popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if "SyncProxyRules complete" in line:
-            break
-    else:
-        raise AssertionError(f"kubeproxy run --proxy-mode {mode} exited with {proc.wait()} before its first sync")
-    proc.send_signal(signal.SIGTERM)
-    proc.stderr.read()
-    assert proc.wait(timeout=20) == 0
-
-
 def test_cleanup_removes_both_modes_rules_and_keeps_foreign_ones(netns, tmp_path) -> None:
     netns.run(["iptables-restore", "--noflush"], input=FOREIGN_IPTABLES)
     netns.run(["nft", "-f", "-"], input=FOREIGN_NFT)
     foreign_iptables, foreign_tables = _snapshot(netns)
 
     for mode in ("iptables", "nftables"):
-        _run_until_first_sync(netns, tmp_path, mode)
+        assert run_demo_until_sigterm(netns, tmp_path, mode)[0] == 0
     iptables, tables = _snapshot(netns)
     assert NODEPORTS_JUMP in iptables
     assert "table ip kube-proxy" in tables

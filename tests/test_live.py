@@ -242,38 +242,30 @@ def test_rules_wiped_behind_its_back_are_restored(netns, server, tmp_path, mode)
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
 
 
-def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path, mode) -> None:
-    manifests = tmp_path / "m"
+def run_demo_until_sigterm(ns, workdir: Path, mode: str) -> tuple[int, str]:
+    """`kubeproxy run --manifests` of the demo in `ns` until its first sync, then SIGTERM: its exit
+    status and what it logged after the sync."""
+    manifests = workdir / f"manifests-{mode}"
     manifests.mkdir()
     (manifests / "demo.yaml").write_text(DEMO.read_text())
-    argv = [
-        str(Path(sys.executable).parent / "kubeproxy"),
-        "-v",
-        "2",
-        "run",
-        "--proxy-mode",
-        mode,
-        "--manifests",
-        str(manifests),
-        "--hostname-override",
-        "node-1",
-        "--cluster-cidr",
-        "10.244.0.0/16",
-        "--healthz-bind-address",
-        "",
-        "--metrics-bind-address",
-        "",
-    ]
-    proc = netns.popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    argv = [str(Path(sys.executable).parent / "kubeproxy"), "-v", "2", "run", "--proxy-mode", mode,
+            "--manifests", str(manifests), "--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16",
+            "--healthz-bind-address", "", "--metrics-bind-address", ""]  # fmt: skip
+    proc = ns.popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stderr is not None
     for line in proc.stderr:
         if "SyncProxyRules complete" in line:
             break
     else:
-        raise AssertionError(f"the proxy exited with {proc.wait()} before its first sync")
+        raise AssertionError(f"kubeproxy run --proxy-mode {mode} exited with {proc.wait()} before its first sync")
     proc.send_signal(signal.SIGTERM)
     rest = proc.stderr.read()
-    assert proc.wait(timeout=20) == 0, rest
+    return proc.wait(timeout=20), rest
+
+
+def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path, mode) -> None:
+    status, log = run_demo_until_sigterm(netns, tmp_path, mode)
+    assert status == 0, log
     assert _dnats_to(netns, mode, "10.244.1.3", 53)
 
 
