@@ -33,6 +33,7 @@ from kubeproxy.backends.nftables.render import (
     SERVICE_IPS,
     SERVICE_NODEPORTS,
 )
+from kubeproxy.cluster.objects import kind_of, parse_service
 
 JSON = dict[str, Any]
 Key = tuple[str, ...]
@@ -56,21 +57,14 @@ def service_ports(objs: Iterable[JSON]) -> dict[str, ServicePortKeys]:
     """`ns/name:port` → its keys, for every port of the Services among `objs` (later ones win)."""
     out: dict[str, ServicePortKeys] = {}
     for obj in objs:
-        if obj.get("kind") != "Service":
+        if kind_of(obj) != "Service":
             continue
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        service = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
-        ingress = ((obj.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
-        addresses = [spec.get("clusterIP"), *(spec.get("externalIPs") or []), *(i.get("ip") for i in ingress)]
-        for port in spec.get("ports") or []:
-            name = service + (f":{port['name']}" if port.get("name") else "")
-            out[name] = ServicePortKeys(
-                service,
-                str(port.get("protocol", "TCP")).lower(),
-                int(port["port"]),
-                tuple(a for a in addresses if a and a != "None"),
-                int(port.get("nodePort") or 0),
-            )
+        svc = parse_service(obj)
+        ingress = [i.ip for i in svc.load_balancer_ingress if i.ip is not None]
+        addresses = tuple(str(ip) for ip in (*svc.cluster_ips[:1], *svc.external_ips, *ingress))
+        for port in svc.ports:
+            name = svc.ref + (f":{port.name}" if port.name else "")
+            out[name] = ServicePortKeys(svc.ref, port.protocol.lower(), port.port, addresses, port.node_port)
     return out
 
 
