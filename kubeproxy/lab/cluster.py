@@ -525,7 +525,6 @@ class MiniCluster:
         """Wait until the node's rules send every service port in `objs` to the endpoints its
         slices give it, and reject those without endpoints (see `objects.expected_endpoints`)."""
         expected = objects.expected_endpoints(objs)
-        self._remember(objs)
         mismatch: list[str] = []
 
         def applied(rules: NodeRules) -> bool:
