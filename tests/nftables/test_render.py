@@ -10,7 +10,7 @@ from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import IPV6
+from kubeproxy.proxy.model import IPV6, ServicePortName
 from tests.nftables.helpers import NODE, endpoint, options, options6, port, service, slice_, view
 
 
@@ -224,17 +224,34 @@ def test_load_balancer_source_ranges() -> None:
         slice_("ns5", "svc5", [endpoint("10.180.0.3")], ("p80", 80, "TCP")),
     ]
     r = render(view(objs), options())
-    assert values(r, "firewall-ips") == {"5.6.7.8 . tcp . 80": "goto firewall-sources"}
+    spn = ServicePortName("ns5", "svc5", "p80", "TCP")
+    chain, allowed = naming.firewall_chain(spn), naming.firewall_set(spn)
+    assert values(r, "firewall-ips") == {"5.6.7.8 . tcp . 80": f"goto {chain}"}
     # the node's own IP is in a range: the VIP is an allowed source too (VIP-like load balancers)
-    assert set(values(r, "firewall-allow")) == {
-        "5.6.7.8 . tcp . 80 . 203.0.113.0/25",
-        "5.6.7.8 . tcp . 80 . 192.168.0.0/24",
-        "5.6.7.8 . tcp . 80 . 5.6.7.8",
-    }
-    assert rules(r, "firewall-sources") == ["ip daddr . meta l4proto . th dport . ip saddr != @firewall-allow drop"]
+    assert set(values(r, allowed)) == {"203.0.113.0/25", "192.168.0.0/24", "5.6.7.8/32"}
+    assert rules(r, chain) == [f"ip saddr != @{allowed} drop"]
     # firewall entries exist with or without endpoints, as upstream's
     no_eps = render(view(objs[:1]), options())
-    assert values(no_eps, "firewall-ips") == {"5.6.7.8 . tcp . 80": "goto firewall-sources"}
+    assert values(no_eps, "firewall-ips") == {"5.6.7.8 . tcp . 80": f"goto {chain}"}
+
+
+@pytest.mark.parametrize(
+    ("ranges", "expected"),
+    [
+        (["0.0.0.0/0"], {"0.0.0.0/0"}),  # the node's IP is in it, and so is the VIP: one interval
+        (["10.0.0.0/8", "10.1.0.0/16"], {"10.0.0.0/8"}),
+        (["203.0.113.0/25", "203.0.113.128/25"], {"203.0.113.0/24"}),
+        (["203.0.113.7/32", "203.0.113.7/32"], {"203.0.113.7/32"}),
+    ],
+)
+def test_source_ranges_become_disjoint_intervals(ranges: list[str], expected: set[str]) -> None:
+    """An interval set refuses overlapping elements ("File exists"): valid ranges overlap often."""
+    objs = [
+        service("ns5", "svc5", "172.30.0.45", port("p80", 80, nodePort=3002), type="LoadBalancer",
+                loadBalancerSourceRanges=ranges, status={"loadBalancer": {"ingress": [{"ip": "5.6.7.8"}]}}),
+    ]  # fmt: skip
+    r = render(view(objs), options())
+    assert set(values(r, naming.firewall_set(ServicePortName("ns5", "svc5", "p80", "TCP")))) == expected
 
 
 def test_client_ip_affinity_keeps_upstream_chains_with_a_shared_set() -> None:

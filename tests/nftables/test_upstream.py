@@ -81,10 +81,6 @@ def test_every_upstream_base_line_is_ours_and_our_additions_are_known() -> None:
     }  # fmt: skip
     assert sorted(ours_base - set(base)) == sorted(
         [
-            "add chain ip kube-proxy firewall-sources",
-            "add rule ip kube-proxy firewall-sources ip daddr . meta l4proto . th dport . ip saddr != @firewall-allow drop",
-            "add set ip kube-proxy firewall-allow { type ipv4_addr . inet_proto . inet_service . ipv4_addr ; flags interval ;"
-            ' comment "LoadBalancer destination . allowed source range" ; }',
             'add set ip kube-proxy hairpin { type ipv4_addr . ipv4_addr ; comment "endpoint . endpoint: a pod that reached'
             ' itself through a service" ; }',
             "add rule ip kube-proxy masquerading ct status dnat ip saddr . ip daddr @hairpin jump mark-for-masquerade"
@@ -111,7 +107,8 @@ def test_elements_match_upstream() -> None:
     # the others go to shared selectors and external chains
     assert ours["service-ips"]["172.30.0.44 . tcp . 80"] == ("goto cluster-endpoints-2", None)
     assert ours["service-ips"]["192.168.99.22 . tcp . 80"] == ("goto external-local-1-0", None)
-    assert ours["firewall-ips"]["5.6.7.8 . tcp . 80"] == ("goto firewall-sources", None)
+    # loadBalancerSourceRanges: upstream's per-service firewall chain, by the same name
+    assert ours["firewall-ips"]["5.6.7.8 . tcp . 80"] == theirs["firewall-ips"]["5.6.7.8 . tcp . 80"]
 
 
 def test_chain_names_are_upstreams() -> None:

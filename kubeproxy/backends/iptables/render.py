@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kubeproxy.backends.iptables import names
+from kubeproxy.backends.kernel_text import word
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.topology import categorize
@@ -311,7 +312,9 @@ def _render_service(
     shared_nat_rules: list[str] = []
     chains: list[str] = []
     chain_rules: list[str] = []
-    spn = str(svc.name)
+    # Chain hashes and comments both use it, so it is made safe once (kernel_text.word: valid
+    # names are unchanged, and the text stays upstream's).
+    spn = word(str(svc.name))
     proto = svc.protocol.lower()
     cat = categorize(endpoints, svc, opts.node_name, opts.node_labels, prefer_same_node=opts.prefer_same_node)
 

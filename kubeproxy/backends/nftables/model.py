@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kubeproxy.backends.kernel_text import nft_quoted
+
 TABLE = "kube-proxy"
 TABLE_COMMENT = "rules for kube-proxy"
 # Elements per `add element` line: keeps lines (and nft's parser buffers) bounded.
@@ -111,7 +113,8 @@ class CtTimeout:
 
 
 def quote(text: str) -> str:
-    return '"' + text.replace('"', "'") + '"'
+    """Every comment we write goes through here (kernel_text: no quote or newline, ≤ 128 bytes)."""
+    return nft_quoted(text)
 
 
 def element_lines(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 
+from kubeproxy.backends.kernel_text import nft_name
 from kubeproxy.proxy.model import ServicePortName
 
 NAME_LENGTH_MAX = 256  # nft's limit (NFT_NAME_MAXLEN)
@@ -20,7 +21,8 @@ _BASE_LENGTH_MAX = NAME_LENGTH_MAX - _PREFIX_LENGTH_MAX
 
 def _hash_and_truncate(name: str) -> str:
     digest = hashlib.sha256(name.encode()).digest()
-    out = base64.b32encode(digest)[:8].decode() + "-" + name
+    # The hash is of the name as given; only the readable part is made safe (kernel_text).
+    out = base64.b32encode(digest)[:8].decode() + "-" + nft_name(name)
     return out if len(out) <= _BASE_LENGTH_MAX else out[: _BASE_LENGTH_MAX - 3] + "..."
 
 
@@ -43,6 +45,16 @@ def local_chain(spn: ServicePortName) -> str:
 
 def external_chain(spn: ServicePortName) -> str:
     return "external-" + service_base(spn)
+
+
+def firewall_chain(spn: ServicePortName) -> str:
+    """Upstream's per-service chain for loadBalancerSourceRanges."""
+    return "firewall-" + service_base(spn)
+
+
+def firewall_set(spn: ServicePortName) -> str:
+    """Ours: the interval set of a service port's allowed source ranges, used by its firewall chain."""
+    return "firewall-allow-" + service_base(spn)
 
 
 def endpoint_chain(spn: ServicePortName, ip: str, port: int) -> str:
