@@ -9,17 +9,22 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Collection, Sequence
 
+from kubeproxy.backends.base import SyncError
+
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
-class RestoreError(RuntimeError):
+class RestoreError(SyncError):
     """iptables-restore refused the input; the message carries its complaint."""
 
 
 def local_run(
     argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False, timeout=timeout)
+    try:
+        proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise SyncError(f"{argv[0]} did not finish within {timeout} s") from exc
     if check and proc.returncode != 0:
         raise RestoreError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc
@@ -36,6 +41,15 @@ def restore(
     proc = run([binary, "-w", "--noflush", "--counters"], input=text, check=False, timeout=timeout)
     if proc.returncode != 0:
         raise RestoreError(f"{binary} failed: {proc.stderr.strip()}")
+
+
+def check_restore(
+    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float = 60
+) -> str | None:
+    """What iptables-restore says of `text` without committing it (`--test`); None if it takes it."""
+    binary = ("ip6tables" if ipv6 else "iptables") + (f"-{variant}" if variant else "") + "-restore"
+    proc = run([binary, "-w", "--noflush", "--test"], input=text, check=False, timeout=timeout)
+    return None if proc.returncode == 0 else f"{binary} failed: {proc.stderr.strip()}"
 
 
 def ensure_nfacct_counters(names: Collection[str], run: Runner = local_run) -> set[str]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.iptables import jumps, names
-from kubeproxy.backends.iptables.apply import RestoreError, Runner, local_run, restore
+from kubeproxy.backends.iptables.apply import RestoreError, Runner, check_restore, local_run, restore
 from kubeproxy.backends.iptables.render import (
     KUBE_EXTERNAL_SERVICES,
     KUBE_FIREWALL,
@@ -154,6 +154,15 @@ class IptablesProxier:
         if rendered.stale_cleanup_done:
             self._last_stale_cleanup = self.clock()
         return SyncReport(full, rendered, rendered_at - started, done - rendered_at, added)
+
+    def check(self, view: NodeView, opts: IptablesOptions) -> str | None:
+        """What iptables-restore says of a full sync to `view`, tested (`--test`) but not committed.
+
+        None if it takes it. The kernel keeps its rules; the live proxy's quarantine uses this to
+        find the Service a failed restore tripped on. Rendered without the cache, which stays
+        that of the rules in the kernel.
+        """
+        return check_restore(render(view, opts).text, self.run, ipv6=self.ipv6, variant=self.variant)
 
     def _save(self, table: str) -> str | None:
         binary = self._binary("-save")

@@ -13,7 +13,10 @@ A full sync (the first one, `apply(full=True)`, or after any failure) does not t
    found, replaces every set and map (dynamic ones, which hold ClientIP affinity, are kept),
    re-adds everything, and on the first sync of this applier recreates the base chains so that a
    table left by an older version gets the current hooks and priorities (as upstream does once
-   per start). Chains and objects of ours the rendering no longer has become stale.
+   per start). Chains and objects of ours the rendering no longer has become stale. If nft
+   refuses it, the table keeps what it had: it is never deleted to start over.
+`check(rendering)` asks nft (`nft -c`) whether that full sync would be taken, changing nothing:
+the live proxy's quarantine uses it to find the Service a failed sync tripped on.
 `table_intact()` is the cheap check the live proxy can run each period (the `services` chain
 still has its rules) to force such a resync.
 
@@ -25,11 +28,13 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.iptables.apply import Runner, local_run
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
 from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, element_lines, quote
@@ -42,7 +47,7 @@ DEFAULT_CHUNK = 50_000
 _DELETE_ORDER = {"chain": 0, "set": 1, "map": 1, "ct timeout": 2}
 
 
-class NftError(RuntimeError):
+class NftError(SyncError):
     """nft refused a transaction; the message carries its complaint."""
 
 
@@ -230,6 +235,22 @@ class NftApplier:
         self.stats.stale_deleted_total += len(due)
         return len(due)
 
+    def check(self, rendering: NftRendering) -> str | None:
+        """What nft says of the full sync to `rendering`, checked (`nft -c`) but not applied.
+
+        The text is what the next (full) apply would send, in one transaction; None if nft
+        takes it. The kernel's table is not touched, which is what lets the live proxy look
+        for the Service a failed sync tripped on while every other rule stays in place.
+        """
+        existing = self.listing()
+        if existing:
+            text, _ = self._full_text(rendering, existing)
+        else:
+            text = "".join(chunk for chunk, _ in chunks(create_plan(rendering).units, self.table, sys.maxsize))
+        proc = self.run(["nft", "-c", "-f", "-"], input=text, check=False, timeout=self.timeout)
+        self.stats.listings_total += 1
+        return None if proc.returncode == 0 else f"nft -f failed: {proc.stderr.strip()[:2000]}"
+
     def _full(self, rendering: NftRendering) -> tuple[str, int, int]:
         self.stats.full_syncs_total += 1
         existing = self.listing()
@@ -239,6 +260,27 @@ class NftApplier:
             self._base_recreated = True
             self._stale.clear()
             return "create", n, 0
+        text, ops = self._full_text(rendering, existing)
+        # One transaction: packets never see a half-built table. If nft refuses it, the table
+        # stays as it was: it is never deleted to start over, which would take every Service
+        # down for the sake of the one the kernel refuses (the live proxy quarantines that one).
+        try:
+            self._nft(text, ops)
+        except NftError as exc:
+            # A dynamic set kept for its ClientIP affinity entries may be of another definition
+            # (a table left by an older version): replace it too, losing only those entries.
+            log.warning("nftables: resync in place failed, trying again without keeping dynamic sets: %s", exc)
+            text, ops = self._full_text(rendering, existing, keep_dynamic=False)
+            self._nft(text, ops)
+        self._base_recreated = True
+        gone = [k for k in existing["chains"] if k not in rendering.chains]
+        # Sets and objects the rendering lacks were deleted above; only chains wait.
+        self._stale = {k: v for k, v in self._stale.items() if k[0] == "chain" and k[1] in gone}
+        self._mark_stale([("chain", name) for name in gone])
+        return "full", 1, len(gone)
+
+    def _full_text(self, rendering: NftRendering, existing: dict[str, Any], *, keep_dynamic: bool = True) -> tuple[str, int]:
+        """One transaction that makes the existing table equal to `rendering`, and its operation count."""
         t = self.table
         lines = [f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}"]
         if not self._base_recreated:
@@ -248,9 +290,9 @@ class NftApplier:
         for name in sorted(existing["chains"]):
             if self._base_recreated or (name not in BASE_CHAINS and name not in CONNTRACK_CHAINS):
                 lines.append(f"flush chain {t} {name}")
-        keep_dynamic = {n for n, s in existing["sets"].items() if s["dynamic"] and n in rendering.sets}
+        kept = {n for n, s in existing["sets"].items() if keep_dynamic and s["dynamic"] and n in rendering.sets}
         for name in sorted(existing["sets"]):
-            if name not in keep_dynamic:
+            if name not in kept:
                 lines.append(f"delete {existing['sets'][name]['kind']} {t} {name}")
         for name in sorted(set(existing["objects"]) - rendering.objects.keys()):
             lines.append(f"delete ct timeout {t} {name}")
@@ -269,25 +311,7 @@ class NftApplier:
             d = rendering.elements[name]
             ops += len(d)
             lines.extend(element_lines("add", t, name, (d[k] for k in sorted(d))))
-        # One transaction: packets never see a half-built table.
-        try:
-            self._nft("\n".join(lines) + "\n", ops)
-        except NftError as exc:
-            # Something in the kernel's table cannot be reconciled in place (say a dynamic set
-            # of another definition): start over from an empty table, briefly without rules.
-            log.warning("nftables: resync in place failed, recreating the table: %s", exc)
-            self.run(["nft", "delete", "table", self.family, TABLE], check=False, timeout=self.timeout)
-            self.stats.invocations_total += 1
-            n = self._send(create_plan(rendering))
-            self._base_recreated = True
-            self._stale.clear()
-            return "create", n + 1, 0
-        self._base_recreated = True
-        gone = [k for k in existing["chains"] if k not in rendering.chains]
-        # Sets and objects the rendering lacks were deleted above; only chains wait.
-        self._stale = {k: v for k, v in self._stale.items() if k[0] == "chain" and k[1] in gone}
-        self._mark_stale([("chain", name) for name in gone])
-        return "full", 1, len(gone)
+        return "\n".join(lines) + "\n", ops
 
 
 def _objects(text: str) -> list[dict[str, Any]]:

@@ -90,6 +90,10 @@ class NftablesProxier:
             self._checked_at = now  # the table was just written whole
         return NftSyncReport(full or result.mode == "full", rendering, result, rendered)
 
+    def check(self, view: NodeView, opts: IptablesOptions) -> str | None:
+        """What nft says of a full sync to `view`, checked (`nft -c`) but not applied; None if it takes it."""
+        return self._current_applier().check(render(view, opts))
+
     def _check_due(self, now: float, carries_changes: bool) -> bool:
         """Is it time to check that the table is still there (once per syncPeriod)?
 
