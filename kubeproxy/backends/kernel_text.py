@@ -23,9 +23,15 @@ IPTABLES_COMMENT_MAX = 255
 NFT_COMMENT_MAX = 128
 
 
+# The longest valid `namespace/name:port`: 63 + 1 + 63 + 1 + 15. Cut there, the longest comment
+# upstream writes around it ("masquerade LOCAL traffic for ... external destinations") stays
+# within xt_comment's 255 bytes.
+WORD_MAX = 143
+
+
 def word(text: str) -> str:
     """An object-derived word (`ns/name:port`) that may stand unquoted in iptables or nft text."""
-    return _UNSAFE.sub("_", text)
+    return _UNSAFE.sub("_", text[:WORD_MAX])
 
 
 def iptables_comment(text: str) -> str:
