@@ -589,6 +589,13 @@ class MiniCluster:
         results: list[Any] = json.loads(out)
         return results
 
+    def sweep(self, proto: str, src: Source, dsts: Sequence[str], timeout: float = 1.0) -> dict[str, Any]:
+        """One probe (a new connection) to each of `dsts` in turn, from one sender process: {dst: result}."""
+        ns = src.ns if isinstance(src, Pod) else src
+        argv = [*PROBE, "send", "--proto", proto, "--timeout", str(timeout), *(a for d in dsts for a in ("--dst", d))]
+        results: list[Any] = json.loads(ns.run(argv, timeout=30 + len(dsts) * timeout).stdout)
+        return dict(zip(dsts, results, strict=True))
+
     def http_get(self, src: Source, url: str, timeout: float = 2.0) -> HttpAnswer:
         """One HTTP GET from `src`'s namespace; any status is an answer (a refused connection raises)."""
         ns = src.ns if isinstance(src, Pod) else src

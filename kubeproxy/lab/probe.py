@@ -3,7 +3,7 @@
     python -m kubeproxy.lab.probe serve --proto udp --listen 10.2.0.2:53 [--listen ...]
         prints `ready` once every socket is bound, then answers each datagram / connection with
         JSON {"dst": "ip:port it arrived at", "src": "ip:port it came from"}.
-    python -m kubeproxy.lab.probe send --proto udp --dst 10.96.0.10:53 --count 100 [--src IP] [--sport N]
+    python -m kubeproxy.lab.probe send --proto udp --dst 10.96.0.10:53 [--dst ...] --count 100 [--src IP] [--sport N]
         one new socket (so one new connection) per probe; prints one JSON list: per probe either
         {"dst": ..., "src": ...} as the receiver saw it, "refused" (REJECT) or "timeout" (DROP).
         A fixed --sport makes every UDP probe the same flow to conntrack (for TCP it would
@@ -78,9 +78,10 @@ def _one(proto: str, dst: tuple[str, int], src: str | None, timeout: float, spor
             return "garbled"
 
 
-def send(proto: str, dst: str, count: int, src: str | None, timeout: float, sport: int = 0) -> None:
-    target = _addr(dst)
-    print(json.dumps([_one(proto, target, src, timeout, sport) for _ in range(count)]), flush=True)
+def send(proto: str, dsts: list[str], count: int, src: str | None, timeout: float, sport: int = 0) -> None:
+    """`count` probes to each destination in turn; one JSON list of results, in that order."""
+    targets = [_addr(dst) for dst in dsts]
+    print(json.dumps([_one(proto, target, src, timeout, sport) for target in targets for _ in range(count)]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     sv.add_argument("--listen", action="append", required=True)
     sd = sub.add_parser("send")
     sd.add_argument("--proto", choices=["udp", "tcp"], required=True)
-    sd.add_argument("--dst", required=True)
+    sd.add_argument("--dst", action="append", required=True, help="ip:port; repeat to probe several in turn")
     sd.add_argument("--count", type=int, default=1)
     sd.add_argument("--src", default=None)
     sd.add_argument("--timeout", type=float, default=1.0)
