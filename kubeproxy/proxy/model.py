@@ -156,7 +156,13 @@ def ports_of_service(svc: Service, family: str) -> dict[ServicePortName, Service
     cluster_ip = next((ip for ip in svc.cluster_ips if family_of(ip) == family), None)
     if cluster_ip is None or svc.type == "ExternalName":
         return {}  # headless, ExternalName, or not of this family
-    external_local = svc.type in ("NodePort", "LoadBalancer") and svc.external_traffic_policy == "Local"
+    # Upstream's ExternallyAccessible / ExternalPolicyLocal (pkg/api/v1/service): the external
+    # policy applies to NodePort and LoadBalancer Services, and to a ClusterIP Service that has
+    # externalIPs (its external IPs get Local's rules: only local endpoints, source kept).
+    externally_accessible = svc.type in ("NodePort", "LoadBalancer") or (svc.type == "ClusterIP" and bool(svc.external_ips))
+    external_local = externally_accessible and svc.external_traffic_policy == "Local"
+    # NeedsHealthCheck: only a LoadBalancer's balancer probes the health check node port.
+    needs_health_check = svc.type == "LoadBalancer" and external_local
     lb_vips = tuple(
         i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and family_of(i.ip) == family
     )
@@ -172,7 +178,7 @@ def ports_of_service(svc: Service, family: str) -> dict[ServicePortName, Service
             external_ips=tuple(ip for ip in svc.external_ips if family_of(ip) == family),
             load_balancer_vips=lb_vips,
             load_balancer_source_ranges=tuple(c for c in svc.load_balancer_source_ranges if family_of(c) == family),
-            health_check_node_port=svc.health_check_node_port if external_local else 0,
+            health_check_node_port=svc.health_check_node_port if needs_health_check else 0,
             client_ip_affinity=svc.session_affinity == "ClientIP",
             sticky_max_age_seconds=svc.affinity_timeout_seconds,
             internal_policy_local=svc.internal_traffic_policy == "Local",

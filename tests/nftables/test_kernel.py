@@ -201,11 +201,14 @@ def test_the_proxier_checks_the_table_once_a_period_in_a_sync_without_changes(ne
 
 def test_a_restart_fixes_base_chains_drops_leftovers_and_keeps_affinity(netns: L.NetNS) -> None:
     r = render(view(FEATURES), options())
-    # What an older version (or someone else) left: a base chain at another priority, an unknown
-    # chain, set and ct timeout of ours, and a remembered ClientIP affinity entry.
+    # What an older version (or someone else) left: a base chain at another priority, a base
+    # chain of the layout before kubernetes PR #132456, an unknown chain, set and ct timeout of
+    # ours, and a remembered ClientIP affinity entry.
     old = r.text().replace(
-        "filter-input { type filter hook input priority -110 ;", "filter-input { type filter hook input priority 0 ;"
+        "filter-input { type filter hook input priority 0 ;", "filter-input { type filter hook input priority -110 ;"
     )
+    old += "add chain ip kube-proxy filter-output-post-dnat { type filter hook output priority -90 ; }\n"
+    old += "add rule ip kube-proxy filter-output-post-dnat ct state new jump cluster-ips-check\n"
     old += "add chain ip kube-proxy service-OLD-ns/old/tcp/p\nadd rule ip kube-proxy service-OLD-ns/old/tcp/p drop\n"
     old += "add set ip kube-proxy leftover { type ipv4_addr ; }\n"
     old += "add ct timeout ip kube-proxy udp-timeout-99s { protocol udp ; l3proto ip ; policy = { unreplied : 99 } ; }\n"
@@ -214,13 +217,14 @@ def test_a_restart_fixes_base_chains_drops_leftovers_and_keeps_affinity(netns: L
     applier = NftApplier("ip", netns.run, stale_delay=0)
     assert applier.apply(r).mode == "full"
     got = listing(netns)
-    assert got["chains"]["filter-input"]["def"]["prio"] == -110
+    assert got["chains"]["filter-input"]["def"]["prio"] == 0
     assert "leftover" not in got["sets"] and "udp-timeout-99s" not in got["objects"]
     assert got["chains"]["service-OLD-ns/old/tcp/p"]["rules"] == []  # flushed now, deleted next sync
+    assert got["chains"]["filter-output-post-dnat"]["rules"] == []
     assert len(got["sets"]["affinity"]["elem"]) == 1
-    assert applier.apply(r).stale_deleted == 1
+    assert applier.apply(r).stale_deleted == 2
     got = listing(netns)
-    assert "service-OLD-ns/old/tcp/p" not in got["chains"]
+    assert "service-OLD-ns/old/tcp/p" not in got["chains"] and "filter-output-post-dnat" not in got["chains"]
     got["sets"]["affinity"]["elem"] = []
     assert got == fresh_listing(r)
 
@@ -323,7 +327,7 @@ def test_annotated_udp_service_gets_its_own_conntrack_timeout() -> None:
     assert min(other) > 5  # the kernel's default for a replied UDP flow (30 s)
 
 
-def test_a_table_that_cannot_be_reconciled_is_recreated(netns: L.NetNS) -> None:
+def test_a_dynamic_set_of_another_type_is_replaced_in_place(netns: L.NetNS) -> None:
     # an `affinity` set of another type: kept as dynamic, it makes the in-place resync fail
     netns.run(
         ["nft", "-f", "-"],
@@ -331,7 +335,7 @@ def test_a_table_that_cannot_be_reconciled_is_recreated(netns: L.NetNS) -> None:
     )
     applier = NftApplier("ip", netns.run)
     r = render(view(FEATURES), options())
-    assert applier.apply(r).mode == "create"
+    assert applier.apply(r).mode == "full"  # the table was never deleted
     assert listing(netns) == fresh_listing(r)
 
 

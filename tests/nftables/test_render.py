@@ -32,18 +32,19 @@ def web(*eps: dict, **spec: object) -> list[dict]:
 def test_base_chains_hooks_and_priorities_are_upstreams() -> None:
     r = render(view([]), options())
     hooks = {n: (c.base.type, c.base.hook, c.base.priority) for n, c in r.chains.items() if c.base}
-    assert hooks == {
-        "filter-prerouting": ("filter", "prerouting", -110),
-        "filter-input": ("filter", "input", -110),
-        "filter-forward": ("filter", "forward", -110),
-        "filter-output": ("filter", "output", -110),
-        "filter-output-post-dnat": ("filter", "output", -90),
+    assert hooks == {  # since kubernetes PR #132456: the no-endpoint checks come after DNAT
+        "filter-prerouting-pre-dnat": ("filter", "prerouting", -110),
+        "filter-output-pre-dnat": ("filter", "output", -110),
+        "filter-input": ("filter", "input", 0),
+        "filter-forward": ("filter", "forward", 0),
+        "filter-output": ("filter", "output", 0),
         "nat-prerouting": ("nat", "prerouting", -100),
         "nat-output": ("nat", "output", -100),
         "nat-postrouting": ("nat", "postrouting", 100),
     }
     assert rules(r, "filter-input") == ["ct state new jump nodeport-endpoints-check", "ct state new jump service-endpoints-check"]
-    assert rules(r, "filter-output") == ["ct state new jump service-endpoints-check", "ct state new jump firewall-check"]
+    assert rules(r, "filter-output") == ["ct state new jump service-endpoints-check", "ct state new jump cluster-ips-check"]
+    assert rules(r, "filter-output-pre-dnat") == rules(r, "filter-prerouting-pre-dnat") == ["ct state new jump firewall-check"]
     assert rules(r, "masquerading")[1:] == ["mark and 0x4000 == 0 return", "mark set mark xor 0x4000", "masquerade fully-random"]
     assert r.text().startswith('add table ip kube-proxy { comment "rules for kube-proxy" ; }\n')
 

@@ -7,8 +7,9 @@ masquerading, the same endpoint decisions through `categorize`):
 
   nat-prerouting/-output → services ─┬ ip daddr . proto . port  vmap @service-ips
                                      └ (local address) proto . port vmap @service-nodeports
-  filter hooks → firewall-check (LB source ranges), service-/nodeport-endpoints-check (reject or
-                 drop without endpoints), cluster-ips-check (unknown ports of cluster IPs)
+  filter, before DNAT (-110) → firewall-check (LB source ranges)
+  filter, after DNAT (0) → service-/nodeport-endpoints-check (reject or drop what no service
+                 rule DNATed: no endpoints), cluster-ips-check (unknown ports of cluster IPs)
   nat-postrouting → masquerading (marked packets, and hairpin)
 
 Endpoint selection is where we differ, for scale. Upstream gives every service port a chain
@@ -89,14 +90,19 @@ from kubeproxy.backends.nftables.rendering import Book, Builder, Fragment, NftRe
 from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.topology import categorize
 
-# Base chains: upstream's names, types and priorities (filter chains see pre-DNAT addresses).
-DSTNAT, SRCNAT, MANGLE = -100, 100, -150
+# Base chains: upstream's names, types and priorities since kubernetes PR #132456 (1.34, also
+# in 1.33). Only the source-range check sees the address a packet was sent to (before DNAT); the
+# no-endpoint checks run after DNAT, so they catch only what no service rule rewrote. Before,
+# they ran first and dropped the node's own connections to an externalTrafficPolicy: Local
+# address with no local endpoint, which the external chain short-circuits to every endpoint
+# (kubernetes issue #131765; iptables mode always did so).
+DSTNAT, SRCNAT, MANGLE, FILTER = -100, 100, -150, 0
 BASE_CHAINS = {
-    "filter-prerouting": BaseHook("filter", "prerouting", DSTNAT - 10),
-    "filter-input": BaseHook("filter", "input", DSTNAT - 10),
-    "filter-forward": BaseHook("filter", "forward", DSTNAT - 10),
-    "filter-output": BaseHook("filter", "output", DSTNAT - 10),
-    "filter-output-post-dnat": BaseHook("filter", "output", DSTNAT + 10),
+    "filter-prerouting-pre-dnat": BaseHook("filter", "prerouting", DSTNAT - 10),
+    "filter-output-pre-dnat": BaseHook("filter", "output", DSTNAT - 10),
+    "filter-input": BaseHook("filter", "input", FILTER),
+    "filter-forward": BaseHook("filter", "forward", FILTER),
+    "filter-output": BaseHook("filter", "output", FILTER),
     "nat-prerouting": BaseHook("nat", "prerouting", DSTNAT),
     "nat-output": BaseHook("nat", "output", DSTNAT),
     "nat-postrouting": BaseHook("nat", "postrouting", SRCNAT),
@@ -289,11 +295,11 @@ def _base_chains(ctx: _Ctx) -> list[Chain]:
     def jumps(chain: str, *rules: str) -> None:
         chains[chain] = Chain(chain, tuple(Rule(r) for r in rules), base=BASE_CHAINS[chain])
 
-    jumps("filter-prerouting", f"{new} jump {FIREWALL_CHECK}")
+    jumps("filter-prerouting-pre-dnat", f"{new} jump {FIREWALL_CHECK}")
+    jumps("filter-output-pre-dnat", f"{new} jump {FIREWALL_CHECK}")
     jumps("filter-input", f"{new} jump {NODEPORT_ENDPOINTS_CHECK}", f"{new} jump {SERVICE_ENDPOINTS_CHECK}")
     jumps("filter-forward", f"{new} jump {SERVICE_ENDPOINTS_CHECK}", f"{new} jump {CLUSTER_IPS_CHECK}")
-    jumps("filter-output", f"{new} jump {SERVICE_ENDPOINTS_CHECK}", f"{new} jump {FIREWALL_CHECK}")
-    jumps("filter-output-post-dnat", f"{new} jump {CLUSTER_IPS_CHECK}")
+    jumps("filter-output", f"{new} jump {SERVICE_ENDPOINTS_CHECK}", f"{new} jump {CLUSTER_IPS_CHECK}")
     jumps("nat-prerouting", f"jump {SERVICES}")
     jumps("nat-output", f"jump {SERVICES}")
     jumps("nat-postrouting", f"jump {MASQUERADING}")
