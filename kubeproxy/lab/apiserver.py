@@ -11,7 +11,13 @@ It speaks enough of the real protocol that both our reflector and the real `kube
   ClusterRoleBindings, so that `kubectl apply -f deploy/` works;
 - watch streams are chunked JSON, one event per line, from a `resourceVersion`; a version older
   than the retained history gets an ERROR event carrying a 410 Status, as the real server does;
-  BOOKMARKs are sent when the client asked for them (periodically, or on demand via `bookmark()`);
+  BOOKMARKs are sent when the client asked for them (periodically, or on demand via `bookmark()`),
+  never older than the version the watch started from; `sendInitialEvents=true` (watch-list)
+  sends the state, then a BOOKMARK annotated `k8s.io/initial-events-end`;
+- a version newer than the store's, as upstream's watch cache answers it after waiting
+  `block_timeout` (3 s) for the store to catch up: a list gets a 504 Timeout "Too large resource
+  version" Status (cause ResourceVersionTooLarge, `Retry-After: 1`), a watch-list gets it as an
+  ERROR event, and a plain watch is accepted and stays silent until the store passes that version;
 - create, update, patch (JSON merge, strategic merge for the fields our kinds use, JSON patch,
   server-side apply) and delete, with Status objects and the real 404/409 reasons; `dryRun=All`
   answers as the real write would and stores nothing.
@@ -20,7 +26,10 @@ Objects are stored as plain JSON dicts with one global, monotonically increasing
 like etcd behind the real server. The store outlives the HTTP listener, so `stop()` then `start()`
 simulates the API server going down and coming back with the same state; `drop_watches()` cuts
 every open watch mid-stream; `fail_with(503)` makes resource requests fail; `expire_history()`
-compacts the event history so older watches get 410 Gone.
+compacts the event history so older watches get 410 Gone; `restart_with_fresh_store()` comes back
+with the same objects under versions that start again near 1 (etcd replaced or restored from an
+old backup); `end_watches_with(status)` ends open watches with an ERROR event; `bookmark(rv)`
+sends a bookmark carrying any version, even an older one.
 
 It binds 127.0.0.1 only and does no authentication. The proxy's own kinds are not validated: a
 malformed Service is stored as given, which is what the tests of our consumers want. The deploy
@@ -154,6 +163,32 @@ def status_object(code: int, reason: str, message: str, details: JSON | None = N
         "details": details or {},
         "code": code,
     }
+
+
+# Upstream's watch cache waits this long for its resourceVersion to reach the one a request asks
+# for before it answers "Too large resource version" (blockTimeout), and tells the client to retry
+# after this many seconds (resourceVersionTooHighRetrySeconds).
+BLOCK_TIMEOUT = 3.0
+TOO_LARGE_RETRY_SECONDS = 1
+
+
+def too_large_resource_version(requested: int, current: int) -> ApiError:
+    """What the real server answers for a read from a resourceVersion newer than anything it has
+    (storage.NewTooLargeResourceVersionError): a 504 Timeout whose cause says why, with a retry hint.
+
+    A list gets it as the HTTP answer; a watch-list (`sendInitialEvents=true`) gets it as an ERROR
+    event inside a 200 stream. A plain watch from such a version gets no error at all: the server
+    accepts it and stays silent until its own versions pass the one asked for, as upstream's does.
+    """
+    return ApiError(
+        504,
+        "Timeout",
+        f"Timeout: Too large resource version: {requested}, current: {current}",
+        {
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": TOO_LARGE_RETRY_SECONDS,
+        },
+    )
 
 
 def _not_found(rt: ResourceType, name: str) -> ApiError:
@@ -783,6 +818,11 @@ class Store:
     objects: dict[tuple[str, str, str], JSON] = field(default_factory=dict)
     history: deque[Event] = field(default_factory=deque)
     bookmark_generation: int = 0
+    # Fault injection: the resourceVersion the next BOOKMARK carries whatever it is (None: the
+    # current one), and an ERROR event that ends every watch open when it was set.
+    bookmark_rv: int | None = None
+    error_generation: int = 0
+    error_status: JSON | None = None
     # Open watch streams, so that tests can wait for a client to be watching instead of sleeping.
     watchers: int = 0
     _uids: Iterator[int] = field(default_factory=itertools.count)
@@ -891,10 +931,36 @@ class Store:
             self.compacted_rv = self.rv
             self.cond.notify_all()
 
-    def bookmark(self) -> None:
+    def bookmark(self, resource_version: int | None = None) -> None:
         with self.cond:
             self.bookmark_generation += 1
+            self.bookmark_rv = resource_version
             self.cond.notify_all()
+
+    def end_watches_with(self, status: JSON) -> None:
+        with self.cond:
+            self.error_generation += 1
+            self.error_status = copy.deepcopy(status)
+            self.cond.notify_all()
+
+    def wait_until_fresh(self, resource_version: int, timeout: float) -> None:
+        """Wait (as upstream's watch cache, up to `timeout`) for the store to reach a version a
+        request asks for; "Too large resource version" if it does not. Call with `cond` held."""
+        if not self.cond.wait_for(lambda: self.rv >= resource_version, timeout=timeout):
+            raise too_large_resource_version(resource_version, self.rv)
+
+    def fresh_copy(self) -> Store:
+        """The same objects in a new store whose resourceVersions start again from 1, with no
+        history: what a server whose etcd was replaced or restored from an old backup serves."""
+        with self.cond:
+            fresh = Store(history_size=self.history_size, clock=self.clock)
+            for key, obj in sorted(self.objects.items(), key=lambda kv: kv[0]):
+                copied = copy.deepcopy(obj)
+                copied["metadata"]["resourceVersion"] = fresh._next_rv()
+                fresh.objects[key] = copied
+            # A new watch cache serves nothing older than its first list.
+            fresh.compacted_rv = fresh.rv
+            return fresh
 
     @staticmethod
     def _normalise(rt: ResourceType, namespace: str, obj: JSON) -> JSON:
@@ -964,9 +1030,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send_json(self, code: int, body: JSON, warnings: Sequence[str] = ()) -> None:
+    def _send_json(self, code: int, body: JSON, warnings: Sequence[str] = (), headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         for warning in warnings:
             # RFC 7234 warning, code 299 ("miscellaneous persistent warning"), as the real server sends.
             self.send_header("Warning", '299 - "' + warning.replace("\\", "\\\\").replace('"', '\\"') + '"')
@@ -1020,7 +1088,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected failure {code}")
             self._resource(route, query)
         except ApiError as e:
-            self._send_json(e.code, e.status())
+            retry = e.details.get("retryAfterSeconds")
+            # As upstream's ErrorNegotiated: a Status with a retry hint also sets Retry-After.
+            headers = {"Retry-After": str(retry)} if isinstance(retry, int) and retry > 0 else {}
+            self._send_json(e.code, e.status(), headers=headers)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
@@ -1037,6 +1108,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._watch(route, query)
             elif method == "GET":
                 selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""))
+                minimum = _minimum_rv(query)
+                if minimum is not None:
+                    with api.store.cond:
+                        api.store.wait_until_fresh(minimum, api.block_timeout)
                 items, rv = api.store.list(rt, route.namespace, selector)
                 for item in items:
                     # The real server leaves the type to the list's own kind; clients must cope.
@@ -1178,8 +1253,27 @@ class _Handler(BaseHTTPRequestHandler):
         api, store, rt = self.server.api, self.server.api.store, route.rt
         with store.cond:
             sent_generation = store.bookmark_generation
+            error_generation = store.error_generation
             raw_rv = query.get("resourceVersion", "")
-            if raw_rv in ("", "0"):
+            if query.get("sendInitialEvents") in ("true", "1"):
+                # A watch-list: the state at least as new as the version asked for, as ADDED events,
+                # then a BOOKMARK marking the end of them. The only kind of watch the real server
+                # answers with "Too large resource version" (an ERROR event: the stream is open).
+                if raw_rv not in ("", "0"):
+                    try:
+                        store.wait_until_fresh(_minimum_rv({"resourceVersion": raw_rv}) or 0, api.block_timeout)
+                    except ApiError as e:
+                        self._chunk({"type": "ERROR", "object": e.status()})
+                        self._end_chunks()
+                        return
+                items, since = store.list(rt, route.namespace, selector)
+                pending = [{"type": "ADDED", "object": obj} for obj in items]
+                if bookmarks:
+                    end = {"resourceVersion": str(since), "annotations": {"k8s.io/initial-events-end": "true"}}
+                    pending.append(
+                        {"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": end}}
+                    )
+            elif raw_rv in ("", "0"):
                 # "Any version": the current state as synthetic ADDED events, then changes.
                 items, since = store.list(rt, route.namespace, selector)
                 pending = [{"type": "ADDED", "object": obj} for obj in items]
@@ -1194,7 +1288,11 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk({"type": "ERROR", "object": gone})
                     self._end_chunks()
                     return
+                # A version newer than the store's is accepted, as upstream's watch cache does:
+                # the watch stays silent until the store's versions pass it.
                 pending = []
+        # Upstream never sends a watch a BOOKMARK older than the version it started from.
+        start = since
         while True:
             for event in pending:
                 self._chunk(event)
@@ -1203,6 +1301,10 @@ class _Handler(BaseHTTPRequestHandler):
                 while not pending:
                     if api._closing or self.connection in api._dropped:
                         return  # cut mid-stream: no terminating chunk, like a dead server
+                    if store.error_generation != error_generation and store.error_status is not None:
+                        self._chunk({"type": "ERROR", "object": store.error_status})
+                        self._end_chunks()
+                        return
                     if since < store.compacted_rv:
                         # The history moved past this watch before it caught up: it must relist.
                         message = f"too old resource version: {since} ({store.compacted_rv})"
@@ -1219,10 +1321,13 @@ class _Handler(BaseHTTPRequestHandler):
                                 pending.append(translated)
                     if store.history and store.history[-1].rv > since:
                         since = store.history[-1].rv
+                    forced = store.bookmark_generation != sent_generation and store.bookmark_rv is not None
                     due = api.bookmark_interval is not None and time.monotonic() - last_bookmark >= api.bookmark_interval
-                    if bookmarks and not pending and (store.bookmark_generation != sent_generation or due):
-                        since = max(since, store.rv)
-                        bookmark = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {"resourceVersion": str(store.rv)}}
+                    wanted = store.bookmark_generation != sent_generation or due
+                    if bookmarks and not pending and wanted and (forced or store.rv >= start):
+                        rv = store.bookmark_rv if forced and store.bookmark_rv is not None else store.rv
+                        since = max(since, rv)
+                        bookmark = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {"resourceVersion": str(rv)}}
                         pending.append({"type": "BOOKMARK", "object": bookmark})
                     sent_generation = store.bookmark_generation
                     if pending:
@@ -1238,6 +1343,30 @@ class _Handler(BaseHTTPRequestHandler):
     def _end_chunks(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+
+def _minimum_rv(query: dict[str, str]) -> int | None:
+    """The resourceVersion a list must be at least as new as, or None for "any" (unset or "0").
+
+    `resourceVersionMatch=NotOlderThan` (the default for a set version) and `Exact` both need the
+    server to have reached that version; this server keeps no old snapshots, so for `Exact` it
+    answers with its current state, which is what the proxy's consumers need of it.
+    """
+    raw, match = query.get("resourceVersion", ""), query.get("resourceVersionMatch", "")
+    if match not in ("", "NotOlderThan", "Exact"):
+        raise ApiError(400, "BadRequest", f'unsupported resourceVersionMatch "{match}"')
+    if match and not raw:
+        raise ApiError(
+            422,
+            "Invalid",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+        )
+    if raw in ("", "0"):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(400, "BadRequest", f'invalid resource version "{raw}"') from None
 
 
 def _translate(ev: Event, namespace: str | None, selector: Selector) -> JSON | None:
@@ -1273,6 +1402,8 @@ class ApiServer:
     bookmark_interval: float | None = None
     history_size: int = 1000
     resources: tuple[ResourceType, ...] = DEFAULT_RESOURCES
+    # How long a read from a future resourceVersion waits before "Too large resource version".
+    block_timeout: float = BLOCK_TIMEOUT
     store: Store = field(init=False)
     port: int = 0
     _server: _Server | None = field(default=None, init=False, repr=False)
@@ -1352,9 +1483,29 @@ class ApiServer:
         """Compact the history: watches from any version before now get 410 Gone."""
         self.store.expire_history()
 
-    def bookmark(self) -> None:
-        """Send a BOOKMARK now to every open watch that allows them."""
-        self.store.bookmark()
+    def bookmark(self, resource_version: int | None = None) -> None:
+        """Send a BOOKMARK now to every open watch that allows them.
+
+        `resource_version` forces the version it carries, even one older than the watch's own:
+        what a server that lost its state and does not filter its bookmarks would send.
+        """
+        self.store.bookmark(resource_version)
+
+    def end_watches_with(self, status: JSON) -> None:
+        """End every open watch with an ERROR event carrying this Status (see `status_object`,
+        `too_large_resource_version(...).status()`); watches opened later are not affected."""
+        self.store.end_watches_with(status)
+
+    def restart_with_fresh_store(self) -> None:
+        """Stop, then come back serving the same objects from a store whose resourceVersions start
+        again near 1: an API server whose etcd was replaced or restored from an old backup.
+
+        Every client's resourceVersion is now newer than anything the server has: a list from it
+        gets "Too large resource version", a plain watch from it is accepted and stays silent.
+        """
+        self.stop()
+        self.store = self.store.fresh_copy()
+        self.start()
 
     def wait_for_watches(self, count: int = 1, timeout: float = 10) -> None:
         """Block until at least `count` watch streams are open; TimeoutError if they never are."""

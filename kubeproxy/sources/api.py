@@ -24,6 +24,20 @@ What a reflector does, following client-go's reflector:
   resourceVersion it saw, so nothing is replayed and nothing is lost;
 - on 410 Gone (an HTTP 410 or an ERROR event with code 410) it lists again and emits only the
   difference against what it had delivered: ADDED, MODIFIED (resourceVersion changed), DELETED;
+- it relists the same way when the server shows it no longer has the history the reflector
+  follows (its etcd was replaced or restored from an old backup: same objects, versions starting
+  low again), because a watch from a version newer than anything the server has is accepted and
+  stays silent for ever:
+  - "Too large resource version" (a 504 Timeout with cause ResourceVersionTooLarge, as an HTTP
+    answer or a watch ERROR event), handled as client-go does: list again from scratch;
+  - after a watch failed (not on a clean end), before watching again, it asks for one object at
+    `resourceVersion=<last>&resourceVersionMatch=NotOlderThan` (client-go relists at its last
+    version at that point; one object is enough to learn whether the server has that version);
+  - a list, bookmark or event whose resourceVersion is older than the last one seen (compared
+    as integers when both are, as etcd-backed servers make them; otherwise not compared);
+  - no event and no bookmark for `max_silence` seconds across watches: a healthy server sends a
+    bookmark at least once per watch to a client that allows them;
+  while it knows its data may be stale and until that relist succeeds, `connected` is False;
 - on errors (connection refused, 5xx, a broken stream) it backs off exponentially with jitter;
 - objects are never validated here: a malformed one is delivered as it is, for the cluster
   model to reject by name, and a watch line that is not even JSON is logged and skipped.
@@ -106,8 +120,17 @@ class SourceError(Exception):
         self.reason = reason
 
 
-class Gone(SourceError):
+class Stale(SourceError):
+    """What the reflector holds no longer follows the server's history: list again from scratch."""
+
+
+class Gone(Stale):
     """410: the resourceVersion asked for is older than the server keeps; list again."""
+
+
+class TooLargeResourceVersion(Stale):
+    """504 "Too large resource version": the server has nothing as new as the version asked for,
+    so it lost (or never had) the history the reflector follows; list again from scratch."""
 
 
 def _status_error(url: str, code: int, body: Any) -> SourceError:
@@ -115,7 +138,35 @@ def _status_error(url: str, code: int, body: Any) -> SourceError:
     code = int(status.get("code") or code)
     reason = str(status.get("reason") or "")
     message = str(status.get("message") or (body if isinstance(body, str) else ""))[:300]
-    return (Gone if code == 410 else SourceError)(url, code, reason, message)
+    if code == 410:
+        return Gone(url, code, reason, message)
+    if _too_large(status, code, reason, message):
+        return TooLargeResourceVersion(url, code, reason, message)
+    return SourceError(url, code, reason, message)
+
+
+def _too_large(status: dict[str, Any], code: int, reason: str, message: str) -> bool:
+    """client-go's isTooLargeResourceVersionError: the cause type, or on servers before 1.19 the
+    cause message or the Status message of a Timeout."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    causes = [c for c in causes if isinstance(c, dict)] if isinstance(causes, list) else []
+    if any(c.get("reason") == "ResourceVersionTooLarge" for c in causes):
+        return True
+    if code != 504 and reason != "Timeout":
+        return False
+    return any(c.get("message") == "Too large resource version" for c in causes) or "Too large resource version" in message
+
+
+def _older(rv: str, than: str | None) -> bool:
+    """Whether `rv` is older than `than`. resourceVersions are opaque, but etcd-backed servers make
+    them increasing integers: compare when both parse as integers, else never call one older."""
+    if than is None:
+        return False
+    try:
+        return int(rv) < int(than)
+    except ValueError:
+        return False
 
 
 def _key(obj: dict[str, Any]) -> Key | None:
@@ -137,6 +188,11 @@ class Reflector:
 
     `watch_timeout` is the server-side timeout of one watch request, stretched by a random
     factor in [1, 2) so that a fleet of proxies does not reconnect in lockstep (as client-go).
+    `max_silence` bounds the time without an event or a bookmark (across watch requests) before
+    the reflector stops trusting its watch and relists; None means 3 x `watch_timeout`: a healthy
+    server sends a bookmark within about a minute of each watch start (upstream's bookmark
+    frequency), so even an idle one is heard from at least once per watch (up to 2 x
+    `watch_timeout` long).
     """
 
     client: httpx2.AsyncClient
@@ -146,12 +202,27 @@ class Reflector:
     sleep: Sleep = asyncio.sleep
     rand: random.Random = field(default_factory=random.Random)
     watch_timeout: float = 300.0
+    max_silence: float | None = None
     resource_version: str | None = field(default=None, init=False)
     cache: dict[Key, dict[str, Any]] = field(default_factory=dict, init=False)
     synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
-    # Loop time of the first error since the API server last answered; None while it answers.
+    # Loop time of the first error since the API server last answered, or since the reflector
+    # learnt its data may be stale; None while it answers and follows the server's history.
     failing_since: float | None = field(default=None, init=False)
+    # Completed lists (the first one and every relist), for tests and logs.
+    lists: int = field(default=0, init=False)
+    # Loop time of the last sign that the server follows our version: a list, an event, a
+    # bookmark or a successful resume check. None until the first list.
+    _heard_at: float | None = field(default=None, init=False, repr=False)
     _progress: asyncio.Condition = field(default_factory=asyncio.Condition, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.watch_timeout <= 0 or (self.max_silence is not None and self.max_silence <= 0):
+            raise ValueError(f"watch timeout ({self.watch_timeout}s) and max silence ({self.max_silence}s) must be positive")
+
+    @property
+    def silence_bound(self) -> float:
+        return self.max_silence if self.max_silence is not None else 3 * self.watch_timeout
 
     async def wait_synced(self) -> None:
         await self.synced.wait()
@@ -161,24 +232,40 @@ class Reflector:
         async with self._progress:
             await self._progress.wait_for(lambda: self.resource_version == resource_version)
 
+    async def wait_listed(self, count: int) -> None:
+        """Wait until the reflector has completed `count` lists (the first one counts)."""
+        async with self._progress:
+            await self._progress.wait_for(lambda: self.lists >= count)
+
     async def run(self) -> None:
         """List and watch until cancelled. Never raises for server or network trouble."""
         must_list = True
+        # Set while the last watch did not end cleanly: before the next one, check that the
+        # server still has the version we resume from (it may have come back without it).
+        check = False
         while True:
             listing = must_list
             try:
                 if must_list:
                     await self._list()
-                    must_list = False
+                    must_list = check = False
                 else:
+                    if check:
+                        await self._check_resume()
+                        check = False
                     log.info("watch of %s restarted from resourceVersion %s", self.spec, self.resource_version)
+                check = True
                 await self._watch()
-            except Gone as e:
+                check = False
+            except Stale as e:
                 must_list = True
+                self._mark_stale()
                 if listing:  # a list that is itself Gone would otherwise relist in a tight loop
                     await self._back_off(e)
-                else:
+                elif isinstance(e, Gone):
                     log.warning("%s: resourceVersion %s is gone (410), relisting: %s", self.spec, self.resource_version, e)
+                else:
+                    log.warning("%s: relisting, the watch no longer follows the API server's history: %s", self.spec, e)
             except (SourceError, httpx2.HTTPError, ValueError) as e:
                 await self._back_off(e)
 
@@ -186,9 +273,12 @@ class Reflector:
     def connected(self) -> bool:
         return self.failing_since is None
 
-    async def _back_off(self, error: Exception) -> None:
+    def _mark_stale(self) -> None:
         if self.failing_since is None:
             self.failing_since = asyncio.get_running_loop().time()
+
+    async def _back_off(self, error: Exception) -> None:
+        self._mark_stale()
         delay = self.backoff.next()
         log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(error))
         await self.sleep(delay)
@@ -208,8 +298,18 @@ class Reflector:
             item.setdefault("apiVersion", self.spec.api_version)
             fresh[key] = item
         first = not self.synced.is_set()
+        if _older(rv, self.resource_version):
+            # A consistent list is the truth, older or not: the diff below brings us back to it.
+            log.warning(
+                "%s: the API server went back from resourceVersion %s to %s: it lost its state (restored or replaced)",
+                self.spec,
+                self.resource_version,
+                rv,
+            )
         changes = self._diff(fresh)
         self.cache = fresh
+        self.lists += 1
+        self._heard()
         await self._advance(rv)
         self.backoff.reset()
         self.failing_since = None
@@ -230,6 +330,34 @@ class Reflector:
             elif _rv(old) != _rv(obj):
                 events.append(WatchEvent("MODIFIED", kind, obj))
         return events
+
+    async def _check_resume(self) -> None:
+        """Before resuming a watch that failed: is the server still at or past our version?
+
+        One object at `resourceVersion=<ours>&resourceVersionMatch=NotOlderThan`: a server that
+        lost its history answers "Too large resource version" (or, if it does not enforce the
+        match, a list older than ours); either way `Stale`, and the caller relists.
+        """
+        if self.resource_version is None:
+            return
+        params = {
+            **self._selectors(),
+            "resourceVersion": self.resource_version,
+            "resourceVersionMatch": "NotOlderThan",
+            "limit": "1",
+        }
+        resp = await self.client.get(self.spec.path, params=params)
+        body = _json_body(resp)
+        if resp.status_code != 200:
+            raise _status_error(str(resp.url), resp.status_code, body)
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if not rv:
+            raise SourceError(str(resp.url), 200, "BadList", "the list has no resourceVersion")
+        if _older(str(rv), self.resource_version):
+            raise Stale(str(resp.url), 200, "ResourceVersionWentBack", f"asked for {self.resource_version} or newer, got {rv}")
+        self._heard()
+        self.failing_since = None
 
     async def _list_all(self) -> tuple[list[Any], str]:
         items: list[Any] = []
@@ -263,14 +391,33 @@ class Reflector:
         }
         # No bytes for longer than the server's own timeout means the connection is dead.
         timeout = httpx2.Timeout(10.0, read=timeout_seconds + 30.0)
-        async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                raise _status_error(str(resp.url), resp.status_code, _json_body(resp))
-            self.failing_since = None
-            async for line in resp.aiter_lines():
-                if line.strip():
-                    await self._on_line(str(resp.url), line)
+        loop = asyncio.get_running_loop()
+        if self._heard_at is None:
+            self._heard_at = loop.time()
+        url = self.spec.path
+        try:
+            # Silence is counted from the last sign of progress, not from this request: a server
+            # that accepts our version but never reaches it ends watch after silent watch.
+            async with asyncio.timeout_at(self._heard_at + self.silence_bound) as silence:
+                async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
+                    url = str(resp.url)
+                    if resp.status_code != 200:
+                        await resp.aread()
+                        raise _status_error(url, resp.status_code, _json_body(resp))
+                    self.failing_since = None
+                    async for line in resp.aiter_lines():
+                        if line.strip():
+                            await self._on_line(url, line)
+                            silence.reschedule(self._heard_at + self.silence_bound)
+        except TimeoutError:
+            if not silence.expired():
+                raise
+            raise Stale(
+                url,
+                0,
+                "Silent",
+                f"no event or bookmark for {self.silence_bound:g}s since resourceVersion {self.resource_version}",
+            ) from None
         log.debug("watch of %s ended by the server at resourceVersion %s", self.spec, self.resource_version)
 
     async def _on_line(self, url: str, line: str) -> None:
@@ -285,8 +432,14 @@ class Reflector:
         if type_ == "ERROR":
             raise _status_error(url, 500, obj)
         rv = _rv(obj)
+        if rv and _older(rv, self.resource_version):
+            # A watch from version N only ever carries newer ones: this server is not the one
+            # whose history we followed (restored, replaced, or it forgot) and nothing it sends
+            # now can be applied on top of what we hold.
+            raise Stale(url, 200, "ResourceVersionWentBack", f"{type_} at {rv} on a watch from {self.resource_version}")
         if type_ == "BOOKMARK":
             if rv:
+                self._heard()
                 await self._advance(rv)
             return
         if type_ not in ("ADDED", "MODIFIED", "DELETED"):
@@ -306,6 +459,7 @@ class Reflector:
         # The first event on a watch proves the connection works; later errors start the back-off over.
         self.backoff.reset()
         if rv:
+            self._heard()
             await self._advance(rv)
 
     # -- helpers
@@ -323,6 +477,10 @@ class Reflector:
             self.sink(event)
         except Exception as e:  # a consumer bug must not stop the stream for everything else
             log.error("%s: the consumer failed on %s: %s", self.spec, event, _describe(e))
+
+    def _heard(self) -> None:
+        """The server showed it is at or past our version: restart the silence count."""
+        self._heard_at = asyncio.get_running_loop().time()
 
     async def _advance(self, rv: str) -> None:
         async with self._progress:
@@ -371,12 +529,23 @@ class ApiSource:
     sink: Sink
     backoff_factory: Callable[[], Backoff] = Backoff
     sleep: Sleep = asyncio.sleep
+    watch_timeout: float = 300.0
+    max_silence: float | None = None  # see Reflector
     reflectors: list[Reflector] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         specs = (services(UPSTREAM_LABEL_SELECTOR), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name))
         self.reflectors = [
-            Reflector(self.client, spec, self.sink, backoff=self.backoff_factory(), sleep=self.sleep) for spec in specs
+            Reflector(
+                self.client,
+                spec,
+                self.sink,
+                backoff=self.backoff_factory(),
+                sleep=self.sleep,
+                watch_timeout=self.watch_timeout,
+                max_silence=self.max_silence,
+            )
+            for spec in specs
         ]
 
     @property
@@ -385,7 +554,8 @@ class ApiSource:
 
     @property
     def connected(self) -> bool:
-        """False while any reflector is backing off: what we know may be going stale."""
+        """False while any reflector is backing off or knows its data is stale and has not
+        relisted yet: what we know may not be what the cluster is."""
         return all(r.connected for r in self.reflectors)
 
     async def wait_synced(self) -> None:
