@@ -1,4 +1,8 @@
-"""The iptables backend's sync in a real kernel: jumps, partial syncs, the canary, stale chains, cleanup."""
+"""The iptables backend's sync: jumps, partial syncs, the canary, stale chains, cleanup.
+
+Every scenario runs twice: on the package's `FakeIptables` (no root, milliseconds) and in a real
+kernel in a namespace (root), which keeps the fake honest.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,12 @@ import pytest
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
+from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView
 
-pytestmark = pytest.mark.root
 DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
 
@@ -52,13 +56,24 @@ def _drop_service(view: NodeView, namespace: str, name: str) -> NodeView:
     return NodeView(keep, {k: v for k, v in view.endpoints.items() if k in keep})
 
 
-@pytest.fixture
-def node(netns):
-    netns.run(["iptables-restore", "--noflush"], input=FOREIGN)
-    counters = ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)
-    proxier = IptablesProxier(run=netns.run)
+@dataclasses.dataclass
+class FakeNamespace:
+    """What the tests use of a namespace (`run`), backed by the fake."""
+
+    fake: FakeIptables = dataclasses.field(default_factory=FakeIptables)
+
+    def run(self, argv, **kwargs):
+        return self.fake.run(argv, **kwargs)
+
+
+@pytest.fixture(params=["fake", pytest.param("kernel", marks=pytest.mark.root)])
+def node(request):
+    ns = request.getfixturevalue("netns") if request.param == "kernel" else FakeNamespace()
+    ns.run(["iptables-restore", "--noflush"], input=FOREIGN)
+    counters = ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
+    proxier = IptablesProxier(run=ns.run)
     proxier.ensure_canary()
-    return netns, proxier, _demo(counters)
+    return ns, proxier, _demo(counters)
 
 
 def test_full_sync_adds_each_jump_once_and_keeps_foreign_rules(node) -> None:
@@ -149,3 +164,36 @@ def test_cleanup_keeps_shared_chain_someone_else_uses(node) -> None:
     ns.run(["iptables", "-w", "-t", "nat", "-A", "OTHER-DNAT", "-s", "10.0.0.0/8", "-j", "KUBE-MARK-MASQ"])
     proxier.cleanup()
     assert _rules(ns, "nat", "KUBE-MARK-MASQ") == ["-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"]
+
+
+def _structure(ns) -> dict[str, dict[str, list[str]]]:
+    """Per table and chain, the targets of its rules in order: what the kernel keeps of our text
+    whatever order iptables-save prints the matches in."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for table in ("nat", "filter"):
+        chains: dict[str, list[str]] = {}
+        for line in ns.run(["iptables-save", "-t", table]).stdout.splitlines():
+            if line.startswith(":"):
+                chains[line[1:].split()[0]] = []
+            elif line.startswith("-A "):
+                parts = line.split()
+                chains[parts[1]].append(parts[parts.index("-j") + 1] if "-j" in parts else "")
+        out[table] = chains
+    return out
+
+
+@pytest.mark.root
+def test_the_fake_and_the_kernel_end_in_the_same_tables(netns) -> None:
+    """The same syncs on both end with the same chains, each with the same rules (by target) in order."""
+    fake = FakeNamespace()
+    seen = []
+    for ns in (fake, netns):
+        ns.run(["iptables-restore", "--noflush"], input=FOREIGN)
+        demo = _demo(ensure_nfacct_counters(NFACCT_COUNTERS, ns.run))
+        proxier = IptablesProxier(run=ns.run)
+        proxier.ensure_canary()
+        proxier.sync(demo.view, demo.options, None)
+        proxier.sync(_drop_service(demo.view, "default", "session"), demo.options, frozenset({("default", "session")}))
+        seen.append(_structure(ns))
+    assert seen[0] == seen[1]
+    assert len(seen[0]["nat"]) > 20  # the demo's chains, not two empty tables
