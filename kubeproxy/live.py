@@ -13,6 +13,11 @@ Failure handling, as upstream:
   never programs a half-empty rule set;
 - a failed restore is logged and counted, and the next sync (retried after minSyncPeriod, not
   after a whole syncPeriod) is a full one;
+- unlike upstream, a refusal is narrowed down to the Services that cause it (checked with
+  `nft -c` / `iptables-restore --test`, so the kernel keeps its rules meanwhile); they are
+  quarantined with their last accepted rules (proxy/quarantine.py, the metric
+  kubeproxy_sync_proxy_rules_quarantined_services, `quarantinedServices` in /healthz) and
+  every other Service is programmed in the same sync;
 - while the source cannot reach the API server the rules already programmed stay, periodic
   syncs keep them in place, and /healthz turns unhealthy once the outage is older than the
   health timeout (2 × syncPeriod): the node's rules may no longer match the cluster;
@@ -29,12 +34,12 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
 from kubeproxy.backends import conntrack
-from kubeproxy.backends.iptables.apply import RestoreError, Runner, ensure_nfacct_counters, local_run, nfacct_packets
+from kubeproxy.backends.base import SyncError
+from kubeproxy.backends.iptables.apply import Runner, ensure_nfacct_counters, local_run, nfacct_packets
 from kubeproxy.backends.iptables.options import iptables_options
 from kubeproxy.backends.iptables.proxier import IptablesProxier, SyncReport
 from kubeproxy.backends.iptables.render import NFACCT_COUNTERS, IptablesOptions
@@ -45,7 +50,9 @@ from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import IPV6, NodeView
+from kubeproxy.proxy.model import IPV6, NodeView, ServiceKey
+from kubeproxy.proxy.programming import TriggerTimes, latencies, slice_key, trigger_time
+from kubeproxy.proxy.quarantine import Held, Quarantine, isolate, substitute
 from kubeproxy.proxy.runner import BoundedFrequencyRunner
 from kubeproxy.proxy.view import ViewBuilder
 from kubeproxy.render import primary_family
@@ -53,7 +60,6 @@ from kubeproxy.sources.events import WatchEvent
 
 log = logging.getLogger("kubeproxy.proxy")
 
-TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 TCP_BE_LIBERAL = Path("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
 
 
@@ -69,18 +75,6 @@ class Source(Protocol):
 def kv(message: str, **fields: object) -> str:
     """A log line in klog's structured form: `"Message" key="value" ...`, as upstream writes them."""
     return " ".join([f'"{message}"', *(f'{k}="{v}"' for k, v in fields.items())])
-
-
-def _trigger_time(obj: dict[str, object]) -> float | None:
-    """The EndpointSlice controller's note of when the change that produced this slice happened."""
-    meta = obj.get("metadata")
-    raw = (meta.get("annotations") or {}).get(TRIGGER_TIME_ANNOTATION) if isinstance(meta, dict) else None
-    if not isinstance(raw, str):
-        return None
-    try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -105,19 +99,22 @@ class LiveProxy:
     _initialized: bool = field(default=False, init=False)
     _family: str = field(default="IPv4", init=False)
     _nfacct: tuple[str, ...] = field(default=(), init=False)
-    _triggers: list[float] = field(default_factory=list, init=False)
+    _triggers: TriggerTimes = field(init=False)  # for the network-programming metric
+    quarantine: Quarantine = field(default_factory=Quarantine, init=False)
+    _last_good: NodeView | None = field(default=None, init=False)  # the view the kernel last accepted
     _pending_services: int = field(default=0, init=False)
     _pending_endpoints: int = field(default=0, init=False)
     syncs: int = field(default=0, init=False)  # successful syncs
     failed_syncs: int = field(default=0, init=False)
     last_report: SyncReport | NftSyncReport | None = field(default=None, init=False)
     last_changes: Changes | None = field(default=None, init=False)
-    servers: dict[str, asyncio.Server] = field(default_factory=dict, init=False)
+    servers: dict[str, asyncio.AbstractServer] = field(default_factory=dict, init=False)  # proxy.http.HttpServer
     _progress: asyncio.Condition | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.metrics = ProxyMetrics(self.cfg.mode, nfacct=self._nfacct_packets)
         self.tracker = ChangeTracker(self.node_name)
+        self._triggers = TriggerTimes(start=self.wall_clock())
         self.conntrack_cleaner = conntrack.Reconciler(run=self.run_cmd)
         self.health = ProxyHealth(2 * self.cfg.sync_period, clock=self.wall_clock)
         self.service_health = ServiceHealthServers(self.health, node_name=self.node_name)
@@ -137,6 +134,8 @@ class LiveProxy:
     # -- events
 
     def on_event(self, event: WatchEvent) -> None:
+        slice_at = slice_key(event.obj) if event.kind == "EndpointSlice" else None
+        slice_before = self.state.slices.get(slice_at) if slice_at else None
         warning = self.tracker.apply(self.state, event.obj, deleted=event.type == "DELETED")
         if warning:
             log.warning("%s: %s", event, warning)
@@ -150,9 +149,8 @@ class LiveProxy:
         elif event.kind == "EndpointSlice":
             self._pending_endpoints += 1
             self.metrics.endpoint_changes_total.inc()
-            trigger = _trigger_time(event.obj)
-            if trigger is not None:
-                self._triggers.append(trigger)
+            slice_after = self.state.slices.get(slice_at) if slice_at else None
+            self._triggers.slice_event(slice_before, slice_after, trigger_time(event.obj))
             count = sum(len(ep.get("addresses") or []) for ep in event.obj.get("endpoints") or [] if isinstance(ep, dict))
             log.info(kv("Setting endpoints" if event.type != "DELETED" else "Removing endpoints", slice=ref, addresses=count))
         elif event.kind == "Node":
@@ -198,31 +196,87 @@ class LiveProxy:
         view, opts = self._view()
         changes = self.tracker.take(view)
         self.last_changes = changes
-        triggers, self._triggers = self._triggers, []
+        triggers = self._triggers.take()
         self._pending_services = self._pending_endpoints = 0
         log.info(kv(f"Syncing {self.cfg.mode} rules", full=changes.full, services=len(changes.services)))
+        for key in self.quarantine.release(changes.services):
+            log.info(kv("Quarantined service changed, trying it again", service=f"{key[0]}/{key[1]}"))
+        self._show_quarantine()
         try:
-            report = await asyncio.to_thread(self.backend.sync, view, opts, changes.changed_services)  # type: ignore[arg-type]
-        except (RestoreError, NftError, OSError, TimeoutError) as exc:
+            report, view = await asyncio.to_thread(self._apply, view, opts, changes)
+        except (SyncError, OSError) as exc:
             # What the failed sync consumed is lost: the retry rewrites everything.
             self.tracker.request_full_sync()
-            if isinstance(exc, NftError):
-                self.metrics.nftables_sync_failures_total.inc()
-                log.error(kv("nftables sync failed", err=exc))
-            else:
-                self.metrics.restore_failures_total.inc()
-                if not changes.full:
-                    self.metrics.partial_restore_failures_total.inc()
-                log.error(kv("Failed to execute iptables-restore", err=exc))
+            self._count_failure(exc, changes)
             self.runner.retry_after(self.cfg.min_sync_period)
             self.failed_syncs += 1
+            self._show_quarantine()
             await self._finished()
             return
         elapsed = time.perf_counter() - started
         self._record(report, elapsed, triggers)
-        await self._after_sync(view, changes)
+        # NodePort conntrack cleanup touches only flows to where this sync's rules accept NodePorts.
+        await self._after_sync(view, changes, conntrack.NodePorts.of(opts, self.cfg.mode))
         log.info(kv("SyncProxyRules complete", elapsed=f"{elapsed * 1000:.1f}ms", full=report.full))
         await self._finished()
+
+    def _apply(self, view: NodeView, opts: IptablesOptions, changes: Changes) -> tuple[SyncReport | NftSyncReport, NodeView]:
+        """Program `view`; if the kernel refuses it, quarantine the Services it refuses and program the rest.
+
+        Runs in the worker thread. Returns the report and the view actually programmed (held
+        Services as the kernel last accepted them). Raises the kernel's error when no Service
+        is to blame (the check fails even with every candidate set aside).
+        """
+        programmed = self.quarantine.apply(view)
+        try:
+            return self.backend.sync(programmed, opts, changes.changed_services), self._accepted(programmed)  # type: ignore[arg-type]
+        except SyncError as exc:
+            refused = exc
+        # A failed partial sync names its suspects; after a failed full sync every Service is one.
+        suspects = sorted(view.by_service if changes.full else changes.services)
+        suspects = [key for key in suspects if key not in self.quarantine]
+        last_good = self._last_good
+        log.warning(kv("Rules refused, looking for the services that cause it", suspects=len(suspects), err=refused))
+
+        def passes(aside: frozenset[ServiceKey]) -> bool:
+            trial = substitute(programmed, {key: Held.of(key, "", last_good) for key in aside})
+            return self.backend.check(trial, opts) is None
+
+        culprits = isolate(suspects, passes)
+        if not culprits:
+            raise refused  # counted by the caller, as any failed sync
+        self._count_failure(refused, changes)
+        reason = str(refused).strip()
+        for key in culprits:
+            self.quarantine.hold(key, reason, last_good)
+            log.warning(
+                kv(
+                    "Service quarantined: the kernel refuses its rules; it keeps its last accepted rules until it changes",
+                    service=f"{key[0]}/{key[1]}",
+                    err=reason,
+                )
+            )
+        self._show_quarantine()
+        programmed = self.quarantine.apply(view)
+        return self.backend.sync(programmed, opts, None), self._accepted(programmed)  # type: ignore[arg-type]
+
+    def _accepted(self, view: NodeView) -> NodeView:
+        self._last_good = view
+        return view
+
+    def _show_quarantine(self) -> None:
+        self.metrics.quarantined_services.set(len(self.quarantine))
+        self.health.quarantined = tuple(self.quarantine.names())
+
+    def _count_failure(self, exc: Exception, changes: Changes) -> None:
+        if isinstance(exc, NftError):
+            self.metrics.nftables_sync_failures_total.inc()
+            log.error(kv("nftables sync failed", err=exc))
+        else:
+            self.metrics.restore_failures_total.inc()
+            if not changes.full:
+                self.metrics.partial_restore_failures_total.inc()
+            log.error(kv("Failed to execute iptables-restore", err=exc))
 
     async def wait_for_syncs(self, count: int) -> None:
         """Until `count` syncs (successful or failed) have finished: for tests and benchmarks."""
@@ -240,7 +294,7 @@ class LiveProxy:
         async with cond:
             cond.notify_all()
 
-    def _record(self, report: SyncReport | NftSyncReport, elapsed: float, triggers: list[float]) -> None:
+    def _record(self, report: SyncReport | NftSyncReport, elapsed: float, triggers: dict[ServiceKey, list[float]]) -> None:
         self.syncs += 1
         self.last_report = report
         m = self.metrics
@@ -255,9 +309,8 @@ class LiveProxy:
             m.iptables_total.labels(table="nat").set(report.rendered.nat_rules_total)
         m.no_local_endpoints_total.labels(traffic_policy="internal").set(report.no_local_endpoints_internal)
         m.no_local_endpoints_total.labels(traffic_policy="external").set(report.no_local_endpoints_external)
-        for trigger in triggers:
-            if now >= trigger:
-                m.network_programming_duration.observe(now - trigger)
+        for latency in latencies(triggers, now):
+            m.network_programming_duration.observe(latency)
         source = self.source
         if source is None or source.connected:
             self.health.updated(self._family)
@@ -266,7 +319,7 @@ class LiveProxy:
             # /healthz fails once the outage outlasts the health timeout.
             self.health.queued_update(self._family)
 
-    async def _after_sync(self, view: NodeView, changes: Changes) -> None:
+    async def _after_sync(self, view: NodeView, changes: Changes, node_ports: conntrack.NodePorts) -> None:
         ports = {}
         local: dict[tuple[str, str], int] = {}
         for name, info in view.services.items():
@@ -277,7 +330,7 @@ class LiveProxy:
         self.service_health.sync_endpoints(local)
         if conntrack.cleanup_required(changes):
             started = time.perf_counter()
-            deleted = await asyncio.to_thread(self.conntrack_cleaner.reconcile, view, self._family)
+            deleted = await asyncio.to_thread(self.conntrack_cleaner.reconcile, view, self._family, node_ports)
             self.metrics.conntrack_reconciler_sync_duration.observe(time.perf_counter() - started)
             self.metrics.conntrack_reconciler_deleted_entries_total.inc(deleted)
             if deleted:
@@ -300,9 +353,11 @@ class LiveProxy:
         self.prepare()
         # As upstream: a proxy that never manages a first sync must not look healthy forever.
         self.health.updated(self._family)
+        # One connection budget (sized from RLIMIT_NOFILE) for every HTTP server of this proxy.
+        shared = {"budget": self.service_health.budget, "errors": self.service_health.errors}
         for what, bind, start in (
-            ("healthz", self.cfg.healthz_bind_address, lambda b: serve_healthz(self.health, self.metrics, b)),
-            ("metrics", self.cfg.metrics_bind_address, lambda b: serve_metrics(self.metrics, b, self.cfg.mode)),
+            ("healthz", self.cfg.healthz_bind_address, lambda b: serve_healthz(self.health, self.metrics, b, **shared)),
+            ("metrics", self.cfg.metrics_bind_address, lambda b: serve_metrics(self.metrics, b, self.cfg.mode, **shared)),
         ):
             if not bind:  # an empty address disables the server, as upstream
                 continue

@@ -9,6 +9,8 @@ conntrack program's matching is covered by tests/test_conntrack_kernel.py.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import logging
 import random
 import subprocess
@@ -23,15 +25,20 @@ from kubeproxy.backends.conntrack import (
     ConntrackMissing,
     Filter,
     Flow,
+    NodePortDestinations,
+    NodePorts,
     Reconciler,
     clean_stale_entries,
     cleanup_required,
     delete,
+    local_routes,
+    node_port_destinations,
     parse_flows,
     reconcile,
     stale,
     stale_filters,
 )
+from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.cluster.objects import parse_endpoint_slice, parse_service
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
@@ -52,6 +59,10 @@ NODE_PORT = 32000
 NON_SVC_PORT = 3000  # flows to the service IPs on a port that is not the service's
 NODE_IP = "10.0.0.1"
 PROTO_NUM = {"tcp": 6, "udp": 17, "sctp": 132}
+# Where NodePorts are, resolved: the node's address (as --nodeport-addresses could select it).
+NODE = NodePortDestinations(frozenset({NODE_IP}))
+# The kernel's local routes of type local on such a node, as `ip -j route show table local type local` lists them.
+LOCAL_ROUTES = ["127.0.0.0/8", "127.0.0.1", NODE_IP]
 
 
 def service_obj(name: str = "cleanup-test", ports: Sequence[tuple[str, str, int]] | None = None) -> dict[str, Any]:
@@ -106,16 +117,22 @@ class Lines:
 
 @dataclass
 class FakeConntrack:
-    """A runner that behaves like conntrack-tools 1.4.7 on a table of `-L` lines."""
+    """A runner that behaves like conntrack-tools 1.4.7 on a table of `-L` lines (and like
+    `ip -j route show table local type local` on a list of local route destinations)."""
 
     table: list[str]
     calls: list[list[str]] = field(default_factory=list)
+    local: list[str] = field(default_factory=lambda: list(LOCAL_ROUTES))
 
     def __call__(
         self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]:
         argv = list(argv)
         self.calls.append(argv)
+        if argv[0] == "ip":
+            assert argv[1:] == ["-j", "-4", "route", "show", "table", "local", "type", "local"], argv
+            routes = [{"type": "local", "dst": dst, "dev": "eth0", "protocol": "kernel"} for dst in self.local]
+            return subprocess.CompletedProcess(argv, 0, json.dumps(routes), "")
         opts = dict(zip(argv[2::2], argv[3::2], strict=True))
         assert argv[0] == "conntrack" and opts["-p"] == "udp" and opts["-f"] in ("ipv4", "ipv6")
         udp = [line for line in self.table if line.startswith("udp ")]
@@ -193,7 +210,7 @@ def test_upstream_clean_stale_entries_pure() -> None:
     flows = parse_flows(before)
     assert len(flows) == len(before) == 3 + 63 + 6
     survivors = set(parse_flows(after))
-    assert set(stale(flows, upstream_view())) == set(flows) - survivors
+    assert set(stale(flows, upstream_view(), NODE)) == set(flows) - survivors
     assert len(survivors) == len(after)
 
 
@@ -206,7 +223,7 @@ def test_upstream_clean_stale_entries_through_conntrack() -> None:
     assert deleted == len(before) - len(after) == len(udp_before) - len([x for x in after if x.startswith("udp ")])
     # One `conntrack -D` per (frontend, stale backend); here every stale entry has its own pair.
     deletes = [c for c in ct.calls if c[1] == "-D"]
-    assert len(deletes) == len(stale_filters(parse_flows(before), upstream_view())) == deleted
+    assert len(deletes) == len(stale_filters(parse_flows(before), upstream_view(), NODE)) == deleted
 
 
 def test_upstream_performance_one_delete_for_many_stale_entries() -> None:
@@ -256,14 +273,15 @@ def test_upstream_service_without_endpoints_keeps_its_entries() -> None:
             "-p udp -f ipv6 --orig-dst 2001:db8:1::2 --orig-port-dst 8000 --reply-src 4001:ab8::2 --reply-port-src 9090",
         ),
         (
-            Filter(30053, "2001:db8:1::2", 53),
+            Filter(30053, "2001:db8:1::2", 53, "2001:db8::1"),  # a NodePort: the node address too
             IPV6,
-            "-p udp -f ipv6 --orig-port-dst 30053 --reply-src 2001:db8:1::2 --reply-port-src 53",
+            "-p udp -f ipv6 --orig-dst 2001:db8::1 --orig-port-dst 30053 --reply-src 2001:db8:1::2 --reply-port-src 53",
         ),
     ],
 )
 def test_filter_argv(flt: Filter, family: str, argv: str) -> None:
-    """Upstream's TestFilterForIPPortNAT / TestFilterForPortNAT, as conntrack options."""
+    """Upstream's TestFilterForIPPortNAT / TestFilterForPortNAT, as conntrack options (our NodePort
+    filter names the node address: upstream's matches any destination)."""
     assert flt.argv(family) == argv.split()
 
 
@@ -286,20 +304,108 @@ def test_ipv6_addresses_compare_in_canonical_form() -> None:
     )
     flows = parse_flows(text)
     assert flows[0].orig_dst == "fd00:96::10" and flows[0].reply_src == "fd00:244::4"
-    assert stale(flows, view) == [flows[1]]
-    assert stale_filters(flows, view) == [Filter(8000, "fd00:244::5", 9090, "fd00:96::10")]
+    assert stale(flows, view, NODE) == [flows[1]]
+    assert stale_filters(flows, view, NODE) == [Filter(8000, "fd00:244::5", 9090, "fd00:96::10")]
 
 
-def test_node_port_filter_covers_frontend_filter_for_the_same_backend() -> None:
-    # Service port == NodePort number: a stale flow to clusterIP:port is also stale as *:nodePort;
-    # the broader filter alone deletes it, one process instead of two.
-    svc = service_obj(ports=[("test-udp", "UDP", 30000)])
-    svc["spec"]["ports"][0]["port"] = 30000
-    view = view_of([svc], [slice_obj(protocols=["UDP"])])
+# -- NodePort cleanup touches only flows to the node's NodePort addresses (issue 11, item 7)
+
+
+def dns_node_port_view() -> NodeView:
+    """A UDP service with nodePort 53 (a manifest can say so) and one serving endpoint."""
+    return view_of([service_obj(ports=[("test-udp", "UDP", 53)])], [slice_obj(protocols=["UDP"])])
+
+
+def dns_flows() -> tuple[list[str], list[str]]:
+    """(the table, the lines that must survive): the node's own DNS flows, never DNATed, to an
+    outside resolver, to a local stub resolver on loopback and to a pod, plus stale NodePort
+    flows to the node's address (one never DNATed, one DNATed to a deleted endpoint)."""
     line = Lines()
-    flows = parse_flows([line("udp", CLUSTER_IP, 30000, DELETED_EP, EP_PORT), line("udp", NODE_IP, 30000, DELETED_EP, EP_PORT)])
-    assert stale_filters(flows, view) == [Filter(30000, DELETED_EP, EP_PORT)]
-    assert len(stale(flows, view)) == 2
+    keep = [
+        line("udp", "8.8.8.8", 53, "8.8.8.8", 53),
+        line("udp", "127.0.0.53", 53, "127.0.0.53", 53),
+        line("udp", "10.240.7.7", 53, "10.240.7.7", 53),
+        line("udp", NODE_IP, 53, SERVING_EP, EP_PORT),  # the NodePort's live flow
+    ]
+    stale_lines = [line("udp", NODE_IP, 53, NODE_IP, 53), line("udp", NODE_IP, 53, DELETED_EP, EP_PORT)]
+    return keep + stale_lines, keep
+
+
+def test_node_port_53_leaves_the_nodes_own_dns_flows_alone() -> None:
+    """The issue's finding: with upstream's any-destination NodePort filter, every one of the
+    node's DNS flows was 'stale' (its reply does not come from a serving endpoint)."""
+    table, keep = dns_flows()
+    ct = FakeConntrack(list(table))
+    assert reconcile(dns_node_port_view(), IPV4, ct) == 2
+    assert sorted(ct.table) == sorted(keep)
+    deletes = [c for c in ct.calls if c[1] == "-D"]
+    assert deletes and all(c[c.index("--orig-dst") + 1] == NODE_IP for c in deletes)
+
+
+def test_node_port_destinations_follow_the_options() -> None:
+    view, flows = dns_node_port_view(), parse_flows(dns_flows()[0])
+
+    def removed(dsts: NodePortDestinations) -> set[tuple[str, str]]:
+        return {(f.orig_dst, f.reply_src) for f in stale(flows, view, dsts)}
+
+    nodes_own = {(NODE_IP, NODE_IP), (NODE_IP, DELETED_EP)}
+    # Every local address (the default): the kernel's local routes, loopback left out.
+    assert removed(NodePorts().resolve(LOCAL_ROUTES)) == nodes_own
+    # iptables with localhost NodePorts: 127.0.0.0/8 accepts NodePorts too, so the stub
+    # resolver's flow is one of the NodePort's (the rules now DNAT it): it goes.
+    assert removed(NodePorts(loopback=True).resolve(LOCAL_ROUTES)) == nodes_own | {("127.0.0.53", "127.0.0.53")}
+    # --nodeport-addresses selecting other addresses: none of these flows is a NodePort's.
+    assert removed(NodePorts(ips=("10.0.0.9",), all_local=False).resolve(LOCAL_ROUTES)) == set()
+    assert removed(NodePorts(ips=(NODE_IP, "127.0.0.1"), all_local=False).resolve()) == nodes_own
+    assert removed(NodePortDestinations()) == set()
+
+
+def test_node_ports_of_options_as_each_mode_renders_them() -> None:
+    base = dict(node_name="n", node_ip=NODE_IP, node_labels={}, family=IPV4)
+    opts = IptablesOptions(**base, localhost_nodeports=True)  # type: ignore[arg-type]
+    assert NodePorts.of(opts, "iptables") == NodePorts((), True, True)
+    assert NodePorts.of(opts, "nftables") == NodePorts((), True, False)  # no localhost NodePorts in nft
+    selected = IptablesOptions(
+        **base,  # type: ignore[arg-type]
+        localhost_nodeports=False,
+        nodeport_ips=(NODE_IP, "127.0.0.1"),
+        nodeport_match_all=False,
+    )
+    assert NodePorts.of(selected, "iptables").resolve() == NodePortDestinations(frozenset({NODE_IP}))
+
+
+def test_resolve_keeps_single_addresses_and_prefixes_normalised() -> None:
+    dsts = NodePorts(loopback=True).resolve(["127.0.0.0/8", "fd00:0::1", "not-an-ip", "10.0.0.1"])
+    assert dsts.addresses == frozenset({"fd00::1", "10.0.0.1"})
+    assert dsts.networks == (ipaddress.ip_network("127.0.0.0/8"),)
+    assert "127.1.2.3" in dsts and "fd00::1" in dsts and "10.0.0.2" not in dsts and "x" not in dsts
+    assert "::1" not in NodePorts().resolve(["::1", "fd00::1"])
+
+
+def test_local_addresses_are_asked_only_when_needed() -> None:
+    no_node_port = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
+    ct = FakeConntrack([])
+    assert node_port_destinations(no_node_port, IPV4, NodePorts(), ct) == NodePortDestinations()
+    assert node_port_destinations(dns_node_port_view(), IPV4, NodePorts(ips=(NODE_IP,), all_local=False), ct) == NODE
+    assert ct.calls == []
+    assert node_port_destinations(dns_node_port_view(), IPV4, NodePorts(), ct) == NODE
+    assert [c[0] for c in ct.calls] == ["ip"]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [(1, "", "Cannot open netlink socket\n"), (0, "{not json", ""), FileNotFoundError(2, "No such file", "ip")],
+)
+def test_unknown_local_addresses_leave_node_port_flows_alone(failure: Any, caplog: pytest.LogCaptureFixture) -> None:
+    table, _ = dns_flows()
+    listed = (0, "".join(f"{x}\n" for x in table), "")
+    with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
+        run = runner(listed, failure)
+        assert reconcile(dns_node_port_view(), IPV4, run) == 0
+    assert [c[0] for c in run.calls] == ["conntrack", "ip"]  # listed, asked, deleted nothing
+    assert "NodePort conntrack entries are left alone" in caplog.text
+    with pytest.raises(Exception, match="route show"):
+        local_routes(IPV4, runner(failure))
 
 
 def test_shared_frontend_keeps_flows_to_either_services_endpoints() -> None:
@@ -321,7 +427,7 @@ def test_shared_frontend_keeps_flows_to_either_services_endpoints() -> None:
             line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT),
         ]
     )
-    assert stale(flows, view) == [flows[2]]
+    assert stale(flows, view, NODE) == [flows[2]]
 
 
 def test_terminating_but_serving_endpoint_keeps_its_flows() -> None:
@@ -332,7 +438,7 @@ def test_terminating_but_serving_endpoint_keeps_its_flows() -> None:
     ]
     view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [eps])
     flows = parse_flows([Lines()("udp", CLUSTER_IP, SVC_PORT, SERVING_EP, EP_PORT)])
-    assert stale(flows, view) == []
+    assert stale(flows, view, NODE) == []
 
 
 # -- parsing
@@ -409,7 +515,7 @@ def test_delete_nothing_matched_is_not_an_error() -> None:
 def test_delete_other_failure_is_an_error() -> None:
     run = runner((1, "", "conntrack v1.4.7 (conntrack-tools): Operation failed: invalid parameters\n"))
     with pytest.raises(ConntrackError, match="invalid parameters"):
-        delete(Filter(53, "10.244.1.1", 5300), IPV4, run)
+        delete(Filter(53, "10.244.1.1", 5300, "10.96.0.10"), IPV4, run)
 
 
 def test_failed_delete_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kubeproxy.backends.conntrack import Reconciler, list_flows, reconcile
+from kubeproxy.backends.conntrack import NodePorts, Reconciler, list_flows, reconcile
 from kubeproxy.lab.netns import NetNS, link, netns
 from kubeproxy.proxy.model import IPV4, IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 
@@ -182,3 +182,34 @@ def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: s
 
         # Nothing stale is left: a second pass deletes nothing (conntrack -D exits 1 then).
         assert Reconciler(node.run).reconcile(view_after_switch(a), family) == 0
+
+
+@pytest.mark.parametrize("family", [IPV4, IPV6])
+@pytest.mark.parametrize("selected", [False, True], ids=["all-local", "nodeport-addresses"])
+def test_node_port_cleanup_only_touches_flows_to_the_nodes_node_port_addresses(family: str, selected: bool) -> None:
+    """Issue 11, item 7: the node's own flow to another host on the NodePort's port number was
+    never DNATed, so its reply source is no serving endpoint; upstream's any-destination NodePort
+    filter deleted it. Only the stale flow to the node's address may go."""
+    with bed(family) as (client, node, a):
+        # Something on the client answers on the NodePort's number, as an outside DNS server
+        # answers the node on 53 when a manifest says nodePort: 53.
+        outside = client.popen([sys.executable, "-c", SERVER, f"{a.client}:{NODE_PORT}"], stdout=subprocess.PIPE)
+        assert outside.stdout is not None and outside.stdout.readline().strip() == "ready"
+
+        assert send(client, a, 40004, a.node, NODE_PORT) == a.pod_a  # X by NodePort, pinned to A
+        own = node.run([sys.executable, "-c", SEND, a.node, "40010", a.client, str(NODE_PORT)]).stdout.strip()
+        assert own == a.client  # the node's own flow out, not NATed
+
+        load(node, a, a.pod_b)
+        before = {(f.orig_dst, f.orig_sport, f.reply_src) for f in list_flows(family, node.run)}
+        assert (a.node, 40004, a.pod_a) in before and (a.client, 40010, a.client) in before
+
+        # Where the rules accept NodePorts: every local address (the kernel is asked), or
+        # what --nodeport-addresses selected.
+        node_ports = NodePorts(ips=(a.node,), all_local=False) if selected else NodePorts()
+        assert Reconciler(node.run).reconcile(view_after_switch(a), family, node_ports) == 1
+
+        after = {(f.orig_dst, f.orig_sport, f.reply_src) for f in list_flows(family, node.run)}
+        assert (a.node, 40004, a.pod_a) not in after
+        assert (a.client, 40010, a.client) in after  # the foreign flow survived
+        assert send(client, a, 40004, a.node, NODE_PORT) == a.pod_b

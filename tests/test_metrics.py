@@ -22,6 +22,8 @@ COMMON = {
     "kubeproxy_proxy_livez_total": ("counter", {"code"}),
     "kubeproxy_conntrack_reconciler_sync_duration_seconds": ("histogram", {"ip_family"}),
     "kubeproxy_conntrack_reconciler_deleted_entries_total": ("counter", {"ip_family"}),
+    # ours: Services whose rules the kernel refused (proxy/quarantine.py)
+    "kubeproxy_sync_proxy_rules_quarantined_services": ("gauge", {"ip_family"}),
 }
 IPTABLES = {
     "kubeproxy_sync_full_proxy_rules_duration_seconds": ("histogram", {"ip_family"}),
@@ -62,6 +64,7 @@ def touch_everything(m: ProxyMetrics) -> None:
     m.last_queued_timestamp.set(1)
     m.endpoint_changes_pending.set(1)
     m.service_changes_pending.set(1)
+    m.quarantined_services.set(1)
     m.iptables_total.labels(table="nat").set(1)
     m.iptables_last.labels(table="nat").set(1)
     m.no_local_endpoints_total.labels(traffic_policy="internal").set(1)

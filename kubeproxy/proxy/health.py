@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter
 
-from kubeproxy.proxy.http import Response, format_bind, routes, serve, text
+from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, HttpServer, Response, format_bind, routes, serve, text
 from kubeproxy.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kubeproxy.proxy.metrics import ProxyMetrics
 
@@ -81,6 +81,9 @@ class ProxyHealth:
         # Eligible until a Node event says otherwise: a proxy that has not seen its Node yet
         # (manifest mode, or before the first watch event) must not fail /healthz for it.
         self._node_eligible = True
+        # Services whose rules the kernel refused (proxy/quarantine.py): shown, not unhealthy,
+        # because every other Service is in sync.
+        self.quarantined: tuple[str, ...] = ()
 
     def queued_update(self, family: str = DEFAULT_FAMILY) -> None:
         with self._lock:
@@ -122,15 +125,17 @@ class ProxyHealth:
     def healthz(self) -> Response:
         """/healthz: the proxy is healthy and the node is not going away."""
         status, eligible = self.status(), self.node_eligible
-        return _health_response(status, status.healthy and eligible, node_eligible=eligible)
+        return _health_response(status, status.healthy and eligible, node_eligible=eligible, quarantined=self.quarantined)
 
     def livez(self) -> Response:
         """/livez: the proxy is healthy, whatever happens to the node."""
         status = self.status()
-        return _health_response(status, status.healthy, node_eligible=None)
+        return _health_response(status, status.healthy, node_eligible=None, quarantined=self.quarantined)
 
 
-def _health_response(status: HealthStatus, ok: bool, *, node_eligible: bool | None) -> Response:
+def _health_response(
+    status: HealthStatus, ok: bool, *, node_eligible: bool | None, quarantined: tuple[str, ...] = ()
+) -> Response:
     # Upstream reports lastUpdated as "now" while healthy, for compatibility with releases whose
     # lastUpdated was the last sync-loop run.
     doc: dict[str, object] = {
@@ -144,13 +149,15 @@ def _health_response(status: HealthStatus, ok: bool, *, node_eligible: bool | No
         doc["status"] = {
             family: {"lastUpdated": rfc3339(f.last_updated), "healthy": f.healthy} for family, f in status.families.items()
         }
+    if quarantined:
+        doc["quarantinedServices"] = list(quarantined)
     return Response(200 if ok else 503, JSON_HEADERS, json.dumps(doc, separators=(",", ":")).encode())
 
 
 @dataclass
 class _ServiceListener:
     port: int
-    servers: list[asyncio.Server]
+    servers: list[HttpServer]
     endpoints: int = 0
 
     def close(self) -> None:
@@ -164,9 +171,23 @@ class ServiceHealthServers:
     Like upstream, a port that cannot be opened is logged (naming the service) and retried on the
     next `sync_services`; the other services keep working. `bind_ips` defaults to every IPv4
     address; an IPv6 node wants ("::",), a restricted --nodeport-addresses the node's IPs.
+
+    Every listener draws its connections from `budget` and reports repeated errors through
+    `errors` (both default to new ones, sized from RLIMIT_NOFILE): one per proxy, shared with its
+    healthz and metrics servers, bounds the descriptors all of them hold together.
     """
 
-    def __init__(self, proxy_health: ProxyHealth, bind_ips: Sequence[str] = ("0.0.0.0",), *, node_name: str = "") -> None:
+    def __init__(
+        self,
+        proxy_health: ProxyHealth,
+        bind_ips: Sequence[str] = ("0.0.0.0",),
+        *,
+        node_name: str = "",
+        budget: ConnectionBudget | None = None,
+        errors: ErrorLog | None = None,
+    ) -> None:
+        self.budget = budget or ConnectionBudget.from_rlimit()
+        self.errors = errors or ErrorLog()
         self._health = proxy_health
         self._bind_ips = tuple(bind_ips)
         self._node_name = node_name
@@ -220,11 +241,18 @@ class ServiceHealthServers:
             listener.close()
         self._services.clear()
 
-    async def _listen(self, key: ServiceKey, port: int) -> list[asyncio.Server]:
-        servers: list[asyncio.Server] = []
+    async def _listen(self, key: ServiceKey, port: int) -> list[HttpServer]:
+        servers: list[HttpServer] = []
         try:
             for ip in self._bind_ips:
-                servers.append(await serve(format_bind(ip, port), lambda *_: self._answer(key), name=f"healthcheck {_ref(key)}"))
+                server = await serve(
+                    format_bind(ip, port),
+                    lambda *_: self._answer(key),
+                    name=f"healthcheck {_ref(key)}",
+                    budget=self.budget,
+                    errors=self.errors,
+                )
+                servers.append(server)
         except BaseException:
             # Release what did open, so that a retry (or another service) can have the port.
             for server in servers:
@@ -259,8 +287,16 @@ def _ref(key: ServiceKey) -> str:
     return f"{key[0]}/{key[1]}"
 
 
-async def serve_healthz(health: ProxyHealth, metrics: ProxyMetrics, bind: str) -> asyncio.Server:
-    """The healthz server (healthzBindAddress, default 0.0.0.0:10256): /healthz and /livez."""
+async def serve_healthz(
+    health: ProxyHealth,
+    metrics: ProxyMetrics,
+    bind: str,
+    *,
+    budget: ConnectionBudget | None = None,
+    errors: ErrorLog | None = None,
+) -> HttpServer:
+    """The healthz server (healthzBindAddress, default 0.0.0.0:10256): /healthz and /livez.
+    `budget` and `errors`: see `ServiceHealthServers`."""
 
     def counted(answer: Callable[[], Response], counter: Counter) -> Callable[..., Response]:
         def handle(*_: object) -> Response:
@@ -279,14 +315,24 @@ async def serve_healthz(health: ProxyHealth, metrics: ProxyMetrics, bind: str) -
             }
         ),
         name="healthz",
+        budget=budget,
+        errors=errors,
     )
     log.info('"Starting healthz HTTP server" address="%s"', bind)
     return server
 
 
-async def serve_metrics(metrics: ProxyMetrics, bind: str, proxy_mode: str) -> asyncio.Server:
+async def serve_metrics(
+    metrics: ProxyMetrics,
+    bind: str,
+    proxy_mode: str,
+    *,
+    budget: ConnectionBudget | None = None,
+    errors: ErrorLog | None = None,
+) -> HttpServer:
     """The metrics server (metricsBindAddress, default 127.0.0.1:10249): /metrics, /proxyMode and
-    the generic /healthz ping, which (as upstream) says "ok" whatever the proxy's health."""
+    the generic /healthz ping, which (as upstream) says "ok" whatever the proxy's health.
+    `budget` and `errors`: see `ServiceHealthServers`."""
 
     async def metrics_page(*_: object) -> Response:
         # Collection may read kernel counters (nfacct): keep it off the event loop.
@@ -306,6 +352,8 @@ async def serve_metrics(metrics: ProxyMetrics, bind: str, proxy_mode: str) -> as
             }
         ),
         name="metrics",
+        budget=budget,
+        errors=errors,
     )
     log.info('"Starting metrics HTTP server" address="%s"', bind)
     return server

@@ -115,6 +115,7 @@ class ProxyMetrics:
     iptables_total = _FamilyLabels()
     iptables_last = _FamilyLabels()
     no_local_endpoints_total = _FamilyLabels()
+    quarantined_services = _FamilyChild()
 
     def __init__(self, proxy_mode: str = "iptables", *, ip_family: str = "IPv4", nfacct: NfacctReader | None = None) -> None:
         """`nfacct(name)` returns an nfacct counter's packet count (None: unavailable); given in
@@ -199,6 +200,13 @@ class ProxyMetrics:
             fam,
             registry=None,
         )
+        # Ours (no upstream counterpart): Services whose rules the kernel refused, set aside.
+        self._quarantined_services = Gauge(
+            "kubeproxy_sync_proxy_rules_quarantined_services",
+            "Services whose rules the kernel refused; they keep their last accepted rules, or none",
+            fam,
+            registry=None,
+        )
         self.proxy_healthz_total = Counter(
             "kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status", ["code"], registry=None
         )
@@ -235,6 +243,7 @@ class ProxyMetrics:
             self._no_local_endpoints_total,
             self._conntrack_reconciler_sync_duration,
             self._conntrack_reconciler_deleted_entries_total,
+            self._quarantined_services,
         ]
         per_mode: dict[str, list[Collector]] = {
             "iptables": [

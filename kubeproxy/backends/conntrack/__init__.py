@@ -6,8 +6,10 @@ sync that changed UDP endpoints, the proxy lists the UDP entries and deletes tho
 frontend no longer has their backend among its serving endpoints.
 
     flows.py   parse `conntrack -L` output into `Flow`s (pure)
-    stale.py   which flows are stale for a `NodeView`, as deletion `Filter`s (pure)
-    apply.py   run conntrack: list, delete, `clean_stale_entries`, `reconcile`, `Reconciler`
+    stale.py   which flows are stale for a `NodeView`, as deletion `Filter`s (pure); where the
+               node's NodePorts are (`NodePorts`), the only addresses NodePort cleanup touches
+    apply.py   run conntrack (list, delete) and `ip route` (local addresses): `clean_stale_entries`,
+               `reconcile`, `Reconciler`
 """
 
 from kubeproxy.backends.conntrack.apply import (
@@ -17,10 +19,22 @@ from kubeproxy.backends.conntrack.apply import (
     clean_stale_entries,
     delete,
     list_flows,
+    local_routes,
+    node_port_destinations,
     reconcile,
 )
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
-from kubeproxy.backends.conntrack.stale import Filter, Frontends, cleanup_required, filters_for, frontends, stale, stale_filters
+from kubeproxy.backends.conntrack.stale import (
+    Filter,
+    Frontends,
+    NodePortDestinations,
+    NodePorts,
+    cleanup_required,
+    filters_for,
+    frontends,
+    stale,
+    stale_filters,
+)
 
 __all__ = [
     "ConntrackError",
@@ -28,6 +42,8 @@ __all__ = [
     "Filter",
     "Flow",
     "Frontends",
+    "NodePortDestinations",
+    "NodePorts",
     "Reconciler",
     "clean_stale_entries",
     "cleanup_required",
@@ -35,6 +51,8 @@ __all__ = [
     "filters_for",
     "frontends",
     "list_flows",
+    "local_routes",
+    "node_port_destinations",
     "parse_flows",
     "reconcile",
     "stale",

@@ -1,4 +1,5 @@
 """The only code that runs `conntrack`: list the UDP entries of one family, delete the stale ones.
+(It also reads the kernel's local addresses, with `ip route`, to know where NodePorts are.)
 
 Every function takes a `run` callable (argv, input=, check=, timeout=) so that the same code
 drives the host or a test namespace (`NetNS.run`).
@@ -6,6 +7,7 @@ drives the host or a test namespace (`NetNS.run`).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
-from kubeproxy.backends.conntrack.stale import Filter, stale_filters
+from kubeproxy.backends.conntrack.stale import ALL_LOCAL_NODE_PORTS, UDP, Filter, NodePortDestinations, NodePorts, stale_filters
 from kubeproxy.backends.iptables.apply import Runner, local_run
 from kubeproxy.proxy.model import IPV4, IPV6, NodeView
 
@@ -77,10 +79,55 @@ def delete(flt: Filter, family: str, run: Runner = local_run, *, binary: str = "
     raise ConntrackError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
 
 
+def local_routes(family: str, run: Runner = local_run, *, binary: str = "ip", timeout: float = 10) -> list[str]:
+    """The destinations of the kernel's local routes of type local (what `addrtype LOCAL` and
+    `fib daddr type local` match): each local address, and prefixes such as 127.0.0.0/8."""
+    argv = [binary, "-j", "-6" if _family_flag(family) == "ipv6" else "-4", "route", "show", "table", "local", "type", "local"]
+    try:
+        proc = run(argv, check=False, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConntrackError(f"{' '.join(argv)}: {exc}") from None
+    if proc.returncode != 0:
+        raise ConntrackError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+    try:
+        routes = json.loads(proc.stdout or "[]")
+    except ValueError as exc:
+        raise ConntrackError(f"{' '.join(argv)}: unreadable output: {exc}") from None
+    if not isinstance(routes, list):
+        raise ConntrackError(f"{' '.join(argv)}: unreadable output: not a list")
+    return [str(r["dst"]) for r in routes if isinstance(r, dict) and isinstance(r.get("dst"), str)]
+
+
+def node_port_destinations(
+    view: NodeView, family: str, node_ports: NodePorts, run: Runner = local_run, *, ip_binary: str = "ip"
+) -> NodePortDestinations:
+    """Where this node's NodePorts are, for the reconciler. The kernel is asked for its local
+    addresses only when NodePorts match all of them and a UDP service has a NodePort. If it
+    cannot say, no NodePort flow is touched (logged): better a stale flow than a foreign one gone."""
+    if not node_ports.all_local:
+        return node_ports.resolve()
+    if not any(info.node_port and info.protocol == UDP for info in view.services.values()):
+        return NodePortDestinations()
+    try:
+        return node_ports.resolve(local_routes(family, run, binary=ip_binary))
+    except ConntrackError as exc:
+        log.error("Cannot list the node's local addresses; NodePort conntrack entries are left alone: %s", exc)
+        return NodePortDestinations()
+
+
 def clean_stale_entries(
-    view: NodeView, family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60
+    view: NodeView,
+    family: str,
+    run: Runner = local_run,
+    *,
+    node_ports: NodePorts = ALL_LOCAL_NODE_PORTS,
+    binary: str = "conntrack",
+    ip_binary: str = "ip",
+    timeout: float = 60,
 ) -> int:
     """Delete every stale UDP entry of `family` (see `stale`); returns the number deleted.
+    `node_ports` says where NodePorts are (`NodePorts.of(opts, mode)`): only flows to those
+    addresses are NodePort flows.
 
     Raises ConntrackError (ConntrackMissing without the program) when the table cannot be
     listed; a failed delete is logged and the others still run, as upstream does.
@@ -88,8 +135,9 @@ def clean_stale_entries(
     started = time.perf_counter()
     log.debug("Started to reconcile conntrack entries ipFamily=%s", family)
     flows = list_flows(family, run, binary=binary, timeout=timeout)
+    destinations = node_port_destinations(view, family, node_ports, run, ip_binary=ip_binary)
     deleted = failed = 0
-    for flt in stale_filters(flows, view):
+    for flt in stale_filters(flows, view, destinations):
         try:
             n = delete(flt, family, run, binary=binary, timeout=timeout)
         except ConntrackMissing:
@@ -120,13 +168,21 @@ def clean_stale_entries(
     return deleted
 
 
-def reconcile(view: NodeView, family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60) -> int:
+def reconcile(
+    view: NodeView,
+    family: str,
+    run: Runner = local_run,
+    *,
+    node_ports: NodePorts = ALL_LOCAL_NODE_PORTS,
+    binary: str = "conntrack",
+    timeout: float = 60,
+) -> int:
     """`clean_stale_entries` that never raises: failures are logged and count as 0 deleted.
 
     A one-shot: a missing conntrack program is logged on every call. A long-running proxy holds
     a `Reconciler`, which says it once.
     """
-    return Reconciler(run, binary, timeout).reconcile(view, family)
+    return Reconciler(run, binary, timeout).reconcile(view, family, node_ports)
 
 
 @dataclass
@@ -140,9 +196,9 @@ class Reconciler:
     timeout: float = 60
     _missing_reported: bool = field(default=False, init=False)
 
-    def reconcile(self, view: NodeView, family: str) -> int:
+    def reconcile(self, view: NodeView, family: str, node_ports: NodePorts = ALL_LOCAL_NODE_PORTS) -> int:
         try:
-            deleted = clean_stale_entries(view, family, self.run, binary=self.binary, timeout=self.timeout)
+            deleted = clean_stale_entries(view, family, self.run, node_ports=node_ports, binary=self.binary, timeout=self.timeout)
         except ConntrackMissing as exc:
             if not self._missing_reported:
                 log.warning("Cannot clean up stale UDP conntrack entries: %s", exc)

@@ -5,7 +5,8 @@ Upstream's reconciler (pkg/proxy/conntrack, CleanStaleEntries), rule for rule:
 - Only UDP service ports count, and only those with at least one *serving* endpoint: a service
   without endpoints has nowhere better to send a flow, so its entries are left alone.
 - A service port's frontends are `clusterIP:port`, every `externalIP:port` and every LB
-  `VIP:port`, plus `*:nodePort` (any destination address: the node has many).
+  `VIP:port`, plus `nodeIP:nodePort` for every address where this node accepts NodePort
+  traffic (`NodePortDestinations`).
 - An entry is stale when its original destination is such a frontend and its reply source
   (`ip:port`, where it was DNATed to) is not a serving endpoint of that service port. That covers
   endpoints that went away or stopped serving, an endpoint that kept its IP but changed its port,
@@ -16,27 +17,111 @@ Upstream's reconciler (pkg/proxy/conntrack, CleanStaleEntries), rule for rule:
   endpoints, and entries still DNATed to a serving endpoint even when it is terminating or no
   longer chosen by topology or traffic policy: existing flows are not disturbed, as with TCP.
 
-One deliberate difference: when two UDP service ports share a frontend (the same external IP and
-port), upstream keeps whichever it visits last in Go's random map order; we take the union of
-their serving endpoints, so a live flow is never deleted because of the visiting order.
+Two deliberate differences:
+- When two UDP service ports share a frontend (the same external IP and port), upstream keeps
+  whichever it visits last in Go's random map order; we take the union of their serving
+  endpoints, so a live flow is never deleted because of the visiting order.
+- Upstream's NodePort filter matches any destination address (`--orig-port-dst` only). Then a
+  UDP NodePort on a port the node itself uses (nodePort 53 from a manifest) deletes the node's
+  own flows to *any* address on that port, its DNS queries to the outside included: none of them
+  were DNATed, so their reply source is "not a serving endpoint". We only touch flows whose
+  original destination is one of the node's NodePort addresses, exactly those the NodePort rules
+  match: the addresses --nodeport-addresses selects, or every local address of the family
+  (iptables' `addrtype LOCAL`, nftables' `fib daddr type local`) when it selects all, loopback
+  only where the rules accept NodePorts on it (iptables' localhost NodePorts, IPv4).
 
 Entries are deleted by `Filter`: the frontend plus the stale backend, which is exactly the
 staleness condition. So one `conntrack -D` per distinct (frontend, stale backend) removes every
 client's entry at once, and also one created between listing and deleting, which is just as
-stale.
+stale. A NodePort frontend is one node address and the port, like any other.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kubeproxy.backends.conntrack.flows import Flow
+from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.proxy.changes import Changes
 from kubeproxy.proxy.model import IPV6, NodeView
 
+log = logging.getLogger("kubeproxy.conntrack")
+
 UDP = "UDP"
 Backend = tuple[str, int]  # endpoint ip, port
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class NodePortDestinations:
+    """The addresses where this node accepts NodePort traffic, resolved: single addresses and
+    (for the local routing table's `127.0.0.0/8`) whole local prefixes."""
+
+    addresses: frozenset[str] = frozenset()  # normalised, as `Flow` holds them
+    networks: tuple[Network, ...] = ()
+
+    def __contains__(self, ip: object) -> bool:
+        if not isinstance(ip, str):
+            return False
+        if ip in self.addresses:
+            return True
+        if not self.networks:
+            return False
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(addr in net for net in self.networks)
+
+
+@dataclass(frozen=True)
+class NodePorts:
+    """Where the node's NodePort rules match, before the kernel is asked: `ips` (what
+    --nodeport-addresses selected) or, with `all_local`, every local address of the family.
+    `loopback`: whether loopback destinations count (iptables' localhost NodePorts).
+
+    The default, every local address but loopback, is what the default configuration does in
+    both modes, minus localhost NodePorts: a caller that does not know the options misses only
+    the cleanup of flows to 127.0.0.1:nodePort, and never touches a flow that is not a NodePort's.
+    """
+
+    ips: tuple[str, ...] = ()
+    all_local: bool = True
+    loopback: bool = False
+
+    @classmethod
+    def of(cls, opts: IptablesOptions, mode: str) -> NodePorts:
+        """The NodePort addresses of this sync's options, as the `mode` renderer uses them."""
+        # iptables accepts NodePorts on 127.0.0.0/8 (route_localnet) when localhost NodePorts are
+        # on (opts says so only for IPv4); nftables never does.
+        loopback = mode == "iptables" and opts.localhost_nodeports
+        return cls(tuple(opts.nodeport_ips), opts.nodeport_match_all, loopback)
+
+    def resolve(self, local_routes: Iterable[str] = ()) -> NodePortDestinations:
+        """The destinations, given the `dst` of each route in the kernel's local table of type
+        local (`ip route show table local type local`): used only when `all_local`."""
+        addresses: set[str] = set()
+        networks: list[Network] = []
+        for text in local_routes if self.all_local else self.ips:
+            try:
+                net = ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                log.debug("ignoring local address %r: not an address or prefix", text)
+                continue
+            if net.network_address.is_loopback and not self.loopback:
+                continue
+            if net.num_addresses == 1:
+                addresses.add(str(net.network_address))
+            else:
+                networks.append(net)
+        return NodePortDestinations(frozenset(addresses), tuple(networks))
+
+
+# Every local address but loopback: see `NodePorts`. Frozen, so one shared default is safe.
+ALL_LOCAL_NODE_PORTS = NodePorts()
 
 
 @dataclass(frozen=True)
@@ -68,21 +153,17 @@ def frontends(view: NodeView) -> Frontends:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Filter:
-    """A `conntrack -D` selection: UDP entries to a frontend whose reply comes from one backend.
-
-    orig_dst empty: any destination address (a NodePort frontend).
-    """
+    """A `conntrack -D` selection: UDP entries to a frontend (`orig_dst:orig_dport`) whose reply
+    comes from one backend. Always with a destination address: see the module's note on NodePorts."""
 
     orig_dport: int
     reply_src: str
     reply_sport: int
-    orig_dst: str = ""
+    orig_dst: str
 
     def argv(self, family: str) -> list[str]:
         """The conntrack options (after `-D`) that select exactly these entries."""
-        argv = ["-p", "udp", "-f", "ipv6" if family == IPV6 else "ipv4"]
-        if self.orig_dst:
-            argv += ["--orig-dst", self.orig_dst]
+        argv = ["-p", "udp", "-f", "ipv6" if family == IPV6 else "ipv4", "--orig-dst", self.orig_dst]
         argv += ["--orig-port-dst", str(self.orig_dport)]
         argv += ["--reply-src", self.reply_src, "--reply-port-src", str(self.reply_sport)]
         return argv
@@ -93,40 +174,42 @@ class Filter:
             and flow.orig_dport == self.orig_dport
             and flow.reply_src == self.reply_src
             and flow.reply_sport == self.reply_sport
-            and (not self.orig_dst or flow.orig_dst == self.orig_dst)
+            and flow.orig_dst == self.orig_dst
         )
 
 
-def filters_for(flow: Flow, fe: Frontends) -> list[Filter]:
-    """The filters (none, one or two) under which `flow` is stale."""
+def filters_for(flow: Flow, fe: Frontends, node_ports: NodePortDestinations) -> list[Filter]:
+    """The filter under which `flow` is stale, if any (a list: none or one).
+
+    Stale as a service-IP frontend's flow or as a NodePort's (to one of `node_ports`): the
+    filter is the same, the flow's destination and port and its backend.
+    """
     if flow.protocol != "udp":
         return []
-    out: list[Filter] = []
     backend = (flow.reply_src, flow.reply_sport)
     serving = fe.by_address.get((flow.orig_dst, flow.orig_dport))
-    if serving is not None and backend not in serving:
-        out.append(Filter(flow.orig_dport, flow.reply_src, flow.reply_sport, flow.orig_dst))
-    serving = fe.by_node_port.get(flow.orig_dport)
-    if serving is not None and backend not in serving:
-        out.append(Filter(flow.orig_dport, flow.reply_src, flow.reply_sport))
-    return out
+    stale_here = serving is not None and backend not in serving
+    if not stale_here:
+        serving = fe.by_node_port.get(flow.orig_dport)
+        # Only flows to the node's own NodePort addresses: the node's flows to anything else on
+        # that port (its DNS queries, for nodePort 53) were never a NodePort's.
+        stale_here = serving is not None and backend not in serving and flow.orig_dst in node_ports
+    return [Filter(flow.orig_dport, flow.reply_src, flow.reply_sport, flow.orig_dst)] if stale_here else []
 
 
-def stale(flows: Iterable[Flow], view: NodeView) -> list[Flow]:
+def stale(flows: Iterable[Flow], view: NodeView, node_ports: NodePortDestinations) -> list[Flow]:
     """The flows that must go, in input order."""
     fe = frontends(view)
-    return [flow for flow in flows if filters_for(flow, fe)]
+    return [flow for flow in flows if filters_for(flow, fe, node_ports)]
 
 
-def stale_filters(flows: Iterable[Flow], view: NodeView) -> list[Filter]:
-    """The distinct filters that delete every stale flow, sorted; a frontend filter that a
-    NodePort filter for the same port and backend already covers is left out."""
+def stale_filters(flows: Iterable[Flow], view: NodeView, node_ports: NodePortDestinations) -> list[Filter]:
+    """The distinct filters that delete every stale flow, sorted."""
     fe = frontends(view)
     found: set[Filter] = set()
     for flow in flows:
-        found.update(filters_for(flow, fe))
-    any_dst = {(f.orig_dport, f.reply_src, f.reply_sport) for f in found if not f.orig_dst}
-    return sorted(f for f in found if not f.orig_dst or (f.orig_dport, f.reply_src, f.reply_sport) not in any_dst)
+        found.update(filters_for(flow, fe, node_ports))
+    return sorted(found)
 
 
 def cleanup_required(changes: Changes) -> bool:
