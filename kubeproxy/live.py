@@ -37,14 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kubeproxy.backends import conntrack
-from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.iptables.apply import Runner, ensure_nfacct_counters, local_run, nfacct_packets
+from kubeproxy.backends import conntrack, registry
+from kubeproxy.backends.base import Backend, SyncError, SyncReport
+from kubeproxy.backends.iptables.apply import Runner, local_run, nfacct_packets
 from kubeproxy.backends.iptables.options import iptables_options
-from kubeproxy.backends.iptables.proxier import IptablesProxier, SyncReport
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS, IptablesOptions
-from kubeproxy.backends.nftables.apply import NftError
-from kubeproxy.backends.nftables.proxier import NftablesProxier, NftSyncReport
+from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
@@ -95,10 +92,9 @@ class LiveProxy:
     runner: BoundedFrequencyRunner = field(init=False)
     conntrack_cleaner: conntrack.Reconciler = field(init=False)
     view_builder: ViewBuilder = field(default_factory=ViewBuilder, init=False)
-    backend: IptablesProxier | NftablesProxier = field(init=False)
+    backend: Backend = field(init=False)
     _initialized: bool = field(default=False, init=False)
     _family: str = field(default="IPv4", init=False)
-    _nfacct: tuple[str, ...] = field(default=(), init=False)
     _triggers: TriggerTimes = field(init=False)  # for the network-programming metric
     quarantine: Quarantine = field(default_factory=Quarantine, init=False)
     _last_good: NodeView | None = field(default=None, init=False)  # the view the kernel last accepted
@@ -106,7 +102,7 @@ class LiveProxy:
     _pending_endpoints: int = field(default=0, init=False)
     syncs: int = field(default=0, init=False)  # successful syncs
     failed_syncs: int = field(default=0, init=False)
-    last_report: SyncReport | NftSyncReport | None = field(default=None, init=False)
+    last_report: SyncReport | None = field(default=None, init=False)
     last_changes: Changes | None = field(default=None, init=False)
     servers: dict[str, asyncio.AbstractServer] = field(default_factory=dict, init=False)  # proxy.http.HttpServer
     _progress: asyncio.Condition | None = field(default=None, init=False)
@@ -126,10 +122,9 @@ class LiveProxy:
             retry_interval=self.cfg.sync_period,
             name=f"{self.cfg.mode}-sync",
         )
-        if self.cfg.mode == "nftables":
-            self.backend = NftablesProxier(run=self.run_cmd, sync_period=self.cfg.sync_period)
-        else:
-            self.backend = IptablesProxier(run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant)
+        self.backend = registry.create(
+            self.cfg.mode, run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant
+        )
 
     # -- events
 
@@ -176,7 +171,7 @@ class LiveProxy:
             family=family,
             hostname=self.node_name,
             node=node,
-            nfacct_counters=self._nfacct,
+            nfacct_counters=self.backend.nfacct_counters,
             conntrack_tcp_liberal=_tcp_liberal(),
         )
         self.backend.ipv6 = family == IPV6
@@ -220,7 +215,7 @@ class LiveProxy:
         log.info(kv("SyncProxyRules complete", elapsed=f"{elapsed * 1000:.1f}ms", full=report.full))
         await self._finished()
 
-    def _apply(self, view: NodeView, opts: IptablesOptions, changes: Changes) -> tuple[SyncReport | NftSyncReport, NodeView]:
+    def _apply(self, view: NodeView, opts: IptablesOptions, changes: Changes) -> tuple[SyncReport, NodeView]:
         """Program `view`; if the kernel refuses it, quarantine the Services it refuses and program the rest.
 
         Runs in the worker thread. Returns the report and the view actually programmed (held
@@ -229,7 +224,7 @@ class LiveProxy:
         """
         programmed = self.quarantine.apply(view)
         try:
-            return self.backend.sync(programmed, opts, changes.changed_services), self._accepted(programmed)  # type: ignore[arg-type]
+            return self.backend.sync(programmed, opts, changes.changed_services), self._accepted(programmed)
         except SyncError as exc:
             refused = exc
         # A failed partial sync names its suspects; after a failed full sync every Service is one.
@@ -258,7 +253,7 @@ class LiveProxy:
             )
         self._show_quarantine()
         programmed = self.quarantine.apply(view)
-        return self.backend.sync(programmed, opts, None), self._accepted(programmed)  # type: ignore[arg-type]
+        return self.backend.sync(programmed, opts, None), self._accepted(programmed)
 
     def _accepted(self, view: NodeView) -> NodeView:
         self._last_good = view
@@ -269,14 +264,7 @@ class LiveProxy:
         self.health.quarantined = tuple(self.quarantine.names())
 
     def _count_failure(self, exc: Exception, changes: Changes) -> None:
-        if isinstance(exc, NftError):
-            self.metrics.nftables_sync_failures_total.inc()
-            log.error(kv("nftables sync failed", err=exc))
-        else:
-            self.metrics.restore_failures_total.inc()
-            if not changes.full:
-                self.metrics.partial_restore_failures_total.inc()
-            log.error(kv("Failed to execute iptables-restore", err=exc))
+        self.backend.record_failure(self.metrics, exc, partial=not changes.full)
 
     async def wait_for_syncs(self, count: int) -> None:
         """Until `count` syncs (successful or failed) have finished: for tests and benchmarks."""
@@ -294,7 +282,7 @@ class LiveProxy:
         async with cond:
             cond.notify_all()
 
-    def _record(self, report: SyncReport | NftSyncReport, elapsed: float, triggers: dict[ServiceKey, list[float]]) -> None:
+    def _record(self, report: SyncReport, elapsed: float, triggers: dict[ServiceKey, list[float]]) -> None:
         self.syncs += 1
         self.last_report = report
         m = self.metrics
@@ -304,9 +292,8 @@ class LiveProxy:
         m.last_timestamp.set(now)
         m.service_changes_pending.set(0)
         m.endpoint_changes_pending.set(0)
-        if isinstance(report, SyncReport):
-            m.iptables_total.labels(table="filter").set(report.rendered.filter_rules)
-            m.iptables_total.labels(table="nat").set(report.rendered.nat_rules_total)
+        for table, count in report.rule_counts.items():
+            m.iptables_total.labels(table=table).set(count)
         m.no_local_endpoints_total.labels(traffic_policy="internal").set(report.no_local_endpoints_internal)
         m.no_local_endpoints_total.labels(traffic_policy="external").set(report.no_local_endpoints_external)
         for latency in latencies(triggers, now):
@@ -339,13 +326,11 @@ class LiveProxy:
     # -- running
 
     def prepare(self) -> None:
-        """Kernel set-up before the first sync: nfacct counters and the canary chains (iptables)."""
-        if isinstance(self.backend, IptablesProxier):
-            self._nfacct = tuple(sorted(ensure_nfacct_counters(NFACCT_COUNTERS, self.run_cmd)))
+        """Kernel set-up before the first sync (the backend's: canary chains, nfacct counters, ...)."""
         self.backend.prepare()
 
     def _nfacct_packets(self, name: str) -> int | None:
-        return nfacct_packets(name, self.run_cmd) if name in self._nfacct else None
+        return nfacct_packets(name, self.run_cmd) if name in self.backend.nfacct_counters else None
 
     async def serve(self, source: Source) -> None:
         """Run until cancelled: source, runner, health and metrics servers."""

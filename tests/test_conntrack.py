@@ -10,12 +10,10 @@ conntrack program's matching is covered by tests/test_conntrack_kernel.py.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import random
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -38,6 +36,7 @@ from kubeproxy.backends.conntrack import (
     stale,
     stale_filters,
 )
+from kubeproxy.backends.conntrack.fake import FakeConntrack
 from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.cluster.objects import parse_endpoint_slice, parse_service
 from kubeproxy.cluster.state import ClusterState
@@ -115,53 +114,6 @@ class Lines:
         )
 
 
-@dataclass
-class FakeConntrack:
-    """A runner that behaves like conntrack-tools 1.4.7 on a table of `-L` lines (and like
-    `ip -j route show table local type local` on a list of local route destinations)."""
-
-    table: list[str]
-    calls: list[list[str]] = field(default_factory=list)
-    local: list[str] = field(default_factory=lambda: list(LOCAL_ROUTES))
-
-    def __call__(
-        self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        argv = list(argv)
-        self.calls.append(argv)
-        if argv[0] == "ip":
-            assert argv[1:] == ["-j", "-4", "route", "show", "table", "local", "type", "local"], argv
-            routes = [{"type": "local", "dst": dst, "dev": "eth0", "protocol": "kernel"} for dst in self.local]
-            return subprocess.CompletedProcess(argv, 0, json.dumps(routes), "")
-        opts = dict(zip(argv[2::2], argv[3::2], strict=True))
-        assert argv[0] == "conntrack" and opts["-p"] == "udp" and opts["-f"] in ("ipv4", "ipv6")
-        udp = [line for line in self.table if line.startswith("udp ")]
-        if argv[1] == "-L":
-            return self._done(argv, 0, "".join(f"{line}\n" for line in udp), f"{len(udp)} flow entries have been shown.")
-        assert argv[1] == "-D"
-        gone = [line for line in udp if self._selects(opts, line.split())]
-        self.table = [line for line in self.table if line not in gone]
-        out = "".join(f"{line}\n" for line in gone)
-        return self._done(argv, 0 if gone else 1, out, f"{len(gone)} flow entries have been deleted.")
-
-    @staticmethod
-    def _selects(opts: dict[str, str], tokens: list[str]) -> bool:
-        fields = [t for t in tokens if "=" in t]
-        orig = dict(f.split("=") for f in fields[:4])
-        reply = dict(f.split("=") for f in fields[4:8])
-        wanted = {
-            "--orig-dst": orig["dst"],
-            "--orig-port-dst": orig["dport"],
-            "--reply-src": reply["src"],
-            "--reply-port-src": reply["sport"],
-        }
-        return all(opts[k] == v for k, v in wanted.items() if k in opts)
-
-    @staticmethod
-    def _done(argv: list[str], rc: int, out: str, summary: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(argv, rc, out, f"conntrack v1.4.7 (conntrack-tools): {summary}\n")
-
-
 def upstream_view() -> NodeView:
     view = view_of([service_obj()], [slice_obj()])
     # The same sanity checks upstream makes on its fixture.
@@ -216,7 +168,7 @@ def test_upstream_clean_stale_entries_pure() -> None:
 
 def test_upstream_clean_stale_entries_through_conntrack() -> None:
     before, after = upstream_table()
-    ct = FakeConntrack(list(before))
+    ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(before))
     deleted = reconcile(upstream_view(), IPV4, ct)
     udp_before = [line for line in before if line.startswith("udp ")]
     assert sorted(ct.table) == sorted(after)
@@ -241,7 +193,7 @@ def test_upstream_performance_one_delete_for_many_stale_entries() -> None:
             expected_deleted += 1
         else:
             expected_left += 1
-    ct = FakeConntrack(table)
+    ct = FakeConntrack(local=list(LOCAL_ROUTES), table=table)
     assert reconcile(view, IPV4, ct) == expected_deleted
     assert len(ct.table) == expected_left
     assert [c[1] for c in ct.calls] == ["-L", "-D"]
@@ -253,7 +205,7 @@ def test_upstream_service_without_endpoints_keeps_its_entries() -> None:
     view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(service="non-existing-service", protocols=["UDP"])])
     line = Lines()
     table = [line("udp", EXTERNAL_IP, SVC_PORT, SERVING_EP, EP_PORT), line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT)]
-    ct = FakeConntrack(list(table))
+    ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(table))
     assert reconcile(view, IPV4, ct) == 0
     assert ct.table == table
     assert [c[1] for c in ct.calls] == ["-L"]
@@ -335,7 +287,7 @@ def test_node_port_53_leaves_the_nodes_own_dns_flows_alone() -> None:
     """The issue's finding: with upstream's any-destination NodePort filter, every one of the
     node's DNS flows was 'stale' (its reply does not come from a serving endpoint)."""
     table, keep = dns_flows()
-    ct = FakeConntrack(list(table))
+    ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(table))
     assert reconcile(dns_node_port_view(), IPV4, ct) == 2
     assert sorted(ct.table) == sorted(keep)
     deletes = [c for c in ct.calls if c[1] == "-D"]
@@ -384,7 +336,7 @@ def test_resolve_keeps_single_addresses_and_prefixes_normalised() -> None:
 
 def test_local_addresses_are_asked_only_when_needed() -> None:
     no_node_port = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
-    ct = FakeConntrack([])
+    ct = FakeConntrack(local=list(LOCAL_ROUTES), table=[])
     assert node_port_destinations(no_node_port, IPV4, NodePorts(), ct) == NodePortDestinations()
     assert node_port_destinations(dns_node_port_view(), IPV4, NodePorts(ips=(NODE_IP,), all_local=False), ct) == NODE
     assert ct.calls == []

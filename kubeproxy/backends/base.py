@@ -1,13 +1,64 @@
-"""What every backend shares: the error a failed sync raises.
+"""The contract every backend (proxy mode) implements, and the error a failed sync raises.
 
-A sync fails when a kernel tool refuses its input or cannot be run (`SyncError` and its
-subclasses, one per tool); the live loop treats every such failure alike: the kernel keeps the
-rules it had, the culprit Services are looked for and quarantined (proxy/quarantine.py), and the
-next sync is a full one.
+The live loop (`kubeproxy/live.py`) holds one `Backend` and never asks which mode it is:
+
+- `prepare()` once before the first sync (canary chains, nfacct counters, ...);
+- `sync(view, opts, changed_services)` programs the kernel for `view` (None: a full sync) and
+  returns a `SyncReport`, or raises `SyncError` with the kernel tool's words; the kernel then
+  still holds what it had (each mode applies atomically);
+- `check(view, opts)` answers whether a full sync to `view` would be taken, without applying
+  it (`nft -c`, `iptables-restore --test`): the quarantine bisects with it;
+- `record_failure(metrics, exc, partial)` counts and logs a failed sync in the mode's own
+  metrics and upstream's words for it;
+- `cleanup()` removes what the mode installed and nothing else.
+
+A mode is a folder under `backends/` plus one line in `backends/registry.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kubeproxy.backends.iptables.render import IptablesOptions
+    from kubeproxy.proxy.metrics import ProxyMetrics
+    from kubeproxy.proxy.model import NodeView
+
 
 class SyncError(RuntimeError):
     """A kernel tool refused a transaction or could not be run; the message carries its words."""
+
+
+class SyncReport(Protocol):
+    """What one sync did, for logs and metrics."""
+
+    @property
+    def full(self) -> bool: ...
+
+    @property
+    def no_local_endpoints_internal(self) -> int: ...
+
+    @property
+    def no_local_endpoints_external(self) -> int: ...
+
+    @property
+    def rule_counts(self) -> Mapping[str, int]:
+        """Rules per table, for modes that expose them (kubeproxy_sync_proxy_rules_iptables_total)."""
+        ...
+
+
+class Backend(Protocol):
+    ipv6: bool
+    # nfacct counters the rules may use, once `prepare` has created them (iptables mode only).
+    nfacct_counters: tuple[str, ...]
+
+    def prepare(self) -> None: ...
+
+    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport: ...
+
+    def check(self, view: NodeView, opts: IptablesOptions) -> str | None: ...
+
+    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None: ...
+
+    def cleanup(self) -> list[str]: ...

@@ -27,7 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.iptables import jumps, names
-from kubeproxy.backends.iptables.apply import RestoreError, Runner, check_restore, local_run, restore
+from kubeproxy.backends.iptables.apply import (
+    RestoreError,
+    Runner,
+    check_restore,
+    ensure_nfacct_counters,
+    local_run,
+    restore,
+)
 from kubeproxy.backends.iptables.render import (
     KUBE_EXTERNAL_SERVICES,
     KUBE_FIREWALL,
@@ -38,12 +45,14 @@ from kubeproxy.backends.iptables.render import (
     KUBE_PROXY_CANARY,
     KUBE_PROXY_FIREWALL,
     KUBE_SERVICES,
+    NFACCT_COUNTERS,
     IptablesOptions,
     RenderCache,
     Rendered,
     is_large_cluster,
     render,
 )
+from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import IPV6, NodeView
 
 log = logging.getLogger("kubeproxy.iptables")
@@ -77,6 +86,10 @@ class SyncReport:
     def no_local_endpoints_external(self) -> int:
         return self.rendered.no_local_endpoints_external
 
+    @property
+    def rule_counts(self) -> dict[str, int]:
+        return {"filter": self.rendered.filter_rules, "nat": self.rendered.nat_rules_total}
+
 
 def chains_in_save(text: str) -> set[str]:
     """Chain names declared in `iptables-save` output (lines `:NAME POLICY [p:b]`)."""
@@ -93,6 +106,7 @@ class IptablesProxier:
     variant: str = ""
     sync_period: float = 30.0
     clock: Callable[[], float] = time.monotonic
+    nfacct_counters: tuple[str, ...] = field(default=(), init=False)
     _last_stale_cleanup: float = field(default=float("-inf"), init=False)
     # Unchanged services' rules from the previous render: a small change renders only itself.
     _cache: RenderCache = field(default_factory=RenderCache, init=False)
@@ -109,8 +123,16 @@ class IptablesProxier:
         return self.run([binary, "-w", *args], check=check).returncode == 0
 
     def prepare(self) -> None:
-        """Before the first sync: the canary chains whose disappearance means a flush."""
+        """Before the first sync: the canary chains whose disappearance means a flush, and the
+        nfacct counters upstream's rules count with (left out where the kernel has none)."""
+        self.nfacct_counters = tuple(sorted(ensure_nfacct_counters(NFACCT_COUNTERS, self.run)))
         self.ensure_canary()
+
+    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+        log.error('"Failed to execute iptables-restore" err="%s"', exc)
+        metrics.restore_failures_total.inc()
+        if partial:
+            metrics.partial_restore_failures_total.inc()
 
     def canary_present(self) -> bool:
         """Whether the canary in the mangle table is still there.

@@ -19,6 +19,7 @@ from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView
 
 log = logging.getLogger("kubeproxy.nftables")
@@ -39,6 +40,10 @@ class NftSyncReport:
     def no_local_endpoints_external(self) -> int:
         return self.rendering.no_local_endpoints_external
 
+    @property
+    def rule_counts(self) -> dict[str, int]:
+        return {}  # upstream's nftables mode exposes no rule-count metric
+
 
 @dataclass
 class NftablesProxier:
@@ -48,6 +53,7 @@ class NftablesProxier:
     run: Runner = local_run
     sync_period: float = 30.0
     clock: Callable[[], float] = time.monotonic
+    nfacct_counters: tuple[str, ...] = field(default=(), init=False)  # nftables has its own counters
     _applier: NftApplier | None = field(default=None, init=False)
     _previous: NftRendering | None = field(default=None, init=False)
     _checked_at: float = field(default=float("-inf"), init=False)
@@ -59,6 +65,10 @@ class NftablesProxier:
 
     def prepare(self) -> None:
         """Nothing to set up before the first sync: the table carries its own base chains."""
+
+    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+        log.error('"nftables sync failed" err="%s"', exc)
+        metrics.nftables_sync_failures_total.inc()
 
     def _current_applier(self) -> NftApplier:
         if self._applier is None or self._applier.family != self.family:

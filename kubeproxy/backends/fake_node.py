@@ -1,0 +1,34 @@
+"""One fake node for tests without root: every kernel tool the proxy runs, in memory.
+
+`FakeNode().run` is a `Runner` that sends each command to the fake of its tool: iptables,
+ip6tables, their -save/-restore and nfacct to `FakeIptables`, nft to `FakeNft`, conntrack and
+`ip` (local routes) to `FakeConntrack`. A `LiveProxy(run_cmd=FakeNode().run)` runs every mode's
+sync, check and cleanup without touching a kernel.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.conntrack.fake import FakeConntrack
+from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.nftables.fake import FakeNft
+
+
+@dataclass
+class FakeNode:
+    iptables: FakeIptables = field(default_factory=FakeIptables)
+    nft: FakeNft = field(default_factory=FakeNft)
+    conntrack: FakeConntrack = field(default_factory=lambda: FakeConntrack(local=["127.0.0.1", "192.168.0.2"]))
+
+    def run(
+        self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        tool = argv[0]
+        if tool == "nft":
+            return self.nft.run(argv, input=input, check=check, timeout=timeout)
+        if tool in ("conntrack", "ip"):
+            return self.conntrack(argv, input=input, check=check, timeout=timeout)
+        return self.iptables.run(argv, input=input, check=check, timeout=timeout)

@@ -1,0 +1,134 @@
+"""The live proxy on the package's fake node: its logic in milliseconds, without root.
+
+The same behaviours run in a real kernel in tests/test_live.py and tests/test_quarantine_live.py;
+here the loop, the quarantine and the retries are driven against `FakeNode` in both modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from kubeproxy.backends.fake_node import FakeNode
+from kubeproxy.live import LiveProxy
+from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.sources.events import WatchEvent
+from tests.test_live import _service
+
+CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, sync_period=30.0,
+                  healthz_bind_address="", metrics_bind_address="")  # fmt: skip
+REFUSED = "10.244.66.66"
+
+
+@dataclass
+class Source:
+    """Delivers `initial`, then whatever `publish` is given, as watch events."""
+
+    proxy: LiveProxy
+    initial: list[dict[str, Any]]
+    connected: bool = True
+    _synced: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        for obj in self.initial:
+            self.proxy.on_event(WatchEvent("ADDED", obj["kind"], obj))
+        self._synced.set()
+        await asyncio.Event().wait()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def publish(self, *objs: dict[str, Any], kind: str = "MODIFIED") -> None:
+        for obj in objs:
+            self.proxy.on_event(WatchEvent(kind, obj["kind"], obj))  # type: ignore[arg-type]
+
+
+def _refusing(node: FakeNode) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        if REFUSED in (kw.get("input") or "") and (argv[0] == "nft" or "-restore" in argv[0]):
+            return subprocess.CompletedProcess(argv, 1, "", "refused (injected)")
+        return node.run(argv, **kw)
+
+    return run
+
+
+def _programmed(node: FakeNode, mode: str) -> str:
+    if mode == "nftables":
+        table = node.nft.table()
+        return repr(table) if table else ""
+    return node.iptables.run(["iptables-save"]).stdout
+
+
+@pytest.fixture(params=["iptables", "nftables"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _run(mode: str, node: FakeNode, initial: list[dict], body: Callable[[LiveProxy, Source], Awaitable[None]]) -> None:
+    async def main() -> None:
+        proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=_refusing(node))
+        source = Source(proxy, initial)
+        task = asyncio.create_task(proxy.serve(source))
+        try:
+            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
+            await asyncio.wait_for(body(proxy, source), 10)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+async def _next_sync(proxy: LiveProxy) -> None:
+    await proxy.wait_for_syncs(proxy.syncs + proxy.failed_syncs + 1)
+
+
+def test_a_refused_service_is_quarantined_with_its_last_rules(mode: str) -> None:
+    node = FakeNode()
+
+    async def body(proxy: LiveProxy, source: Source) -> None:
+        assert "10.244.1.61" in _programmed(node, mode) and proxy.failed_syncs == 0
+        source.publish(*_service("moody", "10.96.6.1", ["10.244.1.61", REFUSED]), *_service("fine", "10.96.6.2", ["10.244.1.62"]))
+        await _next_sync(proxy)
+        rules = _programmed(node, mode)
+        assert "10.244.1.62" in rules and "10.244.1.61" in rules and REFUSED not in rules
+        assert proxy.quarantine.names() == ["default/moody"] and proxy.failed_syncs == 0
+        assert proxy.health.quarantined == ("default/moody",)
+        source.publish(*_service("moody", "10.96.6.1", ["10.244.1.63"]))
+        await _next_sync(proxy)
+        assert len(proxy.quarantine) == 0 and "10.244.1.63" in _programmed(node, mode)
+
+    _run(mode, node, _service("moody", "10.96.6.1", ["10.244.1.61"]), body)
+
+
+def test_a_refusal_no_service_explains_fails_the_sync_and_retries_in_full(mode: str) -> None:
+    node = FakeNode()
+    refuse = {"left": 0}
+
+    async def body(proxy: LiveProxy, source: Source) -> None:
+        real = proxy.backend.sync
+        calls: list[bool] = []
+
+        def sync(view, opts, changed):  # type: ignore[no-untyped-def]
+            calls.append(changed is None)
+            if refuse["left"]:
+                refuse["left"] -= 1
+                from kubeproxy.backends.base import SyncError
+
+                raise SyncError("the kernel is busy (injected)")
+            return real(view, opts, changed)
+
+        proxy.backend.sync = sync  # type: ignore[method-assign]
+        refuse["left"] = 1
+        source.publish(*_service("late", "10.96.8.8", ["10.244.1.88"]))
+        while "10.244.1.88" not in _programmed(node, mode):
+            await _next_sync(proxy)
+        assert proxy.failed_syncs == 1 and len(proxy.quarantine) == 0
+        assert calls[:2] == [False, True]  # the partial sync failed, the retry was full
+
+    _run(mode, node, _service("web", "10.96.0.10", ["10.244.1.10"]), body)
