@@ -39,7 +39,8 @@ from typing import Protocol
 
 from kubeproxy.backends import conntrack, registry
 from kubeproxy.backends.base import Backend, SyncError, SyncReport
-from kubeproxy.backends.iptables.apply import Runner, local_run, nfacct_packets
+from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.iptables.apply import nfacct_packets
 from kubeproxy.backends.iptables.options import iptables_options
 from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.cluster.state import ClusterState
@@ -70,8 +71,11 @@ class Source(Protocol):
 
 
 def kv(message: str, **fields: object) -> str:
-    """A log line in klog's structured form: `"Message" key="value" ...`, as upstream writes them."""
-    return " ".join([f'"{message}"', *(f'{k}="{v}"' for k, v in fields.items())])
+    """A log line in klog's structured form: `"Message" key="value" ...`, as upstream writes them
+    (numbers and booleans bare, as Go prints them; the parts kept for --logging-format=json)."""
+    from kubeproxy.proxy.logs import kv as structured
+
+    return structured(message, **fields)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kubeproxy.backends.base import Backend
-from kubeproxy.backends.iptables.apply import Runner
+from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.backends.nftables.proxier import NftablesProxier
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
 from kubeproxy.backends.conntrack.stale import ALL_LOCAL_NODE_PORTS, UDP, Filter, NodePortDestinations, NodePorts, stale_filters
-from kubeproxy.backends.iptables.apply import Runner, local_run
+from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.proxy.model import IPV4, IPV6, NodeView
 
 log = logging.getLogger("kubeproxy.conntrack")

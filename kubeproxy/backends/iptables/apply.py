@@ -1,33 +1,19 @@
 """The only code that hands iptables rules to the kernel: iptables-restore fed on stdin.
 
-Every function takes a `run` callable (argv, stdin) so that the same code drives the host or a
-test namespace (`NetNS.run`).
+Every function takes a `run` callable (backends/exec.py) so that the same code drives the host, a
+test namespace (`NetNS.run`) or the fake (`FakeIptables.run`).
 """
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection
 
 from kubeproxy.backends.base import SyncError
-
-Runner = Callable[..., subprocess.CompletedProcess[str]]
+from kubeproxy.backends.exec import Runner, local_run
 
 
 class RestoreError(SyncError):
     """iptables-restore refused the input; the message carries its complaint."""
-
-
-def local_run(
-    argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
-) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise SyncError(f"{argv[0]} did not finish within {timeout} s") from exc
-    if check and proc.returncode != 0:
-        raise RestoreError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()}")
-    return proc
 
 
 def restore(

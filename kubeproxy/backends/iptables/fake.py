@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.iptables.apply import RestoreError
+from kubeproxy.backends.exec import CommandError
 
 BUILTIN = {
     "filter": ("INPUT", "FORWARD", "OUTPUT"),
@@ -61,7 +61,7 @@ class FakeIptables:
         except _Refused as exc:
             proc = subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: {exc}")
         if check and proc.returncode != 0:  # as local_run
-            raise RestoreError(f"{argv[0]} exited {proc.returncode}: {proc.stderr}")
+            raise CommandError(f"{argv[0]} exited {proc.returncode}: {proc.stderr}")
         return proc
 
     # ------------------------------------------------------------------ views for tests

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.iptables.apply import Runner, local_run
+from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
 from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, element_lines, quote
 from kubeproxy.backends.nftables.render import BASE_CHAINS, CONNTRACK_CHAINS, SERVICES

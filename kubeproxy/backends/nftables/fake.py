@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kubeproxy.backends.exec import CommandError
 from kubeproxy.backends.kernel_text import NFT_COMMENT_MAX
 
 
@@ -84,9 +85,7 @@ class FakeNft:
         except _Refused as exc:
             proc = subprocess.CompletedProcess(argv, 1, "", f"Error: {exc}")
         if check and proc.returncode != 0:
-            from kubeproxy.backends.nftables.apply import NftError  # apply imports nothing from here
-
-            raise NftError(f"nft failed: {proc.stderr}")
+            raise CommandError(f"nft exited 1: {proc.stderr}")  # as local_run
         return proc
 
     # ------------------------------------------------------------------ commands

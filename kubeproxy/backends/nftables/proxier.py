@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.iptables.apply import Runner, local_run
+from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
 from kubeproxy.backends.nftables.render import render
