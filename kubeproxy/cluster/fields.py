@@ -12,6 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeproxy.cluster.errors import ObjectError
+from kubeproxy.cluster.validation import (
+    ANNOTATIONS_MAX_BYTES,
+    display,
+    label_value,
+    qualified_name,
+    show,
+)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -38,7 +45,7 @@ class Fields:
             return None
         # bool is an int in Python; Kubernetes never accepts true for a number.
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
-            raise self.error(key, f"expected {what}, got {type(value).__name__} {value!r}")
+            raise self.error(key, f"expected {what}, got {type(value).__name__} {show(value)}")
         return value
 
     def str(self, key: str, default: str = "") -> str:
@@ -80,7 +87,7 @@ class Fields:
         out = []
         for i, item in enumerate(self.list(key)):
             if not isinstance(item, dict):
-                raise self.error(f"{key}[{i}]", f"expected an object, got {type(item).__name__} {item!r}")
+                raise self.error(f"{key}[{i}]", f"expected an object, got {type(item).__name__} {show(item)}")
             out.append(Fields(self.kind, self.ref, item, f"{self._name(key)}[{i}]"))
         return out
 
@@ -88,20 +95,65 @@ class Fields:
         items = self.list(key)
         for i, item in enumerate(items):
             if not isinstance(item, str):
-                raise self.error(f"{key}[{i}]", f"expected a string, got {type(item).__name__} {item!r}")
+                raise self.error(f"{key}[{i}]", f"expected a string, got {type(item).__name__} {show(item)}")
         return items
+
+    def check(self, key: str, problem: str | None) -> None:
+        """Raise the ObjectError for `key` if a validation check found a problem."""
+        if problem is not None:
+            raise self.error(key, problem)
 
     def str_map(self, key: str) -> dict[str, str]:
         value = self._get(key, dict, "an object")
         if not value:
             return {}
-        return {str(k): str(v) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str or type(v) is not str:
+                k, v = self._text_pair(key, k, v)
+            out[k] = v
+        return out
+
+    def _text_pair(self, key: str, k: Any, v: Any) -> tuple[str, str]:
+        # A number or true written unquoted in YAML is still meant as text; a list or map is
+        # not, and turning it into text could expand a YAML alias bomb.
+        if isinstance(k, (dict, list)) or isinstance(v, (dict, list)):
+            raise self.error(key, f"expected strings, got {show(k)}: {show(v)}")
+        return str(k), "" if v is None else str(v)  # null is Go's empty string
+
+    def labels(self, key: str) -> dict[str, str]:
+        """A label map, keys and values checked as the API server does."""
+        value = self._get(key, dict, "an object")
+        if not value:
+            return {}
+        out = {}
+        for k, v in value.items():  # one pass: this runs for every object at start
+            if type(k) is not str or type(v) is not str:
+                k, v = self._text_pair(key, k, v)
+            if (problem := qualified_name(k)) is not None:
+                raise self.error(key, problem)
+            if v and (problem := label_value(v)) is not None:
+                raise self.error(f"{key}[{display(k)}]", problem)
+            out[k] = v
+        return out
+
+    def annotations(self, key: str) -> dict[str, str]:
+        """An annotation map: keys checked as the API server does (values are free text), size bounded."""
+        annotations = self.str_map(key)
+        size = 0
+        for k, v in annotations.items():
+            # Upstream checks the lowercased key: annotation keys may hold uppercase prefixes.
+            self.check(key, qualified_name(k.lower()))
+            size += len(k) + len(v)
+        if size > ANNOTATIONS_MAX_BYTES:
+            raise self.error(key, f"{size} bytes, more than the {ANNOTATIONS_MAX_BYTES} the API server allows")
+        return annotations
 
     def ip(self, key: str, value: str) -> IPAddress:
         try:
             return parse_ip_sloppy(value)
         except ValueError:
-            raise self.error(key, f"{value!r} is not a valid IP address") from None
+            raise self.error(key, f"{show(value)} is not a valid IP address") from None
 
     def ips(self, key: str) -> list[IPAddress]:
         return [self.ip(f"{key}[{i}]", s) for i, s in enumerate(self.strs(key))]
@@ -113,7 +165,7 @@ class Fields:
             try:
                 out.append(parse_cidr_sloppy(raw))
             except ValueError:
-                raise self.error(f"{key}[{i}]", f"{raw!r} is not a valid CIDR") from None
+                raise self.error(f"{key}[{i}]", f"{show(raw)} is not a valid CIDR") from None
         return out
 
     def cidrs_of_one(self, key: str) -> list[IPNetwork]:
@@ -121,14 +173,14 @@ class Fields:
         try:
             return [parse_cidr_sloppy(raw)]
         except ValueError:
-            raise self.error(key, f"{raw!r} is not a valid CIDR") from None
+            raise self.error(key, f"{show(raw)} is not a valid CIDR") from None
 
     def enum(self, key: str, allowed: tuple[str, ...], default: str) -> str:
         value = self.str(key)
         if not value:
             return default
         if value not in allowed:
-            raise self.error(key, f"{value!r} is not one of {', '.join(allowed)}")
+            raise self.error(key, f"{show(value)} is not one of {', '.join(allowed)}")
         return value
 
 
@@ -159,15 +211,20 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
 
 def object_ref(kind: str, obj: Mapping[str, Any], *, namespaced: bool = True) -> tuple[str, str, str]:
     """(namespace, name, "ns/name") of a raw object, or ObjectError if metadata is unusable."""
+    # The ref goes into every message about the object: a hostile name is shown quoted and short,
+    # so that a newline in it cannot forge a log line. Whether the name is valid is checked by the
+    # parser of each kind (the rules differ); here only what a key needs.
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
         raise ObjectError(kind, "<unnamed>", "metadata", "required field is missing")
     name = meta.get("name")
     if not isinstance(name, str) or not name:
-        raise ObjectError(kind, "<unnamed>", "metadata.name", "required field is missing")
+        problem = "required field is missing" if not name else f"expected a string, got {type(name).__name__} {show(name)}"
+        raise ObjectError(kind, "<unnamed>", "metadata.name", problem)
     if not namespaced:
-        return "", name, name
+        return "", name, display(name)
     namespace = meta.get("namespace") or "default"
     if not isinstance(namespace, str):
-        raise ObjectError(kind, name, "metadata.namespace", f"expected a string, got {namespace!r}")
-    return namespace, name, f"{namespace}/{name}"
+        problem = f"expected a string, got {type(namespace).__name__} {show(namespace)}"
+        raise ObjectError(kind, display(name), "metadata.namespace", problem)
+    return namespace, name, f"{display(namespace)}/{display(name)}"

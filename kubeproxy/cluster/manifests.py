@@ -3,6 +3,11 @@
 Accepts what people actually have: multi-document YAML, JSON, and `kind: List` (what
 `kubectl get svc,endpointslices -A -o yaml` prints). Returns plain dicts; `cluster.state`
 turns them into typed objects.
+
+A file is refused whole, with a ManifestError naming it, when reading it could take the process
+down: bigger than `MAX_FILE_BYTES`, nested deeper than `MAX_DEPTH`, or a YAML alias bomb (a
+1 KB file whose aliases expand to a billion values once anything walks it: a comparison, a
+message, a copy). The checks run once at load time, in time linear in the file's size.
 """
 
 from __future__ import annotations
@@ -19,6 +24,16 @@ from kubeproxy.cluster.errors import ManifestError
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+# `kubectl get svc,endpointslices -A -o yaml` of 20k objects, managedFields and all, is ~100 MB.
+MAX_FILE_BYTES = 128 * 2**20
+# Kubernetes objects nest ~10 levels (a CRD's schema in the same folder a few dozen): 100 is far
+# above any real object and far below Python's recursion limit, which comparisons and copies hit.
+MAX_DEPTH = 100
+# Without aliases a document cannot hold more values than its text has characters; aliases may
+# repeat a few values (shared labels), never multiply them: a file gets this many values at least.
+MIN_VALUE_BUDGET = 100_000
+_UNSEEN = (-1, -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +66,32 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def read_text(path: Path) -> str:
-    if str(path) == "-":
-        import sys
-
-        return sys.stdin.read()
+def read_text(path: Path, max_bytes: int | None = None) -> str:
+    """The file's text; ManifestError if it is unreadable, not UTF-8 or bigger than `max_bytes` (MAX_FILE_BYTES)."""
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(str(path), None, f"not UTF-8 text ({exc.reason})") from None
+        if str(path) == "-":
+            import sys
+
+            data = sys.stdin.buffer.read(max_bytes + 1)
+        else:
+            # Read at most one byte past the limit: the size is known without reading a huge file.
+            with path.open("rb") as f:
+                data = f.read(max_bytes + 1)
     except OSError as exc:
         raise ManifestError(str(path), None, exc.strerror or str(exc)) from None
+    if len(data) > max_bytes:
+        raise ManifestError(str(path), None, f"bigger than {max_bytes:,} bytes, the limit for one manifest file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(str(path), None, f"not UTF-8 text ({exc.reason})") from None
 
 
 def parse_documents(text: str, source: str) -> Iterator[RawObject]:
     """Objects of one file's text; `kind: List` items are flattened."""
-    docs = _json_documents(text)
+    docs = _json_documents(text, source)
+    is_yaml = docs is None
     try:
         docs = docs if docs is not None else list(yaml.load_all(text, Loader=_Loader))
     except yaml.YAMLError as exc:
@@ -74,6 +99,13 @@ def parse_documents(text: str, source: str) -> Iterator[RawObject]:
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
         raise ManifestError(source, line, f"not valid YAML or JSON: {problem}") from None
+    except RecursionError:
+        raise ManifestError(source, None, f"nested more than {MAX_DEPTH} levels deep") from None
+    budget = max(MIN_VALUE_BUDGET, len(text))
+    for index, doc in enumerate(docs):
+        where = source if len(docs) == 1 else f"{source}#{index + 1}"
+        if isinstance(doc, (dict, list)):
+            budget -= _check_shape(doc, where, budget) if is_yaml else _check_depth(doc, where)
     for index, doc in enumerate(docs):
         if doc is None:
             continue
@@ -93,7 +125,7 @@ def parse_documents(text: str, source: str) -> Iterator[RawObject]:
             yield RawObject(doc, where)
 
 
-def _json_documents(text: str) -> list[Any] | None:
+def _json_documents(text: str, source: str) -> list[Any] | None:
     """A JSON file's one document, parsed by the JSON parser (50x faster than YAML's); None if not JSON."""
     if not text.lstrip().startswith(("{", "[")):
         return None
@@ -101,6 +133,72 @@ def _json_documents(text: str) -> list[Any] | None:
         return [json.loads(text)]
     except ValueError:
         return None  # YAML flow style also starts with "{": let the YAML parser decide
+    except RecursionError:  # the JSON parser recurses per level: ~1000 levels exhaust the stack
+        raise ManifestError(source, None, f"nested more than {MAX_DEPTH} levels deep") from None
+
+
+def _is_container(value: Any) -> bool:
+    return type(value) is dict or type(value) is list
+
+
+def _check_depth(doc: dict[str, Any] | list[Any], where: str) -> int:
+    """The number of maps and lists in a tree (a JSON document); ManifestError if deeper than MAX_DEPTH."""
+    # Level by level, without recursion (the point is not to recurse): a 10 MB file takes ~0.05 s.
+    level: list[Any] = [doc]
+    depth, count = 1, 0
+    while level:
+        if depth > MAX_DEPTH:
+            raise ManifestError(where, None, f"nested more than {MAX_DEPTH} levels deep")
+        count += len(level)
+        below: list[Any] = []
+        for node in level:
+            below += [c for c in (node.values() if type(node) is dict else node) if type(c) is dict or type(c) is list]
+        level, depth = below, depth + 1
+    return count
+
+
+def _check_shape(doc: dict[str, Any] | list[Any], where: str, budget: int) -> int:
+    """The number of values `doc` has once its YAML aliases are expanded, computed without expanding them.
+
+    An alias is the same Python object in several places, so each distinct list or map is visited
+    once and its expanded size is summed from its children's. ManifestError when the size exceeds
+    `budget`, the nesting MAX_DEPTH, or an alias refers to a map or list that contains it.
+    """
+    sizes: dict[int, tuple[int, int] | None] = {}  # id -> (expanded size, height); None: on the current path
+    stack: list[tuple[dict[str, Any] | list[Any], bool]] = [(doc, False)]
+    while stack:
+        node, finished = stack.pop()
+        children = node.values() if type(node) is dict else node
+        if finished:
+            size, height = 1, 0
+            for child in children:
+                if _is_container(child):
+                    child_size, child_height = sizes[id(child)]  # type: ignore[misc]  # finished before its parent
+                    size += child_size
+                    height = max(height, child_height)
+                else:
+                    size += 1
+            if height + 1 > MAX_DEPTH:
+                raise ManifestError(where, None, f"nested more than {MAX_DEPTH} levels deep")
+            if size > budget:
+                raise ManifestError(
+                    where, None, f"YAML aliases expand it to more than {budget:,} values, the most its size allows"
+                )
+            sizes[id(node)] = (size, height + 1)
+            continue
+        known = sizes.get(id(node), _UNSEEN)
+        if known is None:
+            # Met again while still on the path from the root (the depth-first walk finishes a
+            # node's children before the node): it contains itself.
+            raise ManifestError(where, None, "a YAML alias refers to a map or list that contains it")
+        if known is not _UNSEEN:
+            continue  # an alias of a finished node: its size is known
+        sizes[id(node)] = None
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if _is_container(child))
+    result = sizes[id(doc)]
+    assert result is not None
+    return result[0]
 
 
 def _with_kind(item: dict[str, Any], list_kind: str) -> dict[str, Any]:

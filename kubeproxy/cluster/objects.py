@@ -4,16 +4,30 @@
 manifest or in an API response, apply the API server's defaults (a manifest was never defaulted
 by an API server), validate, and return frozen dataclasses. Anything unusable raises
 `ObjectError` naming the object and the field.
+
+Validation follows the API server's (see `cluster.validation`): objects from manifest files were
+never checked by one, and every name that passes here is safe to put into rule text. Nothing the
+API server accepts is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.fields import Fields, IPAddress, IPNetwork, object_ref
+from kubeproxy.cluster.validation import (
+    ParseOptions,
+    display,
+    dns1035_label,
+    dns1123_label,
+    dns1123_subdomain,
+    label_value,
+    qualified_name,
+    show,
+)
 
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
@@ -26,6 +40,13 @@ LABEL_SERVICE_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 LABEL_HEADLESS = "service.kubernetes.io/headless"
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
+
+DEFAULT_OPTIONS = ParseOptions()
+# Upstream's limits for an EndpointSlice (pkg/apis/discovery/validation).
+MAX_SLICE_ENDPOINTS = 1000
+MAX_ENDPOINT_ADDRESSES = 100
+MAX_SLICE_PORTS = 20000
+MAX_ZONE_HINTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,24 +149,37 @@ class Node:
         return [ip for _, ip in ranked]
 
 
-def parse_service(obj: Mapping[str, Any]) -> Service:
+def _metadata(top: Fields, namespace: str, name: str, check_name: Callable[[str], str | None]) -> Fields:
+    """The metadata reader, after checking the namespace and name as the API server would."""
+    meta = top.map("metadata")
+    if namespace:
+        meta.check("namespace", dns1123_label(namespace))
+    meta.check("name", check_name(name))
+    return meta
+
+
+def parse_service(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTIONS) -> Service:
     namespace, name, ref = object_ref("Service", obj)
     top = Fields("Service", ref, obj)
-    meta, spec, status = top.map("metadata"), top.map("spec"), top.map("status")
+    meta = _metadata(top, namespace, name, dns1123_label if options.relaxed_service_names else dns1035_label)
+    spec, status = top.map("spec"), top.map("status")
     svc_type = spec.enum("type", SERVICE_TYPES, "ClusterIP")
 
     cluster_ips = _cluster_ips(spec, svc_type)
     ports = []
     for p in spec.maps("ports"):
+        port_name = p.str("name")
+        if port_name:
+            p.check("name", dns1123_label(port_name))
         ports.append(
             ServicePort(
-                name=p.str("name"),
+                name=port_name,
                 protocol=p.enum("protocol", PROTOCOLS, "TCP"),
                 port=p.port("port", required=True),
-                node_port=p.port("nodePort", required=False),
+                node_port=_node_port(p, "nodePort", options),
             )
         )
-    _check_unique_port_names(spec, ports)
+    _check_unique_ports(spec, svc_type, ports)
 
     affinity = spec.enum("sessionAffinity", AFFINITIES, "None")
     timeout = DEFAULT_AFFINITY_TIMEOUT
@@ -169,8 +203,8 @@ def parse_service(obj: Mapping[str, Any]) -> Service:
     return Service(
         namespace=namespace,
         name=name,
-        labels=meta.str_map("labels"),
-        annotations=meta.str_map("annotations"),
+        labels=meta.labels("labels"),
+        annotations=meta.annotations("annotations"),
         type=svc_type,
         cluster_ips=cluster_ips,
         ports=tuple(ports),
@@ -181,7 +215,7 @@ def parse_service(obj: Mapping[str, Any]) -> Service:
         internal_traffic_policy=spec.enum("internalTrafficPolicy", TRAFFIC_POLICIES, "Cluster"),
         session_affinity=affinity,
         affinity_timeout_seconds=timeout,
-        health_check_node_port=spec.port("healthCheckNodePort", required=False),
+        health_check_node_port=_node_port(spec, "healthCheckNodePort", options),
         traffic_distribution=spec.str("trafficDistribution"),
     )
 
@@ -196,22 +230,48 @@ def _cluster_ips(spec: Fields, svc_type: str) -> tuple[IPAddress, ...]:
     return tuple(spec.ip(f"{key}[{i}]" if key == "clusterIPs" else key, s) for i, s in enumerate(raw))
 
 
-def _check_unique_port_names(spec: Fields, ports: list[ServicePort]) -> None:
-    if len(ports) > 1:
-        seen: set[str] = set()
-        for i, p in enumerate(ports):
+def _node_port(fields: Fields, key: str, options: ParseOptions) -> int:
+    """A node port, which the API server only allocates from its --service-node-port-range."""
+    port = fields.port(key, required=False)
+    if port and options.node_port_range is not None:
+        low, high = options.node_port_range
+        if not low <= port <= high:
+            raise fields.error(
+                key, f"{port} is outside the node port range {low}-{high} (--service-node-port-range)"
+            )
+    return port
+
+
+def _check_unique_ports(spec: Fields, svc_type: str, ports: list[ServicePort]) -> None:
+    # As upstream's ValidateService: two entries for the same port (or node port) and protocol
+    # would ask for the same rule twice with different endpoints.
+    names: set[str] = set()
+    numbers: set[tuple[int, str]] = set()
+    node_ports: set[tuple[int, str]] = set()
+    for i, p in enumerate(ports):
+        if len(ports) > 1:
             if not p.name:
                 raise spec.error(f"ports[{i}].name", "required when a Service has more than one port")
-            if p.name in seen:
-                raise spec.error(f"ports[{i}].name", f"duplicate port name {p.name!r}")
-            seen.add(p.name)
+            if p.name in names:
+                raise spec.error(f"ports[{i}].name", f"duplicate port name {show(p.name)}")
+            names.add(p.name)
+        if (p.port, p.protocol) in numbers:
+            raise spec.error(f"ports[{i}]", f"duplicate port {p.port}/{p.protocol}")
+        numbers.add((p.port, p.protocol))
+        if p.node_port:
+            if svc_type == "ClusterIP":
+                raise spec.error(f"ports[{i}].nodePort", "may not be used when type is ClusterIP")
+            if (p.node_port, p.protocol) in node_ports:
+                raise spec.error(f"ports[{i}].nodePort", f"duplicate node port {p.node_port}/{p.protocol}")
+            node_ports.add((p.node_port, p.protocol))
 
 
-def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice:
+def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTIONS) -> EndpointSlice:
     namespace, name, ref = object_ref("EndpointSlice", obj)
     top = Fields("EndpointSlice", ref, obj)
-    meta = top.map("metadata")
-    labels = meta.str_map("labels")
+    meta = _metadata(top, namespace, name, dns1123_subdomain)
+    labels = meta.labels("labels")
+    meta.annotations("annotations")
     service_name = labels.get(LABEL_SERVICE_NAME, "")
     if not service_name:
         raise meta.error(f"labels[{LABEL_SERVICE_NAME}]", "required label is missing")
@@ -221,33 +281,54 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice:
 
     endpoints = []
     if address_type != "FQDN":
-        for ep in top.maps("endpoints"):
+        raw_endpoints = top.maps("endpoints")
+        node_names: set[str] = set()
+        if len(raw_endpoints) > MAX_SLICE_ENDPOINTS:
+            raise top.error("endpoints", f"{len(raw_endpoints)} endpoints, more than the {MAX_SLICE_ENDPOINTS} allowed")
+        for ep in raw_endpoints:
             addresses = ep.ips("addresses")
             if not addresses:
                 raise ep.error("addresses", "at least one address is required")
+            if len(addresses) > MAX_ENDPOINT_ADDRESSES:
+                raise ep.error("addresses", f"{len(addresses)} addresses, more than the {MAX_ENDPOINT_ADDRESSES} allowed")
             cond = ep.map("conditions")
             ready = cond.bool("ready")
             serving = cond.bool("serving")
             terminating = cond.bool("terminating")
-            hints = ep.map("hints")
+            node_name = ep.str("nodeName")
+            if node_name and node_name not in node_names:  # a slice's endpoints share a few nodes
+                ep.check("nodeName", dns1123_subdomain(node_name))
+                node_names.add(node_name)
+            hints = ep.map("hints") if "hints" in ep.data else None
             endpoints.append(
                 Endpoint(
                     addresses=tuple(addresses),
                     ready=ready is None or ready,
                     serving=serving is None or serving,
                     terminating=bool(terminating),
-                    node_name=ep.str("nodeName"),
+                    node_name=node_name,
+                    # Upstream does not validate `zone`; it is only ever compared, never rendered.
                     zone=ep.str("zone"),
-                    zone_hints=frozenset(z.required_str("name") for z in hints.maps("forZones")),
-                    node_hints=frozenset(n.required_str("name") for n in hints.maps("forNodes")),
+                    zone_hints=_hints(hints, "forZones", label_value) if hints else frozenset(),
+                    node_hints=_hints(hints, "forNodes", dns1123_subdomain) if hints else frozenset(),
                 )
             )
+    raw_ports = top.maps("ports")
+    if len(raw_ports) > MAX_SLICE_PORTS:
+        raise top.error("ports", f"{len(raw_ports)} ports, more than the {MAX_SLICE_PORTS} allowed")
     ports = []
-    for p in top.maps("ports"):
+    port_names: set[str] = set()
+    for p in raw_ports:
+        port_name = p.str("name")
+        if port_name:  # empty is allowed: the port of a Service with one unnamed port
+            p.check("name", dns1123_label(port_name))
+        if port_name in port_names:
+            raise p.error("name", f"duplicate port name {show(port_name)}")
+        port_names.add(port_name)
         # An EndpointSlice port without a number means "all ports", which kube-proxy ignores.
         number = p.port("port", required=False)
         if number:
-            ports.append(EndpointPort(p.str("name"), p.enum("protocol", PROTOCOLS, "TCP"), number))
+            ports.append(EndpointPort(port_name, p.enum("protocol", PROTOCOLS, "TCP"), number))
     return EndpointSlice(
         namespace=namespace,
         name=name,
@@ -259,9 +340,22 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice:
     )
 
 
-def parse_node(obj: Mapping[str, Any]) -> Node:
+def _hints(hints: Fields, key: str, check: Callable[[str], str | None]) -> frozenset[str]:
+    entries = hints.maps(key)
+    if len(entries) > MAX_ZONE_HINTS:
+        raise hints.error(key, f"{len(entries)} hints, more than the {MAX_ZONE_HINTS} allowed")
+    names = set()
+    for entry in entries:
+        hint = entry.str("name")
+        entry.check("name", check(hint) if hint else None)
+        names.add(hint)
+    return frozenset(names)
+
+
+def parse_node(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTIONS) -> Node:
     _, name, ref = object_ref("Node", obj, namespaced=False)
     top = Fields("Node", ref, obj)
+    meta = _metadata(top, "", name, dns1123_subdomain)
     spec, status = top.map("spec"), top.map("status")
     addresses = []
     for a in status.maps("addresses"):
@@ -271,12 +365,18 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
     pod_cidrs = spec.cidrs("podCIDRs") or (spec.cidrs_of_one("podCIDR") if spec.str("podCIDR") else [])
     return Node(
         name=name,
-        labels=top.map("metadata").str_map("labels"),
+        labels=meta.labels("labels"),
         addresses=tuple(addresses),
         pod_cidrs=tuple(pod_cidrs),
-        deleting=bool(top.map("metadata").str("deletionTimestamp")),
-        taints=tuple(t.required_str("key") for t in spec.maps("taints")),
+        deleting=bool(meta.str("deletionTimestamp")),
+        taints=tuple(_taint_key(t) for t in spec.maps("taints")),
     )
+
+
+def _taint_key(taint: Fields) -> str:
+    key = taint.required_str("key")
+    taint.check("key", qualified_name(key))
+    return key
 
 
 def is_ignored_by_labels(labels: Mapping[str, str]) -> str | None:
@@ -291,5 +391,7 @@ def is_ignored_by_labels(labels: Mapping[str, str]) -> str | None:
 def kind_of(obj: Mapping[str, Any]) -> str:
     kind = obj.get("kind")
     if not isinstance(kind, str) or not kind:
-        raise ObjectError("object", str(obj.get("metadata", {}).get("name", "<unnamed>")), "kind", "missing")
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        raise ObjectError("object", display(name) if isinstance(name, str) and name else "<unnamed>", "kind", "missing")
     return kind

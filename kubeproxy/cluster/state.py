@@ -23,6 +23,7 @@ from kubeproxy.cluster.objects import (
     parse_node,
     parse_service,
 )
+from kubeproxy.cluster.validation import ParseOptions
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -34,6 +35,8 @@ class ClusterState:
     services: dict[Key, Service] = field(default_factory=dict)
     slices: dict[Key, EndpointSlice] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
+    # What objects are checked against (the node port range): the same for every object applied.
+    options: ParseOptions = field(default_factory=ParseOptions, compare=False)
     # The slices of each Service (namespace, service label), each with its insertion number in
     # `slices`: a view update for one Service must merge its slices in the order a full build
     # walks them (of an endpoint listed twice, the first non-local copy wins).
@@ -90,21 +93,21 @@ class ClusterState:
                 self._delete(kind, obj)
                 return None
             if kind == "Service":
-                svc = parse_service(obj)
+                svc = parse_service(obj, self.options)
                 key = (svc.namespace, svc.name)
                 if is_ignored_by_labels(svc.labels):
                     self.services.pop(key, None)
                 else:
                     self.services[key] = svc
             elif kind == "EndpointSlice":
-                eps = parse_endpoint_slice(obj)
+                eps = parse_endpoint_slice(obj, self.options)
                 key = (eps.namespace, eps.name)
                 if is_ignored_by_labels(eps.labels):
                     self._pop_slice(key)
                 else:
                     self._put_slice(key, eps)
             elif kind == "Node":
-                node = parse_node(obj)
+                node = parse_node(obj, self.options)
                 self.nodes[node.name] = node
             else:
                 return None  # other kinds (Deployments, ...) share manifests; not ours
@@ -125,7 +128,9 @@ class ClusterState:
             self._pop_slice((namespace, name))
 
 
-def build_state(objects: Iterable[Mapping[str, Any]]) -> tuple[ClusterState, list[str]]:
-    state = ClusterState()
+def build_state(
+    objects: Iterable[Mapping[str, Any]], options: ParseOptions | None = None
+) -> tuple[ClusterState, list[str]]:
+    state = ClusterState(options=options or ParseOptions())
     warnings = [w for obj in objects if (w := state.apply(obj))]
     return state, warnings

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kubeproxy.cluster.validation import display
+
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -32,7 +34,10 @@ class WatchEvent:
         return str((self.obj.get("metadata") or {}).get("name") or "")
 
     def __str__(self) -> str:
-        ref = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        # Logged before the object is validated: a hostile name is shown quoted, on one line.
+        name = display(self.name) if self.name else ""
+        namespace = display(self.namespace) if self.namespace else ""
+        ref = f"{namespace}/{name}" if namespace else name
         return f"{self.type} {self.kind} {ref}"
 
 

@@ -20,10 +20,18 @@ What it promises:
   files are read; a file whose text did not change (a `touch`) is not parsed again; and each
   object is compared with the dict last delivered, so a one-line edit in a 10k-object file is
   one MODIFIED event.
-- A file that cannot be read or parsed (a half-written save, invalid YAML, a document without
-  kind or name) gets one warning naming it, and the objects it last gave stay in place: a bad
-  save never drops rules. Once it is fixed, the events are the difference against those objects.
-  A file already unusable at the first pass gives nothing until it is fixed (synced is still set).
+- A file that cannot be read or parsed (a half-written save, invalid YAML, too big, nested too
+  deep, a YAML alias bomb) gets one warning naming it, and the objects it last gave stay in place:
+  a bad save never drops rules. Once it is fixed, the events are the difference against those
+  objects. A file already unusable at the first pass gives nothing until it is fixed (synced is
+  still set).
+- One bad document does not make the whole file unusable: a document without kind, or whose
+  name or namespace cannot key an object, is skipped with one warning naming it (`path#3`), and
+  the file's other objects are delivered. Because the skipped document may be the new text of an
+  object the file gave before, objects it no longer lists stay in place until the file has no
+  unusable document (the file is listed in `broken` meanwhile). Whether an object is valid beyond
+  that (a name the API server would refuse, a port out of range) is the sink's business: the
+  cluster state rejects it with a warning and keeps the rest, as it does for the API source.
 - If the files cannot even be listed (a folder on the way became unreadable), nothing changes
   and `connected` is False until they can, as `ApiSource.connected` is during an API outage.
 - A removed file deletes its objects. A folder that becomes empty is just empty; a PATH that
@@ -113,6 +121,7 @@ class _Read:
     objects: Objects | None = None
     error: str | None = None
     warnings: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # why documents of a usable text were skipped
 
 
 class _Unsettled:
@@ -220,6 +229,21 @@ class FileSource:
             if read is None:
                 assert known is not None  # _scan reads every file it has not seen before
                 files[path] = known
+            elif read.objects is not None and read.skipped:
+                for warning in read.warnings:
+                    log.warning("%s", warning)
+                # A skipped document may be the new text of any object the file gave before: keep
+                # those until the file is whole again, as a rejected update keeps the old object.
+                objects = dict(read.objects)
+                if known is not None:
+                    objects.update((key, obj) for key, obj in known.objects.items() if key not in objects)
+                    kept = f"keeping the {len(objects)} objects it gave before, updated from its other documents"
+                else:
+                    kept = f"using its other {len(objects)} objects"
+                error = "; ".join(read.skipped)
+                log.warning("%s (%s)", error, kept)
+                files[path] = _File(read.stat, read.digest, objects, error, read.racy)
+                changed = True
             elif read.objects is not None:
                 for warning in read.warnings:
                     log.warning("%s", warning)
@@ -340,28 +364,34 @@ def _read_if_changed(path: Path, known: _File | None, kinds: frozenset[str] | No
     if known is not None and digest == known.digest:
         return _Read(stat, digest, racy)
     try:
-        objects, warnings = _parse(path, text, kinds)
+        objects, warnings, skipped = _parse(path, text, kinds)
     except ManifestError as exc:
         return _Read(stat, digest, racy, error=str(exc))
-    return _Read(stat, digest, racy, objects=objects, warnings=tuple(warnings))
+    return _Read(stat, digest, racy, objects=objects, warnings=tuple(warnings), skipped=tuple(skipped))
 
 
-def _parse(path: Path, text: str, kinds: frozenset[str] | None) -> tuple[Objects, list[str]]:
-    """The objects of one file's text by key, or ManifestError if any document is unusable."""
+def _parse(path: Path, text: str, kinds: frozenset[str] | None) -> tuple[Objects, list[str], list[str]]:
+    """(objects by key, warnings, why documents were skipped) of one file's text.
+
+    ManifestError if the text as a whole is unusable (not YAML, too big, too deep, an alias bomb).
+    """
     objects: Objects = {}
     places: dict[ObjectKey, str] = {}
     warnings: list[str] = []
+    skipped: list[str] = []
     for raw in parse_documents(text, str(path)):
         obj = raw.obj
         kind = obj.get("kind")
         if not isinstance(kind, str) or not kind:
-            raise ManifestError(raw.source, None, "a document without kind")
+            skipped.append(f"{raw.source}: skipping a document without kind")
+            continue
         if kinds is not None and kind not in kinds:
             continue
         try:
             namespace, name, _ = object_ref(kind, obj, namespaced=kind not in _CLUSTER_SCOPED)
         except ObjectError as exc:
-            raise ManifestError(raw.source, None, str(exc)) from None
+            skipped.append(f"{raw.source}: skipping {exc}")
+            continue
         key = (kind, namespace, name)
         if key in objects:
             warnings.append(f"{_describe(key)} is in {places[key]} and {raw.source}; using the one in {raw.source}")
@@ -371,4 +401,4 @@ def _parse(path: Path, text: str, kinds: frozenset[str] | None) -> tuple[Objects
                 obj["metadata"]["namespace"] = namespace
         objects[key] = obj
         places[key] = raw.source
-    return objects, warnings
+    return objects, warnings, skipped
