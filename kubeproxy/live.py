@@ -150,7 +150,7 @@ class LiveProxy:
             self.metrics.endpoint_changes_total.inc()
             slice_after = self.state.slices.get(slice_at) if slice_at else None
             self._triggers.slice_event(slice_before, slice_after, trigger_time(event.obj))
-            count = sum(len(ep.get("addresses") or []) for ep in event.obj.get("endpoints") or [] if isinstance(ep, dict))
+            count = sum(len(ep.addresses) for ep in slice_after.endpoints) if slice_after is not None else 0
             log.info(kv("Setting endpoints" if event.type != "DELETED" else "Removing endpoints", slice=ref, addresses=count))
         elif event.kind == "Node":
             log.info(kv("Node changed", node=ref, event=event.type))
