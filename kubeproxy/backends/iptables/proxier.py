@@ -26,15 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables import jumps, names
-from kubeproxy.backends.iptables.apply import (
-    RestoreError,
-    Runner,
-    check_restore,
-    ensure_nfacct_counters,
-    local_run,
-    restore,
-)
+from kubeproxy.backends.iptables.apply import RestoreError, check_restore, ensure_nfacct_counters, restore
 from kubeproxy.backends.iptables.render import (
     KUBE_EXTERNAL_SERVICES,
     KUBE_FIREWALL,
