@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables import render as render_module
-from kubeproxy.backends.iptables.render import IptablesOptions, RenderCache, Rendered, render
+from kubeproxy.backends.iptables.cache import RenderCache
+from kubeproxy.backends.iptables.render import IptablesOptions, Rendered, render
 from kubeproxy.cli import build_config, main
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables import jumps, names
 from kubeproxy.backends.iptables.apply import RestoreError, check_restore, ensure_nfacct_counters, restore
+from kubeproxy.backends.iptables.cache import RenderCache
 from kubeproxy.backends.iptables.render import (
     KUBE_EXTERNAL_SERVICES,
     KUBE_FIREWALL,
@@ -41,7 +42,6 @@ from kubeproxy.backends.iptables.render import (
     KUBE_SERVICES,
     NFACCT_COUNTERS,
     IptablesOptions,
-    RenderCache,
     Rendered,
     is_large_cluster,
     render,

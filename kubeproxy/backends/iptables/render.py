@@ -30,20 +30,18 @@ after a small change costs the few changed services plus the joining, not a whol
 
 from __future__ import annotations
 
-import copy
 import ipaddress
 import itertools
 import operator
-from bisect import insort
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from kubeproxy.backends.iptables import names
+from kubeproxy.backends.iptables.cache import RenderCache
 from kubeproxy.backends.kernel_text import word
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.topology import categorize
+from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo
+from kubeproxy.proxy.topology import Categorized, categorize
 
 KUBE_SERVICES = "KUBE-SERVICES"
 KUBE_EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"
@@ -300,6 +298,73 @@ def _nat_service_rules(per_port: list[ServiceRules], writes: list[bool]) -> Iter
             yield from rules.chain_rules
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One service port's decisions (which chains, which targets), shared by the chain families."""
+
+    svc: ServicePortInfo
+    spn: str  # `namespace/name:port`, made safe once (kernel_text.word: valid names unchanged)
+    proto: str
+    cat: Categorized
+    cluster_chain: str
+    local_chain: str
+    ext_chain: str
+    fw_chain: str
+    internal_chain: str
+    external_policy_chain: str
+    has_endpoints: bool
+    has_internal: bool
+    has_external: bool
+    uses_ext_chain: bool
+    uses_fw_chain: bool
+
+    @property
+    def match(self) -> str:
+        return f"-m {self.proto} -p {self.proto}"
+
+    @property
+    def dport(self) -> str:
+        return f"--dport {self.svc.port}"
+
+    @property
+    def lb_chain(self) -> str:
+        return self.fw_chain if self.uses_fw_chain else self.ext_chain
+
+    def missing(self, has: bool) -> tuple[str, str]:
+        """Target and comment for traffic with no usable endpoint ("", "" when there is one)."""
+        if not self.has_endpoints:
+            return "REJECT", f'"{self.spn} has no endpoints"'
+        return ("", "") if has else ("DROP", f'"{self.spn} has no local endpoints"')
+
+
+def _plan(svc: ServicePortInfo, endpoints: list[EndpointInfo], opts: IptablesOptions) -> _Plan:
+    # Chain hashes and comments both use the name, so it is made safe once.
+    spn = word(str(svc.name))
+    proto = svc.protocol.lower()
+    cat = categorize(endpoints, svc, opts.node_name, opts.node_labels, prefer_same_node=opts.prefer_same_node)
+    cluster_chain, local_chain = names.service_chain(spn, proto), names.local_chain(spn, proto)
+    has_endpoints = cat.has_any
+    return _Plan(
+        svc=svc,
+        spn=spn,
+        proto=proto,
+        cat=cat,
+        cluster_chain=cluster_chain,
+        local_chain=local_chain,
+        ext_chain=names.external_chain(spn, proto),
+        fw_chain=names.firewall_chain(spn, proto),
+        internal_chain=local_chain if svc.internal_policy_local else cluster_chain,
+        external_policy_chain=local_chain if svc.external_policy_local else cluster_chain,
+        has_endpoints=has_endpoints,
+        has_internal=has_endpoints and (bool(cat.local) or not svc.internal_policy_local),
+        has_external=has_endpoints and (bool(cat.local) or not svc.external_policy_local),
+        # The EXT chain exists whenever there are endpoints anywhere, even if none is usable for
+        # external traffic, because it also short-circuits traffic from pods and the node itself.
+        uses_ext_chain=has_endpoints and svc.externally_accessible,
+        uses_fw_chain=has_endpoints and bool(svc.load_balancer_vips) and bool(svc.load_balancer_source_ranges),
+    )
+
+
 def _render_service(
     svc: ServicePortInfo,
     endpoints: list[EndpointInfo],
@@ -307,195 +372,164 @@ def _render_service(
     large: bool,
     node_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None,
 ) -> ServiceRules:
-    """Rules for one service port: a pure function of its arguments (RenderCache relies on it)."""
-    filter_rules: list[str] = []
-    shared_nat_rules: list[str] = []
+    """Rules for one service port: a pure function of its arguments (RenderCache relies on it).
+
+    The shared chains' entries first (KUBE-SERVICES and its filter companions), then the
+    service's own chains in upstream's order: SVC masquerade, EXT, FW, SVC/SVL dispatch, SEPs.
+    """
+    p = _plan(svc, endpoints, opts)
+    filter_rules, shared_nat_rules = _entry_rules(p, opts)
     chains: list[str] = []
-    chain_rules: list[str] = []
-    # Chain hashes and comments both use it, so it is made safe once (kernel_text.word: valid
-    # names are unchanged, and the text stays upstream's).
-    spn = word(str(svc.name))
-    proto = svc.protocol.lower()
-    cat = categorize(endpoints, svc, opts.node_name, opts.node_labels, prefer_same_node=opts.prefer_same_node)
+    chain_rules: list[str] = _cluster_ip_masquerade(p, opts)
+    if p.uses_ext_chain:
+        chains.append(p.ext_chain)
+        chain_rules += _external_chain(p, opts)
+    if p.uses_fw_chain:
+        chains.append(p.fw_chain)
+        chain_rules += _firewall_chain(p, node_ip)
+    if p.cat.cluster and svc.uses_cluster_endpoints:
+        chains.append(p.cluster_chain)
+        _render_dispatch(chain_rules, svc, p.spn, p.proto, p.cluster_chain, p.cat.cluster, large)
+    if p.cat.local and svc.uses_local_endpoints:
+        chains.append(p.local_chain)
+        _render_dispatch(chain_rules, svc, p.spn, p.proto, p.local_chain, p.cat.local, large)
+    for ep in p.cat.reachable:
+        sep = names.endpoint_chain(p.spn, p.proto, ep.address)
+        chains.append(sep)
+        chain_rules += _endpoint_chain(p, sep, ep, large)
+    return ServiceRules(
+        tuple(filter_rules),
+        tuple(shared_nat_rules),
+        tuple(chains),
+        tuple(chain_rules),
+        int(p.has_endpoints and not p.has_internal),
+        int(p.has_endpoints and not p.has_external),
+    )
 
-    cluster_chain = names.service_chain(spn, proto)
-    local_chain = names.local_chain(spn, proto)
-    ext_chain = names.external_chain(spn, proto)
-    fw_chain = names.firewall_chain(spn, proto)
 
-    uses_cluster_chain = bool(cat.cluster) and svc.uses_cluster_endpoints
-    uses_local_chain = bool(cat.local) and svc.uses_local_endpoints
-    has_endpoints = cat.has_any
-
-    internal_chain, has_internal = cluster_chain, has_endpoints
-    if svc.internal_policy_local:
-        internal_chain = local_chain
-        has_internal = has_internal and bool(cat.local)
-    external_policy_chain, has_external = cluster_chain, has_endpoints
-    if svc.external_policy_local:
-        external_policy_chain = local_chain
-        has_external = has_external and bool(cat.local)
-    # The EXT chain exists whenever there are endpoints anywhere, even if none is usable for
-    # external traffic, because it also short-circuits traffic from pods and the node itself.
-    uses_ext_chain = has_endpoints and svc.externally_accessible
-    uses_fw_chain = has_endpoints and bool(svc.load_balancer_vips) and bool(svc.load_balancer_source_ranges)
-    lb_chain = fw_chain if uses_fw_chain else ext_chain
-
-    missing_internal = missing_external = 0
-    if not has_endpoints:
-        internal_target = external_target = "REJECT"
-        internal_comment = external_comment = f'"{spn} has no endpoints"'
-    else:
-        internal_target = external_target = internal_comment = external_comment = ""
-        if not has_internal:
-            internal_target, internal_comment = "DROP", f'"{spn} has no local endpoints"'
-            missing_internal = 1
-        if not has_external:
-            external_target, external_comment = "DROP", f'"{spn} has no local endpoints"'
-            missing_external = 1
-
-    match = f"-m {proto} -p {proto}"
-    dport = f"--dport {svc.port}"
+def _entry_rules(p: _Plan, opts: IptablesOptions) -> tuple[list[str], list[str]]:
+    """(filter rules, nat rules) the service adds to the shared chains: KUBE-SERVICES, KUBE-NODEPORTS,
+    KUBE-EXTERNAL-SERVICES and KUBE-PROXY-FIREWALL, in upstream's order."""
+    svc, spn, match, dport = p.svc, p.spn, p.match, p.dport
+    filter_rules: list[str] = []
+    nat: list[str] = []
+    internal_target, internal_comment = p.missing(p.has_internal)
+    external_target, external_comment = p.missing(p.has_external)
     cluster_ip = str(svc.cluster_ip)
 
-    if has_internal:
-        shared_nat_rules.append(
-            f'-A {KUBE_SERVICES} -m comment --comment "{spn} cluster IP" {match} -d {cluster_ip} {dport} -j {internal_chain}'
+    no_external = f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} {match}"
+    if p.has_internal:
+        nat.append(
+            f'-A {KUBE_SERVICES} -m comment --comment "{spn} cluster IP" {match} -d {cluster_ip} {dport} -j {p.internal_chain}'
         )
     else:
         filter_rules.append(
             f"-A {KUBE_SERVICES} -m comment --comment {internal_comment} {match} -d {cluster_ip} {dport} -j {internal_target}"
         )
-
     for ip in svc.external_ips:
-        if has_endpoints:
-            shared_nat_rules.append(
-                f'-A {KUBE_SERVICES} -m comment --comment "{spn} external IP" {match} -d {ip} {dport} -j {ext_chain}'
-            )
-        if not has_external:
-            filter_rules.append(
-                f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} "
-                f"{match} -d {ip} {dport} -j {external_target}"
-            )
-
+        if p.has_endpoints:
+            nat.append(f'-A {KUBE_SERVICES} -m comment --comment "{spn} external IP" {match} -d {ip} {dport} -j {p.ext_chain}')
+        if not p.has_external:
+            filter_rules.append(f"{no_external} -d {ip} {dport} -j {external_target}")
     for ip in svc.load_balancer_vips:
-        if has_endpoints:
-            shared_nat_rules.append(
-                f'-A {KUBE_SERVICES} -m comment --comment "{spn} loadbalancer IP" {match} -d {ip} {dport} -j {lb_chain}'
-            )
-        if uses_fw_chain:
+        if p.has_endpoints:
+            nat.append(f'-A {KUBE_SERVICES} -m comment --comment "{spn} loadbalancer IP" {match} -d {ip} {dport} -j {p.lb_chain}')
+        if p.uses_fw_chain:
             filter_rules.append(
-                f'-A {KUBE_PROXY_FIREWALL} -m comment --comment "{spn} traffic not accepted by {fw_chain}" '
+                f'-A {KUBE_PROXY_FIREWALL} -m comment --comment "{spn} traffic not accepted by {p.fw_chain}" '
                 f"{match} -d {ip} {dport} -j DROP"
             )
-    if not has_external:
+    if not p.has_external:
         for ip in svc.load_balancer_vips:
-            filter_rules.append(
-                f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} "
-                f"{match} -d {ip} {dport} -j {external_target}"
-            )
-
+            filter_rules.append(f"{no_external} -d {ip} {dport} -j {external_target}")
     if svc.node_port:
-        if has_endpoints:
+        if p.has_endpoints:
             if opts.localhost_nodeports_enabled and NFACCT_LOCALHOST_NODEPORT in opts.nfacct_counters:
-                shared_nat_rules.append(
+                nat.append(
                     f"-A {KUBE_NODEPORTS} -m comment --comment {spn} {match} -d 127.0.0.0/8 --dport {svc.node_port} "
-                    f"-m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {ext_chain}"
+                    f"-m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {p.ext_chain}"
                 )
-            shared_nat_rules.append(
-                f"-A {KUBE_NODEPORTS} -m comment --comment {spn} {match} --dport {svc.node_port} -j {ext_chain}"
-            )
-        if not has_external:
+            nat.append(f"-A {KUBE_NODEPORTS} -m comment --comment {spn} {match} --dport {svc.node_port} -j {p.ext_chain}")
+        if not p.has_external:
             filter_rules.append(
                 f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} -m addrtype --dst-type LOCAL "
                 f"{match} --dport {svc.node_port} -j {external_target}"
             )
-
     if svc.health_check_node_port:
         # Load balancers probe this port to find nodes with local endpoints: always accept.
         filter_rules.append(
             f'-A {KUBE_NODEPORTS} -m comment --comment "{spn} health check node port" '
             f"-m tcp -p tcp --dport {svc.health_check_node_port} -j ACCEPT"
         )
+    return filter_rules, nat
 
-    # Below: the service's own chains.
-    if has_internal:
-        head = f'-A {internal_chain} -m comment --comment "{spn} cluster IP" {match} -d {cluster_ip} {dport}'
-        if opts.masquerade_all:
-            chain_rules.append(f"{head} -j {KUBE_MARK_MASQ}")
-        elif opts.local_detector.implemented:
-            # Off-cluster clients may route the service range to any node; masquerade them so
-            # replies come back through this node.
-            not_local = local_detector_args(opts.local_detector, local=False)
-            chain_rules.append(f"{head} {not_local} -j {KUBE_MARK_MASQ}")
 
-    if uses_ext_chain:
-        chains.append(ext_chain)
-        if not svc.external_policy_local:
-            # Endpoints may be on another node: masquerade so the reply returns through us.
-            chain_rules.append(
-                f'-A {ext_chain} -m comment --comment "masquerade traffic for {spn} external destinations" -j {KUBE_MARK_MASQ}'
+def _cluster_ip_masquerade(p: _Plan, opts: IptablesOptions) -> list[str]:
+    """The first rule of the internal chain: masquerade what must come back through this node."""
+    if not p.has_internal:
+        return []
+    head = f'-A {p.internal_chain} -m comment --comment "{p.spn} cluster IP" {p.match} -d {p.svc.cluster_ip} {p.dport}'
+    if opts.masquerade_all:
+        return [f"{head} -j {KUBE_MARK_MASQ}"]
+    if opts.local_detector.implemented:
+        # Off-cluster clients may route the service range to any node; masquerade them so
+        # replies come back through this node.
+        return [f"{head} {local_detector_args(opts.local_detector, local=False)} -j {KUBE_MARK_MASQ}"]
+    return []
+
+
+def _external_chain(p: _Plan, opts: IptablesOptions) -> list[str]:
+    """KUBE-EXT-: external traffic's policy, with upstream's short-circuits for pods and the node."""
+    ext, spn = p.ext_chain, p.spn
+    rules = []
+    if not p.svc.external_policy_local:
+        # Endpoints may be on another node: masquerade so the reply returns through us.
+        rules.append(f'-A {ext} -m comment --comment "masquerade traffic for {spn} external destinations" -j {KUBE_MARK_MASQ}')
+    else:
+        if opts.local_detector.implemented:
+            # Pods reaching an external IP of their own cluster behave as if they went out to the
+            # load balancer and came back: no traffic policy applies.
+            local = local_detector_args(opts.local_detector, local=True)
+            rules.append(
+                f'-A {ext} -m comment --comment "pod traffic for {spn} external destinations" {local} -j {p.cluster_chain}'
             )
-        else:
-            if opts.local_detector.implemented:
-                # Pods reaching an external IP of their own cluster behave as if they went out to the
-                # load balancer and came back: no traffic policy applies.
-                local = local_detector_args(opts.local_detector, local=True)
-                chain_rules.append(
-                    f'-A {ext_chain} -m comment --comment "pod traffic for {spn} external destinations" '
-                    f"{local} -j {cluster_chain}"
-                )
-            # The node itself would use the external IP as source address: masquerade it.
-            chain_rules.append(
-                f'-A {ext_chain} -m comment --comment "masquerade LOCAL traffic for {spn} external destinations" '
-                f"-m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}"
-            )
-            chain_rules.append(
-                f'-A {ext_chain} -m comment --comment "route LOCAL traffic for {spn} external destinations" '
-                f"-m addrtype --src-type LOCAL -j {cluster_chain}"
-            )
-        if has_external:
-            chain_rules.append(f"-A {ext_chain} -j {external_policy_chain}")
+        # The node itself would use the external IP as source address: masquerade it.
+        rules.append(
+            f'-A {ext} -m comment --comment "masquerade LOCAL traffic for {spn} external destinations" '
+            f"-m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}"
+        )
+        rules.append(
+            f'-A {ext} -m comment --comment "route LOCAL traffic for {spn} external destinations" '
+            f"-m addrtype --src-type LOCAL -j {p.cluster_chain}"
+        )
+    if p.has_external:
+        rules.append(f"-A {ext} -j {p.external_policy_chain}")
+    return rules
 
-    if uses_fw_chain:
-        chains.append(fw_chain)
-        head = f'-A {fw_chain} -m comment --comment "{spn} loadbalancer IP"'
-        allow_from_node = False
-        for cidr in svc.load_balancer_source_ranges:
-            chain_rules.append(f"{head} -s {cidr} -j {ext_chain}")
-            allow_from_node = allow_from_node or (node_ip is not None and node_ip in cidr)
-        if allow_from_node:
-            # A VIP-like load balancer whose IP is also local: the node's own requests loop
-            # back with the VIP as source and must be allowed too.
-            for ip in svc.load_balancer_vips:
-                chain_rules.append(f"{head} -s {ip} -j {ext_chain}")
-        chain_rules.append(f'-A {fw_chain} -m comment --comment "other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL"')
 
-    if uses_cluster_chain:
-        chains.append(cluster_chain)
-        _render_dispatch(chain_rules, svc, spn, proto, cluster_chain, cat.cluster, large)
-    if uses_local_chain:
-        chains.append(local_chain)
-        _render_dispatch(chain_rules, svc, spn, proto, local_chain, cat.local, large)
+def _firewall_chain(p: _Plan, node_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> list[str]:
+    """KUBE-FW-: loadBalancerSourceRanges; what no rule accepts KUBE-PROXY-FIREWALL drops."""
+    svc = p.svc
+    head = f'-A {p.fw_chain} -m comment --comment "{p.spn} loadbalancer IP"'
+    rules = [f"{head} -s {cidr} -j {p.ext_chain}" for cidr in svc.load_balancer_source_ranges]
+    if node_ip is not None and any(node_ip in cidr for cidr in svc.load_balancer_source_ranges):
+        # A VIP-like load balancer whose IP is also local: the node's own requests loop
+        # back with the VIP as source and must be allowed too.
+        rules += [f"{head} -s {ip} -j {p.ext_chain}" for ip in svc.load_balancer_vips]
+    rules.append(f'-A {p.fw_chain} -m comment --comment "other traffic to {p.spn} will be dropped by KUBE-PROXY-FIREWALL"')
+    return rules
 
-    for ep in cat.reachable:
-        sep = names.endpoint_chain(spn, proto, ep.address)
-        chains.append(sep)
-        head = f"-A {sep}" if large else f"-A {sep} -m comment --comment {spn}"
+
+def _endpoint_chain(p: _Plan, sep: str, ep: EndpointInfo, large: bool) -> list[str]:
+    """KUBE-SEP-: hairpin masquerade and the DNAT (with the affinity mark when sticky)."""
+    head = f"-A {sep}" if large else f"-A {sep} -m comment --comment {p.spn}"
+    affinity = f" -m recent --name {sep} --set" if p.svc.client_ip_affinity else ""
+    return [
         # Hairpin: a pod reaching itself through the service must be masqueraded, or it
         # would answer itself directly and the client would drop the unexpected reply.
-        chain_rules.append(f"{head} -s {ep.ip} -j {KUBE_MARK_MASQ}")
-        affinity = f" -m recent --name {sep} --set" if svc.client_ip_affinity else ""
-        chain_rules.append(f"{head}{affinity} {match} -j DNAT --to-destination {ep.address}")
-
-    return ServiceRules(
-        tuple(filter_rules),
-        tuple(shared_nat_rules),
-        tuple(chains),
-        tuple(chain_rules),
-        missing_internal,
-        missing_external,
-    )
+        f"{head} -s {ep.ip} -j {KUBE_MARK_MASQ}",
+        f"{head}{affinity} {p.match} -j DNAT --to-destination {ep.address}",
+    ]
 
 
 def _render_dispatch(
@@ -531,103 +565,3 @@ def _render_nodeports_jump(w: _Writer, opts: IptablesOptions, ipv6: bool, localh
         if ipaddress.ip_address(ip).is_loopback and (ipv6 or not localhost_nodeports):
             continue  # localhost NodePorts are impossible on IPv6 and disabled here
         w.nat_rules.append(f"-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}")
-
-
-class _Memo(NamedTuple):
-    svc: ServicePortInfo | None
-    endpoints: list[EndpointInfo] | None  # the view's own entry: None when it had none
-    rules: ServiceRules | None
-
-
-_NO_MEMO = _Memo(None, None, None)
-_MEMO_SVC, _MEMO_ENDPOINTS, _MEMO_RULES = (operator.attrgetter(f) for f in ("svc", "endpoints", "rules"))
-
-
-class RenderCache:
-    """Each service port's `ServiceRules` from the previous render, to reuse in the next one.
-
-    Memoisation of `_render_service` and nothing else: an entry is reused only for a service
-    port whose ServicePortInfo and endpoints are the same objects as last time, or equal to
-    them, under equal options and large-cluster mode (a change of either empties the cache).
-    Identity is checked first because it is cheap and, for views from a `ViewBuilder`, holds
-    for every unchanged port; views are immutable, so the same objects mean the same rules.
-    Use one cache per rule set (IP family).
-
-    At 10k service ports a Python loop touching every port costs more than the few renders a
-    small change needs, so the bookkeeping works on whole lists, kept in name order.
-    """
-
-    # Beyond this many new service ports a fresh sort beats inserting each into the order.
-    _INSERTS = 256
-
-    def __init__(self) -> None:
-        self._key: tuple[IptablesOptions, bool] | None = None
-        self._ports: list[ServicePortName] = []  # the last render's service ports, sorted
-        self._memos: list[_Memo] = []  # their memos, in the same order
-        self.reused = 0  # service ports taken from the cache by the last render
-        self.rendered = 0  # service ports the last render computed
-
-    def rules(
-        self,
-        view: NodeView,
-        key: tuple[IptablesOptions, bool],
-        render_one: Callable[[ServicePortInfo, list[EndpointInfo]], ServiceRules],
-    ) -> tuple[list[ServicePortName], list[ServiceRules]]:
-        """Every service port of `view` in name order, and its rules, rendered where needed.
-
-        key: everything besides the port and its endpoints that the rules depend on.
-        """
-        if key != self._key:
-            # A private copy, so that options changed in place still invalidate the cache.
-            self._key, self._ports, self._memos = copy.deepcopy(key), [], []
-        try:
-            return self._rules(view, render_one)
-        except BaseException:
-            # Half-updated bookkeeping must not outlive the failure: start afresh next time.
-            self._key, self._ports, self._memos = None, [], []
-            raise
-
-    def _rules(
-        self, view: NodeView, render_one: Callable[[ServicePortInfo, list[EndpointInfo]], ServiceRules]
-    ) -> tuple[list[ServicePortName], list[ServiceRules]]:
-        services, endpoints = view.services, view.endpoints
-        ports, memos = self._ports, self._memos
-        svcs = list(map(services.get, ports))
-        # Not the same service ports as last time? (`None in svcs` would call each one's __eq__.)
-        if len(ports) != len(services) or not all(svcs):
-            ports, memos = self._realigned(services)
-            svcs = list(map(services.__getitem__, ports))
-        eps = list(map(endpoints.get, ports))
-        memos = list(memos)
-        suspects = itertools.compress(
-            itertools.count(),
-            map(
-                operator.or_,
-                map(operator.is_not, svcs, map(_MEMO_SVC, memos)),
-                map(operator.is_not, eps, map(_MEMO_ENDPOINTS, memos)),
-            ),
-        )
-        rendered = 0
-        for i in suspects:
-            old, svc, e = memos[i], svcs[i], eps[i]
-            if old is not _NO_MEMO and old.svc == svc and (old.endpoints or []) == (e or []):
-                memos[i] = _Memo(svc, e, old.rules)  # equal values: remember the new objects
-            else:
-                memos[i] = _Memo(svc, e, render_one(svc, e or []))  # type: ignore[arg-type]  # every port has its svc
-                rendered += 1
-        self._ports, self._memos = ports, memos
-        self.reused, self.rendered = len(ports) - rendered, rendered
-        return ports, [m.rules for m in memos if m.rules is not None]
-
-    def _realigned(self, services: Mapping[ServicePortName, ServicePortInfo]) -> tuple[list[ServicePortName], list[_Memo]]:
-        """The keys of `services` in order, with the memos of those seen last time (_NO_MEMO for new ones)."""
-        known = dict(zip(self._ports, self._memos, strict=True))
-        added = services.keys() - known.keys()
-        if len(added) > self._INSERTS:
-            ports = sorted(services)
-        else:
-            removed = known.keys() - services.keys()
-            ports = [p for p in self._ports if p not in removed] if removed else list(self._ports)
-            for port in added:
-                insort(ports, port)
-        return ports, list(map(known.get, ports, itertools.repeat(_NO_MEMO)))
