@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from dataclasses import replace
 from importlib import resources
@@ -20,6 +19,7 @@ from kubeproxy.netfilter import simulate as nf_simulate
 from kubeproxy.netfilter.model import ParseError
 from kubeproxy.netfilter.node import Node, NodeError
 from kubeproxy.netfilter.packet import PacketError, make_packet
+from kubeproxy.proxy import logs
 from kubeproxy.proxy.config import (
     DETECT_LOCAL_MODES,
     PROXY_MODES,
@@ -34,10 +34,18 @@ from kubeproxy.proxy.config import (
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="kubeproxy")
 @click.option("-v", "--v", "verbosity", type=int, default=0, help="Log verbosity, as upstream's -v (0-9).")
-def main(verbosity: int) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbosity: int) -> None:
     """A Kubernetes service proxy (drop-in kube-proxy), and tools that explain what it does to packets."""
-    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity <= 2 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname).1s %(name)s: %(message)s", stream=sys.stderr)
+    ctx.obj = {"verbosity": verbosity}
+    logs.setup(verbosity, "text")
+
+
+def kube_proxy(argv: list[str] | None = None) -> None:
+    """The `kube-proxy` command: upstream's command line, flags and --config exactly (see proxy/flags.py)."""
+    from kubeproxy.proxy import server
+
+    sys.exit(server.main(sys.argv[1:] if argv is None else argv, prog="kube-proxy"))
 
 
 def _split_csv(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -64,6 +72,11 @@ def proxy_options(func: Any) -> Any:
         ),
         click.option("--nodeport-addresses", multiple=True, help="CIDRs (or 'primary') where NodePorts answer."),
         click.option("--iptables-random-fully/--no-iptables-random-fully", default=None, help="MASQUERADE --random-fully."),
+        click.option(
+            "--service-node-port-range",
+            help="The API server's node port range (default 30000-32767): manifest objects with a nodePort "
+            "or healthCheckNodePort outside it are skipped. Objects from an API server are checked only if given.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -85,6 +98,7 @@ def build_config(**flags: Any) -> ProxyConfig:
         "iptables_masquerade_bit": "masquerade_bit",
         "iptables_localhost_nodeports": "localhost_nodeports",
         "iptables_random_fully": "random_fully",
+        "service_node_port_range": "service_node_port_range",
     }
     changes = {field: flags[flag] for flag, field in mapping.items() if flags.get(flag) is not None}
     if flags.get("cluster_cidr"):
@@ -124,11 +138,12 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
         cfg = build_config(**flags)
     except (ConfigError, ManifestError) as exc:
         _fail(str(exc))
-    loaded = offline.load(manifests)
+    loaded = offline.load(manifests, options=cfg.parse_options(from_api_server=False))
     for warning in loaded.warnings:
         click.echo(f"kubeproxy: {warning}", err=True)
     if loaded.objects == 0:
         _fail("no objects could be read", 1)
+    _render_diagnostics(loaded.state, cfg)
     if cfg.mode == "nftables":
         from kubeproxy.backends.nftables.offline import render_nftables
 
@@ -157,6 +172,17 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
         sys.stdout.write(result.rendered.text)
 
 
+def _render_diagnostics(state: Any, cfg: ProxyConfig) -> None:
+    """The start-up warnings `run` would log about the node and the configuration, on stderr."""
+    from kubeproxy import render as offline
+    from kubeproxy.proxy.config import unused_settings
+    from kubeproxy.proxy.startup import node_facts
+
+    choice = offline.node_choice(state, cfg)
+    for warning in (*choice.warnings, *node_facts(cfg, choice.node).warnings, *unused_settings(cfg)):
+        click.echo(f"kubeproxy: warning: {warning}", err=True)
+
+
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     if value is None:
         return None
@@ -166,79 +192,24 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(str(exc)) from None
 
 
-@main.command("run")
-@proxy_options
-@click.option("--manifests", multiple=True, help="Watch these YAML/JSON files or folders instead of an API server.")
-@click.option("--kubeconfig", help="Kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config).")
-@click.option("--master", help="API server URL (overrides the kubeconfig's server).")
-@click.option("--healthz-bind-address", help="ip:port of /healthz and /livez (default 0.0.0.0:10256; '' disables).")
-@click.option("--metrics-bind-address", help="ip:port of /metrics (default 127.0.0.1:10249; '' disables).")
-@click.option("--min-sync-period", "--iptables-min-sync-period", "min_sync_period", callback=_duration,
-              help="Least time between syncs (Go duration, default 1s).")
-@click.option("--sync-period", "--iptables-sync-period", "sync_period", callback=_duration,
-              help="Most time between syncs (Go duration, default 30s).")
-@click.option("--iptables-variant", type=click.Choice(["legacy", "nft"]), default=None,
-              help="Drive iptables-legacy or iptables-nft explicitly (default: the system's iptables). "
-              "iptables-nft loads 10k services ~10x slower than legacy; see bench/render.py.")
-def run_cmd(
-    manifests: tuple[str, ...],
-    kubeconfig: str | None,
-    master: str | None,
-    healthz_bind_address: str | None,
-    metrics_bind_address: str | None,
-    min_sync_period: float | None,
-    sync_period: float | None,
-    iptables_variant: str | None,
-    **flags: Any,
-) -> None:
-    """Run the proxy on this node: watch Services and EndpointSlices, program the kernel.
+@main.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": []},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run_cmd(ctx: click.Context, args: tuple[str, ...]) -> None:
+    """Run the proxy on this node, with upstream kube-proxy's flags (`kubeproxy run --help`).
 
-    Objects come from the API server (--kubeconfig/--master, or the in-cluster service account)
-    or, with --manifests, from files that are re-read when they change. The rules stay in the
-    kernel when the proxy exits; `kubeproxy cleanup` removes them.
+    The same as the `kube-proxy` command: --config, --hostname-override, -v and every other
+    upstream flag, with upstream's syntax and precedence; plus --manifests to read objects from
+    files instead of an API server. The rules stay in the kernel when the proxy exits.
     """
-    import asyncio
-    import socket
+    from kubeproxy.proxy import server
 
-    from kubeproxy import live
-    from kubeproxy.backends.iptables.options import node_name
-
-    try:
-        cfg = build_config(**flags)
-        changes: dict[str, Any] = {}
-        for key, value in (
-            ("healthz_bind_address", healthz_bind_address),
-            ("metrics_bind_address", metrics_bind_address),
-            ("min_sync_period", min_sync_period),
-            ("sync_period", sync_period),
-            ("kubeconfig", kubeconfig),
-        ):
-            if value is not None:
-                changes[key] = value
-        cfg = validate(replace(cfg, **changes))
-    except (ConfigError, ManifestError) as exc:
-        _fail(str(exc))
-    proxy = live.LiveProxy(cfg, node_name(cfg, socket.gethostname()), iptables_variant=iptables_variant or "")
-    try:
-        source = _source(cfg, manifests, master, proxy)
-    except (ManifestError, ConfigError) as exc:
-        _fail(str(exc))
-    asyncio.run(live.run_until_signalled(proxy, source))
-
-
-def _source(cfg: ProxyConfig, manifests: tuple[str, ...], master: str | None, proxy: Any) -> Any:
-    if manifests:
-        from kubeproxy.sources.files import FileSource
-
-        return FileSource(list(manifests), proxy.on_event)
-    from kubeproxy.sources.api import ApiSource
-    from kubeproxy.sources.connection import ConnectionConfigError, connect, load_config
-
-    try:
-        client = connect(load_config(cfg.kubeconfig or None, master=master))
-    except ConnectionConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    return ApiSource(client, proxy.node_name, proxy.on_event)
+    verbosity = (ctx.obj or {}).get("verbosity", 0)
+    sys.exit(server.main(list(args), prog="kubeproxy run", verbosity=verbosity))
 
 
 @main.command()
@@ -264,7 +235,9 @@ def cleanup(ipv6: bool) -> None:
 @main.command()
 @click.option("--offline", is_flag=True, help="Only render the bundled example and explain the rules (no root needed).")
 @click.option("--manifests", multiple=True, help="Objects to explain instead of the bundled example (implies --offline).")
-def demo(offline: bool, manifests: tuple[str, ...]) -> None:
+@click.option("--hostname-override", default="", help="The node to explain the rules of (offline; default: the only Node given).")
+@click.option("--cluster-cidr", default="10.244.0.0/16", show_default=True, help="Pod CIDR(s), comma-separated (offline).")
+def demo(offline: bool, manifests: tuple[str, ...], hostname_override: str, cluster_cidr: str) -> None:
     """A live node in network namespaces running `kubeproxy run`, with real traffic (as root).
 
     Without root, or with --offline: render the bundled example cluster and explain the rules,
@@ -283,8 +256,13 @@ def demo(offline: bool, manifests: tuple[str, ...]) -> None:
 
     paths = list(manifests) or [str(Path(str(resources.files("kubeproxy") / "examples" / "demo.yaml")))]
     loaded = offline_render.load(paths)
-    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
-    show(loaded, offline_render.render_iptables(loaded.state, cfg), cfg)
+    try:
+        cfg = validate(ProxyConfig(cluster_cidr=_split_csv((cluster_cidr,)), hostname_override=hostname_override.strip().lower()))
+        rendering = offline_render.render_iptables(loaded.state, cfg)
+    except ConfigError as exc:
+        _fail(str(exc))
+    _render_diagnostics(loaded.state, cfg)
+    show(loaded, rendering, cfg)
 
 
 @main.command("trace")

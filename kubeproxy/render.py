@@ -18,6 +18,7 @@ from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.manifests import manifest_files, parse_documents, read_text
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState, build_state
+from kubeproxy.cluster.validation import ParseOptions
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import IPV4, NodeView, build_view, family_of
 
@@ -29,8 +30,8 @@ class Loaded:
     objects: int = 0
 
 
-def load(paths: Iterable[str | Path]) -> Loaded:
-    """Objects from files and folders. A broken file is reported and skipped, not fatal."""
+def load(paths: Iterable[str | Path], options: ParseOptions | None = None) -> Loaded:
+    """Objects from files and folders, checked with `options`. A broken file is reported and skipped, not fatal."""
     raws = []
     warnings: list[str] = []
     try:
@@ -42,20 +43,57 @@ def load(paths: Iterable[str | Path]) -> Loaded:
             raws.extend(parse_documents(read_text(path), str(path)))
         except ManifestError as exc:
             warnings.append(f"error: {exc}")
-    state, object_warnings = build_state(r.obj for r in raws)
+    state, object_warnings = build_state((r.obj for r in raws), options)
     return Loaded(state, warnings + object_warnings, len(raws))
 
 
-def choose_node(state: ClusterState, cfg: ProxyConfig) -> tuple[str, Node | None]:
-    """This node's name and Node object: --hostname-override, else the only Node given, else our hostname."""
+@dataclass(frozen=True)
+class NodeChoice:
+    """Which Node this proxy is, how that was decided, and what is worth a warning."""
+
+    name: str
+    node: Node | None
+    how: str
+    warnings: tuple[str, ...] = ()
+
+
+def node_choice(state: ClusterState, cfg: ProxyConfig, hostname: str | None = None) -> NodeChoice:
+    """This node: --hostname-override, else the only Node given, else the machine's hostname.
+
+    Upstream uses the override or the hostname; the only-Node rule is ours, for manifests of one
+    node. Never silent: a name that matches no Node, or a hostname picked among several Nodes,
+    is a warning (without its Node object no endpoint is local, and every eTP=Local NodePort
+    or LoadBalancer drops on this node).
+    """
+    known = sorted(state.nodes)
+    listing = ", ".join(known[:5]) + (f" and {len(known) - 5} more" if len(known) > 5 else "")
     if cfg.hostname_override:
         name = cfg.hostname_override.strip().lower()
-        return name, state.nodes.get(name)
-    if len(state.nodes) == 1:
+        node = state.nodes.get(name)
+        warnings = () if node is not None or not known else (
+            f"Node {name!r} (--hostname-override) is not among the Nodes given ({listing}): no endpoint is local "
+            "to this node, so eTP=Local NodePorts and LoadBalancers drop here",
+        )
+        return NodeChoice(name, node, "--hostname-override", warnings)
+    if len(known) == 1:
         node = next(iter(state.nodes.values()))
-        return node.name, node
-    name = socket.gethostname().lower()
-    return name, state.nodes.get(name)
+        return NodeChoice(node.name, node, "the only Node in the input")
+    name = (hostname or socket.gethostname()).lower()
+    node = state.nodes.get(name)
+    if len(known) > 1:
+        found = "which is one of them" if node is not None else "which is none of them: no endpoint is local, " \
+            "so eTP=Local NodePorts and LoadBalancers drop here"
+        return NodeChoice(name, node, "this machine's hostname", (
+            f"{len(known)} Nodes given ({listing}) and no --hostname-override: using this machine's hostname "
+            f"{name!r}, {found}; set --hostname-override to the node to render for",
+        ))
+    return NodeChoice(name, node, "this machine's hostname")
+
+
+def choose_node(state: ClusterState, cfg: ProxyConfig) -> tuple[str, Node | None]:
+    """This node's name and Node object (see `node_choice`)."""
+    choice = node_choice(state, cfg)
+    return choice.name, choice.node
 
 
 def primary_family(cfg: ProxyConfig, node: Node | None) -> str:

@@ -56,19 +56,30 @@ def test_kubeadm_style_file_is_accepted(tmp_path: Path) -> None:
     assert cfg.masquerade_mark() == "0x00001000"
 
 
-def test_unknown_fields_are_rejected_by_name(tmp_path: Path) -> None:
+def test_unknown_fields_are_named_and_ignored_as_upstreams_lenient_decoding(tmp_path: Path) -> None:
+    """Upstream decodes strictly, then leniently (unknown fields dropped, one log line): a newer
+    kubeadm's field never stops the node's proxy. We name each such field in a start-up warning."""
+    from kubeproxy.proxy.config import unused_settings
+
     path = tmp_path / "config.yaml"
     path.write_text(KUBEADM_STYLE.replace("masqueradeBit: 12", "masqueradeBits: 12").replace("mode: iptables", "moed: x"))
-    with pytest.raises(ConfigError) as err:
+    cfg = load_config_file(path)
+    assert cfg.masquerade_bit == 14 and cfg.mode == "iptables"  # the misspelt fields had no effect
+    warnings = "\n".join(unused_settings(cfg))
+    assert "iptables.masqueradeBits: unknown field, ignored" in warnings and "moed: unknown field, ignored" in warnings
+    # A known field with a value of the wrong type is an error, naming it (upstream fails too).
+    path.write_text(KUBEADM_STYLE.replace("masqueradeBit: 12", "masqueradeBit: twelve"))
+    with pytest.raises(ConfigError, match=re.escape("iptables.masqueradeBit: Input should be a valid integer")):
         load_config_file(path)
-    assert "iptables.masqueradeBits: unknown field" in str(err.value)
-    assert "moed: unknown field" in str(err.value)
 
 
 def test_wrong_kind_and_bad_duration(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("apiVersion: v1\nkind: ConfigMap\n")
+    path.write_text("apiVersion: apps/v1\nkind: Deployment\n")
     with pytest.raises(ConfigError, match=re.escape("expected apiVersion kubeproxy.config.k8s.io/v1alpha1")):
+        load_config_file(path)
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: kp}\ndata: {other: x}\n")
+    with pytest.raises(ConfigError, match=re.escape("this is a ConfigMap (kp, data keys: other), not a KubeProxyConfiguration")):
         load_config_file(path)
     assert parse_duration("1m30s") == 90 and parse_duration("500ms") == 0.5
     with pytest.raises(ConfigError):

@@ -26,16 +26,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import click
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubeproxy import __version__
-from kubeproxy.cli import build_config, main
 from kubeproxy.lab.apiserver import DEPLOY_RESOURCES, ApiServer, selector_matches
-from kubeproxy.proxy.config import load_config_file
+from kubeproxy.proxy.config import ConfigError, load_config_file
+from kubeproxy.proxy.flags import FlagError, parse, resolve
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.connection import connect, load_config
 
@@ -168,28 +167,19 @@ def _expand(argv: list[str], env: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg) for arg in argv]
 
 
-def parse_subcommand(argv: list[str]) -> dict[str, Any]:
-    """The options of `kubeproxy <argv>` as click parses them (types, choices, callbacks), without running it."""
-    assert argv and not argv[0].startswith("-"), "no options before the subcommand: the command starts with it"
-    ctx = click.Context(main, info_name="kubeproxy")
-    command = main.get_command(ctx, argv[0])
-    assert command is not None, f"kubeproxy has no subcommand {argv[0]!r}"
-    with command.make_context(argv[0], list(argv[1:]), parent=ctx) as sub:
-        return dict(sub.params)
-
-
 def test_daemonset_command_parses_with_our_cli(objects: dict[str, JSON], tmp_path: Path) -> None:
+    """`kubeproxy run ARGS` parses ARGS as upstream's kube-proxy does (proxy/flags.py)."""
     c = container(objects["DaemonSet"])
     entrypoint = _containerfile_entrypoint()
     assert c["command"][0] == entrypoint[0] == "kubeproxy"
     argv = _expand(c["command"][1:], {"NODE_NAME": "node-7"})
-    params = parse_subcommand(argv)
-    assert params["hostname_override"] == "node-7"
-    # What `run` does first: the config file (our copy of the ConfigMap's) under the flags.
+    assert argv[0] == "run"
+    # What `run` does first: the config file (our copy of the ConfigMap's) and the flags that apply with it.
     (tmp_path / "config.conf").write_text(config_text(objects))
-    params["config_file"] = str(tmp_path / "config.conf")
-    cfg = build_config(**params)
-    assert (cfg.hostname_override, cfg.mode) == ("node-7", "iptables")
+    args = [arg.replace("/var/lib/kube-proxy", str(tmp_path)) for arg in argv[1:]]
+    resolved = resolve(parse(args))
+    assert (resolved.cfg.hostname_override, resolved.cfg.mode) == ("node-7", "iptables")
+    assert resolved.warnings == ()  # no flag of the DaemonSet is shadowed by the file
 
 
 def test_daemonset_flags_are_listed_by_run_help(objects: dict[str, JSON]) -> None:
@@ -202,10 +192,10 @@ def test_daemonset_flags_are_listed_by_run_help(objects: dict[str, JSON]) -> Non
 
 
 def test_the_same_parse_refuses_what_run_does_not_accept() -> None:
-    with pytest.raises(click.NoSuchOption):
-        parse_subcommand(["run", "--proxy-modes=iptables"])
-    with pytest.raises(click.BadParameter):
-        parse_subcommand(["run", "--proxy-mode=ipvs"])
+    with pytest.raises(FlagError, match="unknown flag: --proxy-modes"):
+        parse(["--proxy-modes=iptables"])
+    with pytest.raises(ConfigError, match="ipvs"):
+        resolve(parse(["--proxy-mode=ipvs"]))
 
 
 # ---------------------------------------------------------------------------------------------

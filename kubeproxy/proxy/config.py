@@ -1,12 +1,16 @@
 """Proxy configuration: upstream's KubeProxyConfiguration (v1alpha1) file and flag names.
 
 `ProxyConfig` is what the rest of the program uses. `load_config_file` reads a
-KubeProxyConfiguration YAML: fields upstream defines but we do not use are accepted (so a
-kubeadm-generated file works) and reported; fields upstream does not define are rejected.
+KubeProxyConfiguration YAML: every field upstream defines is accepted (so a kubeadm-generated
+file works, with its nulls, `""` and `0s` meaning "the default" as upstream's defaulting has it);
+`unused_settings` names the ones set to something kubeproxy does not do, for a start-up warning;
+fields upstream does not define are rejected by name. `to_kube_proxy_configuration` writes the
+effective configuration back in upstream's form (`--write-config-to`).
 """
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import re
 from dataclasses import dataclass, field, replace
@@ -17,8 +21,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubeproxy.cluster.errors import ManifestError
+from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
 
 PROXY_MODES = ("iptables", "nftables")
+# Upstream's other modes: accepted by upstream's parser, refused here at start-up by name.
+UNBUILT_MODES = {
+    "ipvs": "kubeproxy does not implement ipvs mode (upstream deprecates it in favour of nftables); "
+    "use iptables or nftables",
+    "kernelspace": "kernelspace is upstream's Windows mode; kubeproxy runs on Linux only (iptables or nftables)",
+}
+LOGGING_FORMATS = ("text", "json")
+DEFAULT_CONTENT_TYPE = "application/vnd.kubernetes.protobuf"
+KUBE_PROXY_OOM_SCORE_ADJ = -999  # upstream's qos.KubeProxyOOMScoreAdj
 DETECT_LOCAL_MODES = ("ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix")
 API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
 
@@ -41,6 +55,19 @@ class LocalDetector:
 
 
 @dataclass(frozen=True)
+class ConntrackConfig:
+    """Upstream's `conntrack` section, in seconds; 0 (or None) leaves the kernel's value as it is."""
+
+    max_per_core: int | None = 32768
+    min: int | None = 131072
+    tcp_established_timeout: float | None = 86400.0  # 24h
+    tcp_close_wait_timeout: float | None = 3600.0  # 1h
+    tcp_be_liberal: bool = False
+    udp_timeout: float = 0.0
+    udp_stream_timeout: float = 0.0
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     mode: str = "iptables"
     hostname_override: str = ""
@@ -54,12 +81,40 @@ class ProxyConfig:
     localhost_nodeports: bool = True
     nodeport_addresses: tuple[str, ...] = ()
     random_fully: bool = False
+    # The API server's --service-node-port-range, for objects from manifest files (which no API
+    # server allocated): "" means upstream's default 30000-32767 for files, no check for the API.
+    service_node_port_range: str = ""
     min_sync_period: float = 1.0
     sync_period: float = 30.0
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"
     kubeconfig: str = ""
     feature_gates: dict[str, bool] = field(default_factory=dict)
+    # Upstream fields beyond the rules (see proxy/flags.py for the flags that set them).
+    bind_address: str = "0.0.0.0"  # upstream: overrides the node's primary IP unless unspecified
+    bind_address_hard_fail: bool = False
+    enable_profiling: bool = False
+    show_hidden_metrics_for_version: str = ""
+    config_sync_period: float = 900.0
+    oom_score_adj: int | None = KUBE_PROXY_OOM_SCORE_ADJ
+    conntrack: ConntrackConfig = field(default_factory=ConntrackConfig)
+    logging_format: str = "text"
+    verbosity: int = 0
+    client_qps: float = 5.0
+    client_burst: int = 10
+    client_content_type: str = DEFAULT_CONTENT_TYPE
+    client_accept_content_types: str = ""
+    ipvs: dict[str, Any] = field(default_factory=dict)  # accepted, used only by the unbuilt ipvs mode
+    # Fields of the file that have no effect here, "field: why" (for the start-up warnings).
+    unused_fields: tuple[str, ...] = ()
+
+    def parse_options(self, *, from_api_server: bool) -> ParseOptions:
+        """How objects from this source are checked (see `cluster.validation.options_for`)."""
+        return options_for(
+            node_port_range=self.service_node_port_range,
+            from_api_server=from_api_server,
+            relaxed_service_names=self.feature_gates.get("RelaxedServiceNameValidation", False),
+        )
 
     def masquerade_mark(self) -> str:
         # Upstream formats 1<<bit with Go's "%#08x": eight digits after the 0x.
@@ -67,6 +122,8 @@ class ProxyConfig:
 
 
 def validate(cfg: ProxyConfig) -> ProxyConfig:
+    if cfg.mode in UNBUILT_MODES:
+        raise ConfigError(f"--proxy-mode (mode): {cfg.mode}: {UNBUILT_MODES[cfg.mode]}")
     if cfg.mode not in PROXY_MODES:
         raise ConfigError(f"--proxy-mode: {cfg.mode!r} is not one of {', '.join(PROXY_MODES)}")
     if cfg.detect_local_mode and cfg.detect_local_mode not in DETECT_LOCAL_MODES:
@@ -75,6 +132,9 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
         )
     if not 0 <= cfg.masquerade_bit <= 31:
         raise ConfigError(f"--iptables-masquerade-bit: {cfg.masquerade_bit} is out of range 0-31")
+    if "primary" in cfg.nodeport_addresses and len(cfg.nodeport_addresses) > 1:
+        # Upstream's validation: the keyword stands alone.
+        raise ConfigError("--nodeport-addresses (nodePortAddresses): 'primary' cannot be combined with CIDRs")
     for cidr in (*cfg.cluster_cidr, *cfg.nodeport_addresses):
         if cidr == "primary":
             continue
@@ -82,6 +142,11 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             raise ConfigError(f"{cidr!r} is not a valid CIDR") from None
+    if cfg.service_node_port_range:
+        try:
+            parse_port_range(cfg.service_node_port_range)
+        except ValueError as exc:
+            raise ConfigError(f"--service-node-port-range: {exc}") from None
     if cfg.node_ip:
         try:
             ipaddress.ip_address(cfg.node_ip)
@@ -89,11 +154,99 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
             raise ConfigError(f"--node-ip: {cfg.node_ip!r} is not a valid IP address") from None
     if cfg.detect_local_mode == "ClusterCIDR" and not cfg.cluster_cidr:
         raise ConfigError("--detect-local-mode=ClusterCIDR needs --cluster-cidr")
+    _validate_more(cfg)
     if cfg.detect_local_mode == "BridgeInterface" and not cfg.bridge_interface:
         raise ConfigError("--detect-local-mode=BridgeInterface needs --pod-bridge-interface")
     if cfg.detect_local_mode == "InterfaceNamePrefix" and not cfg.interface_name_prefix:
         raise ConfigError("--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix")
     return cfg
+
+
+def _validate_more(cfg: ProxyConfig) -> None:
+    """Upstream's validation of the fields beyond the rules, with the field's name."""
+    try:
+        ipaddress.ip_address(cfg.bind_address)
+    except ValueError:
+        raise ConfigError(f"--bind-address (bindAddress): {cfg.bind_address!r} is not a valid IP address") from None
+    for name, value in (("healthzBindAddress", cfg.healthz_bind_address), ("metricsBindAddress", cfg.metrics_bind_address)):
+        if value and not _host_port(value):
+            raise ConfigError(f"{name}: {value!r} must be IP:port (for example 0.0.0.0:10256)")
+    if cfg.oom_score_adj is not None and not -1000 <= cfg.oom_score_adj <= 1000:
+        raise ConfigError(f"--oom-score-adj (oomScoreAdj): {cfg.oom_score_adj} must be within [-1000, 1000]")
+    if cfg.logging_format not in LOGGING_FORMATS:
+        raise ConfigError(
+            f"--logging-format (logging.format): unsupported value {cfg.logging_format!r}: supported values: text, json"
+        )
+    if cfg.verbosity < 0:
+        raise ConfigError(f"-v (logging.verbosity): {cfg.verbosity} must not be negative")
+    ct = cfg.conntrack
+    for name, number in (("conntrack.maxPerCore", ct.max_per_core), ("conntrack.min", ct.min)):
+        if number is not None and number < 0:
+            raise ConfigError(f"{name}: {number} must be greater than or equal to 0")
+    for name, seconds in (
+        ("conntrack.tcpEstablishedTimeout", ct.tcp_established_timeout),
+        ("conntrack.tcpCloseWaitTimeout", ct.tcp_close_wait_timeout),
+        ("conntrack.udpTimeout", ct.udp_timeout),
+        ("conntrack.udpStreamTimeout", ct.udp_stream_timeout),
+    ):
+        if seconds is not None and seconds < 0:
+            raise ConfigError(f"{name}: must be greater than or equal to 0")
+    if cfg.sync_period <= 0:
+        raise ConfigError("--iptables-sync-period (syncPeriod): must be greater than 0")
+    if cfg.min_sync_period < 0:
+        raise ConfigError("--iptables-min-sync-period (minSyncPeriod): must be greater than or equal to 0")
+    if cfg.config_sync_period <= 0:
+        raise ConfigError("--config-sync-period (configSyncPeriod): must be greater than 0")
+    if cfg.client_burst < 0 or cfg.client_qps < 0:
+        raise ConfigError("--kube-api-qps/--kube-api-burst (clientConnection.qps/burst): must not be negative")
+    if cfg.show_hidden_metrics_for_version and not re.fullmatch(r"\d+\.\d+", cfg.show_hidden_metrics_for_version):
+        raise ConfigError(
+            f"--show-hidden-metrics-for-version (showHiddenMetricsForVersion): {cfg.show_hidden_metrics_for_version!r} "
+            "must be <major>.<minor>, e.g. 1.16"
+        )
+    from kubeproxy.proxy.features import FeatureGateError, check_gates
+
+    try:
+        check_gates(cfg.feature_gates)
+    except FeatureGateError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _host_port(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return False
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def unused_settings(cfg: ProxyConfig) -> list[str]:
+    """The settings of `cfg` that kubeproxy accepts but does not act on, one "name: why" each.
+
+    Only values that differ from upstream's defaults are named: a kubeadm file that leaves them
+    alone gets no warning.
+    """
+    out = list(cfg.unused_fields)
+    default = ProxyConfig()
+    if cfg.enable_profiling:
+        out.append("enableProfiling (--profiling): kubeproxy serves no /debug/pprof (it has no Go runtime to profile); ignored")
+    if cfg.show_hidden_metrics_for_version:
+        out.append("showHiddenMetricsForVersion: kubeproxy has no hidden metrics; ignored")
+    if cfg.config_sync_period != default.config_sync_period:
+        out.append("configSyncPeriod (--config-sync-period): kubeproxy's watches do not resync periodically; ignored")
+    if (cfg.client_qps, cfg.client_burst) != (default.client_qps, default.client_burst):
+        out.append("clientConnection.qps/burst (--kube-api-qps/--kube-api-burst): kubeproxy does not rate-limit its "
+                   "list and watch requests; ignored")
+    if cfg.client_content_type not in ("", DEFAULT_CONTENT_TYPE, "application/json"):
+        out.append(f"clientConnection.contentType: {cfg.client_content_type}: kubeproxy always asks for JSON; ignored")
+    if cfg.mode != "ipvs":
+        for key, value in sorted(cfg.ipvs.items()):
+            if value not in (None, "", 0, "0s", False, [], {}):
+                out.append(f"ipvs.{key}: used only in ipvs mode; ignored (as upstream does in {cfg.mode} mode)")
+    return out
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -147,6 +300,36 @@ class _ClientConnection(_Strict):
     burst: int | None = None
 
 
+class _Conntrack(_Strict):
+    maxPerCore: int | None = None
+    min: int | None = None
+    tcpEstablishedTimeout: str | None = None
+    tcpCloseWaitTimeout: str | None = None
+    tcpBeLiberal: bool | None = None
+    udpTimeout: str | None = None
+    udpStreamTimeout: str | None = None
+
+
+class _LogFormatOptions(_Strict):
+    splitStream: bool | None = None
+    infoBufferSize: str | int | None = None
+
+
+class _LogOptions(_Strict):
+    text: _LogFormatOptions | None = None
+    json_: _LogFormatOptions | None = Field(default=None, alias="json")
+
+
+class _Logging(_Strict):
+    """component-base's LoggingConfiguration."""
+
+    format: str | None = None
+    flushFrequency: str | int | None = None
+    verbosity: int | None = None
+    vmodule: list[Any] | None = None
+    options: _LogOptions | None = None
+
+
 class _KubeProxyConfiguration(_Strict):
     apiVersion: str
     kind: str
@@ -162,21 +345,50 @@ class _KubeProxyConfiguration(_Strict):
     metricsBindAddress: str | None = None
     clientConnection: _ClientConnection | None = None
     featureGates: dict[str, bool] | None = None
-    # Upstream fields we accept and do not act on (yet):
     bindAddress: str | None = None
     bindAddressHardFail: bool | None = None
     enableProfiling: bool | None = None
     showHiddenMetricsForVersion: str | None = None
     configSyncPeriod: str | None = None
     oomScoreAdj: int | None = None
-    portRange: str | None = None
-    logging: _Loose | None = None
+    conntrack: _Conntrack | None = None
+    logging: _Logging | None = None
     ipvs: _Loose | None = None
+    # Fields upstream keeps for other platforms or removed modes: accepted, never used.
+    portRange: str | None = None
     winkernel: _Loose | None = None
-    conntrack: _Loose | None = None
+    windowsRunAsService: bool | None = None
     udpIdleTimeout: str | None = None
     syncPeriod: str | None = Field(default=None)
     minSyncPeriod: str | None = Field(default=None)
+
+
+def _seconds(path: str, field_name: str, value: str | None) -> float | None:
+    """A duration field in seconds, naming the field when it is not one; None when unset."""
+    if value is None or value == "":
+        return None
+    try:
+        return parse_duration(value)
+    except ConfigError as exc:
+        raise ConfigError(f"--config {path}: {field_name}: {exc}") from None
+
+
+def _not_a_kube_proxy_configuration(path: str | Path, raw: dict[str, Any]) -> ConfigError:
+    kind, api_version = raw.get("kind"), raw.get("apiVersion")
+    if kind == "ConfigMap":
+        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+        meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}".strip("/")
+        keys = ", ".join(sorted(str(k) for k in data)) or "none"
+        hint = "its 'config.conf' key" if "config.conf" in data else "the data key that holds the KubeProxyConfiguration"
+        return ConfigError(
+            f"--config {path}: this is a ConfigMap ({name or 'unnamed'}, data keys: {keys}), not a "
+            f"KubeProxyConfiguration: pass the content of {hint} (kubeadm's DaemonSet mounts the "
+            "ConfigMap at /var/lib/kube-proxy and passes --config=/var/lib/kube-proxy/config.conf)"
+        )
+    return ConfigError(
+        f"--config {path}: expected apiVersion {API_VERSION} kind KubeProxyConfiguration, got {api_version} {kind}"
+    )
 
 
 def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> ProxyConfig:
@@ -191,25 +403,16 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
         raise ManifestError(str(path), mark.line + 1 if mark else None, "not valid YAML") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"--config {path}: expected a KubeProxyConfiguration object")
-    try:
-        doc = _KubeProxyConfiguration.model_validate(raw)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            what = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(f"{where}: {what}")
-        raise ConfigError(f"--config {path}: " + "; ".join(problems)) from None
-    if doc.apiVersion != API_VERSION or doc.kind != "KubeProxyConfiguration":
-        raise ConfigError(
-            f"--config {path}: expected apiVersion {API_VERSION} kind KubeProxyConfiguration, "
-            f"got {doc.apiVersion} {doc.kind}"
-        )
+    if raw.get("kind") != "KubeProxyConfiguration" or raw.get("apiVersion") != API_VERSION:
+        raise _not_a_kube_proxy_configuration(path, raw)
+    doc, unknown = _decode(path, raw)
     changes: dict[str, Any] = {}
     if doc.mode:
         changes["mode"] = doc.mode
+    if doc.mode in UNBUILT_MODES:
+        raise ConfigError(f"--config {path}: mode: {doc.mode}: {UNBUILT_MODES[doc.mode]}")
     if doc.hostnameOverride:
-        changes["hostname_override"] = doc.hostnameOverride
+        changes["hostname_override"] = doc.hostnameOverride.strip().lower()
     if doc.clusterCIDR:
         changes["cluster_cidr"] = tuple(c.strip() for c in doc.clusterCIDR.split(",") if c.strip())
     if doc.detectLocalMode:
@@ -223,8 +426,9 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
     # A zero duration in the file means "the default", as upstream's defaulting has it
     # (kubeadm writes `0s`); only the command-line flags can ask for a real 0.
     for top_level, value in (("sync_period", doc.syncPeriod), ("min_sync_period", doc.minSyncPeriod)):
-        if value and parse_duration(value):
-            changes[top_level] = parse_duration(value)
+        seconds = _seconds(str(path), top_level.replace("_p", "P").replace("_s", "S"), value)
+        if seconds:
+            changes[top_level] = seconds
     if section:
         if section.masqueradeAll is not None:
             changes["masquerade_all"] = section.masqueradeAll
@@ -232,18 +436,174 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
             changes["masquerade_bit"] = section.masqueradeBit
         if section.localhostNodePorts is not None:
             changes["localhost_nodeports"] = section.localhostNodePorts
-        if section.syncPeriod and parse_duration(section.syncPeriod):
-            changes["sync_period"] = parse_duration(section.syncPeriod)
-        if section.minSyncPeriod and parse_duration(section.minSyncPeriod):
-            changes["min_sync_period"] = parse_duration(section.minSyncPeriod)
+        name = "nftables" if section is doc.nftables else "iptables"
+        if seconds := _seconds(str(path), f"{name}.syncPeriod", section.syncPeriod):
+            changes["sync_period"] = seconds
+        if seconds := _seconds(str(path), f"{name}.minSyncPeriod", section.minSyncPeriod):
+            changes["min_sync_period"] = seconds
     if doc.nodePortAddresses is not None:
         changes["nodeport_addresses"] = tuple(doc.nodePortAddresses)
     if doc.healthzBindAddress:
         changes["healthz_bind_address"] = doc.healthzBindAddress
     if doc.metricsBindAddress:
         changes["metrics_bind_address"] = doc.metricsBindAddress
-    if doc.clientConnection and doc.clientConnection.kubeconfig:
-        changes["kubeconfig"] = doc.clientConnection.kubeconfig
+    client = doc.clientConnection
+    if client:
+        if client.kubeconfig:
+            changes["kubeconfig"] = client.kubeconfig
+        # Zero and "" mean upstream's defaults (qps 5, burst 10, protobuf), as kubeadm writes them.
+        if client.qps:
+            changes["client_qps"] = client.qps
+        if client.burst:
+            changes["client_burst"] = client.burst
+        if client.contentType:
+            changes["client_content_type"] = client.contentType
+        if client.acceptContentTypes:
+            changes["client_accept_content_types"] = client.acceptContentTypes
     if doc.featureGates:
         changes["feature_gates"] = dict(doc.featureGates)
+    if doc.bindAddress:
+        changes["bind_address"] = doc.bindAddress
+    if doc.bindAddressHardFail is not None:
+        changes["bind_address_hard_fail"] = doc.bindAddressHardFail
+    if doc.enableProfiling is not None:
+        changes["enable_profiling"] = doc.enableProfiling
+    if doc.showHiddenMetricsForVersion:
+        changes["show_hidden_metrics_for_version"] = doc.showHiddenMetricsForVersion
+    if seconds := _seconds(str(path), "configSyncPeriod", doc.configSyncPeriod):
+        changes["config_sync_period"] = seconds
+    if doc.oomScoreAdj is not None:
+        changes["oom_score_adj"] = doc.oomScoreAdj
+    if doc.conntrack:
+        changes["conntrack"] = _conntrack(str(path), doc.conntrack, cfg.conntrack)
+    if doc.logging:
+        if doc.logging.format:
+            changes["logging_format"] = doc.logging.format
+        if doc.logging.verbosity is not None:
+            changes["verbosity"] = doc.logging.verbosity
+    if doc.ipvs:
+        changes["ipvs"] = dict(doc.ipvs.model_extra or {})
+    changes["unused_fields"] = tuple(
+        [f"{where}: unknown field, ignored (upstream decodes leniently too: \"Using lenient decoding as strict "
+         "decoding failed\"); check its spelling" for where in unknown] + _unused_file_fields(doc)
+    )
     return replace(cfg, **changes)
+
+
+def _decode(path: str | Path, raw: dict[str, Any]) -> tuple[_KubeProxyConfiguration, list[str]]:
+    """The file, decoded as upstream does: strictly, else leniently (unknown fields dropped and
+    named, for a warning). A value of the wrong type is an error either way, naming the field."""
+    try:
+        return _KubeProxyConfiguration.model_validate(raw), []
+    except ValidationError as exc:
+        errors = exc.errors()
+    bad = [err for err in errors if err["type"] != "extra_forbidden"]
+    if bad:
+        problems = [f"{'.'.join('json' if p == 'json_' else str(p) for p in err['loc'])}: {err['msg']}" for err in bad]
+        raise ConfigError(f"--config {path}: " + "; ".join(problems)) from None
+    lenient = copy.deepcopy(raw)
+    unknown = []
+    for err in errors:
+        loc = ["json" if p == "json_" else p for p in err["loc"]]
+        unknown.append(".".join(str(p) for p in loc))
+        parent: Any = lenient
+        for part in loc[:-1]:
+            parent = parent[part]
+        parent.pop(loc[-1], None)
+    return _KubeProxyConfiguration.model_validate(lenient), unknown
+
+
+def _conntrack(path: str, section: _Conntrack, base: ConntrackConfig) -> ConntrackConfig:
+    """Upstream's defaulting: null takes the default; an explicit 0 (or 0s) leaves the kernel alone."""
+    changes: dict[str, Any] = {}
+    if section.maxPerCore is not None:
+        changes["max_per_core"] = section.maxPerCore
+    if section.min is not None:
+        changes["min"] = section.min
+    for attr, name in (("tcp_established_timeout", "tcpEstablishedTimeout"), ("tcp_close_wait_timeout", "tcpCloseWaitTimeout")):
+        value = _seconds(path, f"conntrack.{name}", getattr(section, name))
+        if value is not None:
+            changes[attr] = value
+    if section.tcpBeLiberal is not None:
+        changes["tcp_be_liberal"] = section.tcpBeLiberal
+    for attr, name in (("udp_timeout", "udpTimeout"), ("udp_stream_timeout", "udpStreamTimeout")):
+        value = _seconds(path, f"conntrack.{name}", getattr(section, name))
+        if value is not None:
+            changes[attr] = value
+    return replace(base, **changes)
+
+
+def _unused_file_fields(doc: _KubeProxyConfiguration) -> list[str]:
+    out = []
+    if doc.portRange:
+        out.append("portRange: used only by the userspace mode upstream removed; ignored")
+    if doc.udpIdleTimeout and parse_duration(doc.udpIdleTimeout):
+        out.append("udpIdleTimeout: used only by the userspace mode upstream removed; ignored")
+    if doc.windowsRunAsService:
+        out.append("windowsRunAsService: Windows only; ignored")
+    if doc.logging and doc.logging.vmodule:
+        out.append("logging.vmodule: per-file verbosity is not supported; logging.verbosity applies everywhere")
+    return out
+
+
+def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
+    """`cfg` as upstream's v1alpha1 KubeProxyConfiguration (what `--write-config-to` writes)."""
+
+    def go_duration(seconds: float | None) -> str | None:
+        if seconds is None:
+            return None
+        whole = int(seconds)
+        if whole != seconds:
+            return f"{round(seconds * 1000)}ms"
+        h, rest = divmod(whole, 3600)
+        m, s = divmod(rest, 60)
+        return f"{h}h{m}m{s}s" if h else f"{m}m{s}s" if m else f"{s}s"
+
+    sync = {
+        "masqueradeAll": cfg.masquerade_all,
+        "masqueradeBit": cfg.masquerade_bit,
+        "minSyncPeriod": go_duration(cfg.min_sync_period),
+        "syncPeriod": go_duration(cfg.sync_period),
+    }
+    ct = cfg.conntrack
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "KubeProxyConfiguration",
+        "bindAddress": cfg.bind_address,
+        "bindAddressHardFail": cfg.bind_address_hard_fail,
+        "clientConnection": {
+            "acceptContentTypes": cfg.client_accept_content_types,
+            "burst": cfg.client_burst,
+            "contentType": cfg.client_content_type,
+            "kubeconfig": cfg.kubeconfig,
+            "qps": cfg.client_qps,
+        },
+        "clusterCIDR": ",".join(cfg.cluster_cidr),
+        "configSyncPeriod": go_duration(cfg.config_sync_period),
+        "conntrack": {
+            "maxPerCore": ct.max_per_core,
+            "min": ct.min,
+            "tcpBeLiberal": ct.tcp_be_liberal,
+            "tcpCloseWaitTimeout": go_duration(ct.tcp_close_wait_timeout),
+            "tcpEstablishedTimeout": go_duration(ct.tcp_established_timeout),
+            "udpStreamTimeout": go_duration(ct.udp_stream_timeout),
+            "udpTimeout": go_duration(ct.udp_timeout),
+        },
+        "detectLocal": {"bridgeInterface": cfg.bridge_interface, "interfaceNamePrefix": cfg.interface_name_prefix},
+        "detectLocalMode": cfg.detect_local_mode,
+        "enableProfiling": cfg.enable_profiling,
+        "featureGates": dict(cfg.feature_gates) or None,
+        "healthzBindAddress": cfg.healthz_bind_address,
+        "hostnameOverride": cfg.hostname_override,
+        "iptables": {**sync, "localhostNodePorts": cfg.localhost_nodeports},
+        "ipvs": dict(cfg.ipvs),
+        "logging": {"format": cfg.logging_format, "verbosity": cfg.verbosity},
+        "metricsBindAddress": cfg.metrics_bind_address,
+        "mode": cfg.mode,
+        "nftables": dict(sync),
+        "nodePortAddresses": list(cfg.nodeport_addresses) or None,
+        "oomScoreAdj": cfg.oom_score_adj,
+        "showHiddenMetricsForVersion": cfg.show_hidden_metrics_for_version,
+        "syncPeriod": go_duration(cfg.sync_period),
+        "minSyncPeriod": go_duration(cfg.min_sync_period),
+    }
