@@ -153,8 +153,10 @@ class LiveProxy:
             count = sum(len(ep.addresses) for ep in slice_after.endpoints) if slice_after is not None else 0
             log.info(kv("Setting endpoints" if event.type != "DELETED" else "Removing endpoints", slice=ref, addresses=count))
         elif event.kind == "Node":
-            log.info(kv("Node changed", node=ref, event=event.type))
-            if event.name == self.node_name:
+            # Manifests carry every Node; only this one's changes matter (labels, deletion).
+            ours = event.name == self.node_name
+            (log.info if ours else log.debug)(kv("Node changed", node=ref, event=event.type, thisNode=ours))
+            if ours:
                 node = self.state.nodes.get(self.node_name)
                 gone = event.type == "DELETED" or node is None
                 self.health.sync_node(deleting=gone or node.deleting, taints=() if node is None else node.taints)
