@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from kubeproxy.backends.iptables import names
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.topology import categorize
 from kubeproxy.render import Loaded, NodeRendering
+from kubeproxy.ui import FittingTable
 
 
 def show(loaded: Loaded, result: NodeRendering, cfg: ProxyConfig, console: Console | None = None) -> None:
@@ -20,9 +20,10 @@ def show(loaded: Loaded, result: NodeRendering, cfg: ProxyConfig, console: Conso
     for warning in loaded.warnings:
         console.print(f"[yellow]warning[/] {warning}")
 
-    table = Table(title="What each service port becomes on this node", show_lines=False)
-    for column in ("service port", "addresses", "endpoints (local*)", "entry chain", "outside traffic"):
-        table.add_column(column)
+    table = FittingTable(
+        "What each service port becomes on this node",
+        ("service port", "addresses", "endpoints (local*)", "entry chain", "outside traffic"),
+    )
     for name in sorted(view.services):
         svc = view.services[name]
         spn, proto = str(name), svc.protocol.lower()
@@ -33,7 +34,7 @@ def show(loaded: Loaded, result: NodeRendering, cfg: ProxyConfig, console: Conso
         if svc.node_port:
             addresses.append(f"nodePort {svc.node_port}")
         used = cat.local if svc.internal_policy_local else cat.cluster
-        endpoints = ", ".join(e.address + ("*" if e.is_local else "") for e in used) or "[red]none[/]"
+        endpoints = "\n".join(e.address + ("*" if e.is_local else "") for e in used) or "[red]none[/]"
         if not cat.has_any:
             chain, outside = "REJECT (filter)", "refused at once"
         else:

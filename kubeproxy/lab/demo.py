@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.cluster import (
@@ -42,6 +41,7 @@ from kubeproxy.lab.cluster import (
     Source,
 )
 from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
+from kubeproxy.ui import FittingTable
 
 HTTP = Port("http", 80, 8080)
 DNS_UDP = Port("dns-udp", 53, 5353, "UDP", node_port=30053)
@@ -189,26 +189,20 @@ class LiveDemo:
 
     # ---- tables ------------------------------------------------------------------------------
 
-    def _pods_table(self) -> Table:
-        table = Table(title=f"node-1 {NODE_IP}, client {CLIENT_IP} (+ {', '.join(CLIENT_EXTRA_IPS)}); pods")
-        for column in ("pod", "IP", "node", "serves"):
-            table.add_column(column)
+    def _pods_table(self) -> FittingTable:
+        table = FittingTable(f"node-1 {NODE_IP}, client {CLIENT_IP} (+ {', '.join(CLIENT_EXTRA_IPS)}); pods",
+                             ("pod", "IP", "node", "serves"))  # fmt: skip
         for pod in self.c.pods.values():
             note = "" if pod.node_name == NODE_NAME else " (its slice says so; routed by node-1)"
             table.add_row(pod.name, pod.ip, pod.node_name + note, "tcp 8080, 5353; udp 5353")
         return table
 
     @staticmethod
-    def _requests_table(title: str) -> Table:
-        table = Table(title=title)
-        for column in ("from", "to", "service", "answered by", "source the pod saw", "why"):
-            table.add_column(column)
-        return table
+    def _requests_table(title: str) -> FittingTable:
+        return FittingTable(title, ("from", "to", "service", "answered by", "source the pod saw", "why"))
 
-    def _health_table(self) -> Table:
-        table = Table(title="What a load balancer polls on the node (from the client)")
-        for column in ("url", "status", "answer"):
-            table.add_column(column)
+    def _health_table(self) -> FittingTable:
+        table = FittingTable("What a load balancer polls on the node (from the client)", ("url", "status", "answer"))
         port = HEALTHZ_BIND.rsplit(":", 1)[1]
         for url in (f"http://{NODE_IP}:{HEALTH_CHECK_NODE_PORT}/", f"http://{NODE_IP}:{port}/healthz"):
             got = self.c.http_get(self.c.client, url)
