@@ -186,7 +186,7 @@ class NftRules:
     def endpoints(self, service_port: str) -> set[str]:
         keys = self._keys(service_port)
         found: set[str] = set()
-        entries = [(SERVICE_IPS, (addr, keys.protocol, str(keys.port))) for addr in keys.addresses]
+        entries: list[tuple[str, Key]] = [(SERVICE_IPS, (addr, keys.protocol, str(keys.port))) for addr in keys.addresses]
         if keys.node_port:
             entries.append((SERVICE_NODEPORTS, (keys.protocol, str(keys.node_port))))
         for vmap, key in entries:

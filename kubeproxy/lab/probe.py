@@ -42,14 +42,14 @@ def serve(proto: str, listens: list[str]) -> None:
     print("ready", flush=True)
     while True:
         for key, _ in sel.select():
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
+            ready = key.fileobj
+            assert isinstance(ready, socket.socket)
             if proto == "udp":
-                _data, peer = s.recvfrom(2048)
-                here = s.getsockname()
-                s.sendto(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode(), peer)
+                _data, peer = ready.recvfrom(2048)
+                here = ready.getsockname()
+                ready.sendto(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode(), peer)
             else:
-                conn, peer = s.accept()
+                conn, peer = ready.accept()
                 here = conn.getsockname()
                 with conn:
                     conn.sendall(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode())

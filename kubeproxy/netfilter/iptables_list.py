@@ -138,7 +138,7 @@ def _extras(text: str) -> tuple[list[object], dict[str, str], str | None]:
             elif kind == "reject":
                 facts["reject"] = g[0]
             elif kind == "iprange":
-                steps.append(AddrRange("src" if g[0] == "source" else "dst", A.parse_ip(g[2])[0],  # type: ignore[arg-type]
+                steps.append(AddrRange("src" if g[0] == "source" else "dst", A.parse_ip(g[2])[0],
                                        A.parse_ip(g[3])[0], bool(g[1])))
             rest = rest.replace(m.group(0), " ", 1)
     left = rest.strip()

@@ -11,7 +11,7 @@ import functools
 import re
 from collections.abc import Callable
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.model import (
@@ -134,6 +134,11 @@ def _mark_arg(arg: str) -> tuple[int, int]:
     return int(v, 0), (int(m, 0) if m else 0xFFFFFFFF)
 
 
+_MULTIPORT_FIELDS: dict[str, Literal["sport", "dport", "any"]] = {
+    "--dports": "dport", "--destination-ports": "dport", "--sports": "sport", "--source-ports": "sport", "--ports": "any",
+}  # fmt: skip
+
+
 def _module_match(module: str, opts: list[_Opt], proto: int | None) -> list[object]:
     """Turn one `-m MODULE --opt arg ...` group into typed matches."""
     out: list[object] = []
@@ -155,11 +160,10 @@ def _module_match(module: str, opts: list[_Opt], proto: int | None) -> list[obje
         return out
     if module == "multiport":
         for opt, args, neg in opts:
-            field = {"--dports": "dport", "--destination-ports": "dport", "--sports": "sport",
-                     "--source-ports": "sport", "--ports": "any"}.get(opt)
-            if field is None:
+            ports = _MULTIPORT_FIELDS.get(opt)
+            if ports is None:
                 raise ValueError(f"unknown multiport option {opt}")
-            out.append(Port(field, A.parse_port_ranges(args[0]), neg))  # type: ignore[arg-type]
+            out.append(Port(ports, A.parse_port_ranges(args[0]), neg))
         return out
     if module == "comment":
         return out
@@ -381,7 +385,7 @@ def parse_rule(
                 neg = False
                 continue
             if opt == "-j" or opt == "-g":
-                key = (opt, *toks[i + 1 :])
+                key: tuple[str | bool, ...] = (opt, *toks[i + 1 :])
                 tgt = cache.get(key)
                 if tgt is None:
                     tgt = cache[key] = _target(toks, i, opt == "-g")

@@ -248,7 +248,7 @@ def expr(e: Any) -> Any:
                 left, right = e[op]
                 return NBinop(op, expr(left), expr(right))
         if "symhash" in e or "jhash" in e:
-            h = e.get("jhash") or e.get("symhash")
+            h = e.get("jhash") or e.get("symhash") or {}  # neither: the KeyError below is the parse error
             return NNumgen(int(h["mod"]), int(h.get("offset", 0)), "hash")
         raise _Bad(f"unsupported expression {json.dumps(e)[:120]}")
     return NConst(e)
@@ -524,9 +524,10 @@ def parse_objects(objs: list[Any]) -> Ruleset:
             t = table_of(body["family"], body["table"])
             if t is None:
                 continue
-            ch = t.chains.get(body["chain"])
-            if ch is None:
-                ch = t.chains[body["chain"]] = Chain(name=body["chain"], declared=False)
+            found = t.chains.get(body["chain"])
+            if found is None:
+                found = t.chains[body["chain"]] = Chain(name=body["chain"], declared=False)
+            ch = found
             exprs = body.get("expr", [])
             steps = [statement(s) for s in exprs]
             xt = xt or any("xt" in s for s in exprs)

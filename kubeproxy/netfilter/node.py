@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kubeproxy.netfilter import addr as A
@@ -60,11 +61,11 @@ class Node:
     @classmethod
     def from_flags(
         cls,
-        local_ips: list[str] = (),  # type: ignore[assignment]
-        ifaces: list[str] = (),  # type: ignore[assignment]
-        routes: list[str] = (),  # type: ignore[assignment]
-        ipsets: list[str] = (),  # type: ignore[assignment]
-        affinity: list[str] = (),  # type: ignore[assignment]
+        local_ips: Sequence[str] = (),
+        ifaces: Sequence[str] = (),
+        routes: Sequence[str] = (),
+        ipsets: Sequence[str] = (),
+        affinity: Sequence[str] = (),
     ) -> Node:
         node = cls()
         node.interfaces["lo"] = [IfAddr(A.ip4_to_int("127.0.0.1"), 8)]
@@ -196,7 +197,7 @@ class Node:
                     except ValueError:
                         ok = False
                         break
-                    if (v & mask) != net:
+                    if not isinstance(v, int) or (v & mask) != net:  # a port member never equals an address
                         ok = False
                         break
                 elif isinstance(v, str):

@@ -1,0 +1,76 @@
+"""Field and label selectors: `fieldSelector`/`labelSelector` query strings on lists and watches,
+and the `metav1.LabelSelector` objects a DaemonSet carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubeproxy.lab.apiserver.errors import JSON, ApiError
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Field and label selectors as the real server parses them (the subset we need).
+
+    Fields: `metadata.name`, `metadata.namespace` with `=`, `==`, `!=`.
+    Labels: `key`, `!key`, `key=value`, `key==value`, `key!=value`, comma-separated (AND).
+    """
+
+    fields: tuple[tuple[str, str, str], ...] = ()
+    labels: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, field_selector: str, label_selector: str) -> Selector:
+        return cls(_parse_terms(field_selector, "field"), _parse_terms(label_selector, "label"))
+
+    def matches(self, obj: JSON) -> bool:
+        meta = obj.get("metadata") or {}
+        for key, op, value in self.fields:
+            have = str(meta.get(key.removeprefix("metadata."), "") or "")
+            if (have == value) != (op == "="):
+                return False
+        labels = meta.get("labels") or {}
+        for key, op, value in self.labels:
+            if op == "exists" and key not in labels:
+                return False
+            if op == "!exists" and key in labels:
+                return False
+            if op == "=" and labels.get(key) != value:
+                return False
+            if op == "!=" and labels.get(key) == value:
+                return False
+        return True
+
+
+def _parse_terms(text: str, what: str) -> tuple[tuple[str, str, str], ...]:
+    terms = []
+    for raw in filter(None, (t.strip() for t in text.split(","))):
+        if "!=" in raw:
+            key, value = raw.split("!=", 1)
+            terms.append((key.strip(), "!=", value.strip()))
+        elif "=" in raw:
+            key, value = raw.split("==", 1) if "==" in raw else raw.split("=", 1)
+            terms.append((key.strip(), "=", value.strip()))
+        elif what == "label":
+            terms.append((raw.lstrip("!").strip(), "!exists" if raw.startswith("!") else "exists", ""))
+        else:
+            raise ApiError(400, "BadRequest", f"invalid {what} selector {raw!r}")
+        if what == "field" and terms[-1][0] not in ("metadata.name", "metadata.namespace"):
+            raise ApiError(400, "BadRequest", f'field label not supported: "{terms[-1][0]}"')
+    return tuple(terms)
+
+
+def selector_matches(selector: JSON, labels: JSON) -> bool:
+    """A metav1.LabelSelector (matchLabels and matchExpressions) against a label set."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if (op == "Exists" and not present) or (op == "DoesNotExist" and present):
+            return False
+    return True

@@ -1,0 +1,472 @@
+"""The walk: hooks in kernel order, base chains by priority, rules in order, branching at random
+elements (`statistic`, `numgen`); nat chains only for a connection's first packet, as in
+nf_nat_inet_fn. Rules are compiled on first use and long chains indexed by destination."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter.model import (
+    Addr,
+    Chain,
+    Jump,
+    Nat,
+    Recent,
+    Rule,
+    Ruleset,
+    SetMatch,
+    Statistic,
+    Table,
+    Unsupported,
+    Verdict,
+    VMap,
+)
+from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.packet import Packet
+from kubeproxy.netfilter.simulate import actions
+from kubeproxy.netfilter.simulate.branch import ONE, Branch, Hop, Outcome, TraceError, TraceResult
+from kubeproxy.netfilter.simulate.matchers import MATCHERS
+from kubeproxy.netfilter.simulate.nft import NftEvaluator, has_numgen, numgens
+
+_INDEX_MIN_RULES = 32
+_MAX_DEPTH = 100
+
+
+class _Compiled:
+    """A rule split into its leading deterministic matches (checked in a tight loop) and the rest."""
+
+    __slots__ = ("fast", "rest", "single_action")
+
+    def __init__(self, rule: Rule) -> None:
+        steps = rule.load()
+        k = 0
+        fast = []
+        while k < len(steps):
+            s = steps[k]
+            fn = MATCHERS.get(type(s))
+            if fn is None or type(s) in (Recent, Unsupported, SetMatch) or has_numgen(s):
+                break
+            fast.append((fn, s))
+            k += 1
+        self.fast = tuple(fast)
+        self.rest = tuple(steps[k:])
+        r = self.rest
+        self.single_action = (
+            r[0] if len(r) == 1 and type(r[0]) not in MATCHERS and type(r[0]) is not Statistic and not has_numgen(r[0]) else None
+        )
+
+
+class _ChainIndex:
+    """For long chains: rule positions keyed by an exact `-d IP/32` the rule requires, plus the
+    positions of rules that have no such requirement. A packet only needs to look at both lists."""
+
+    __slots__ = ("by_dst", "others")
+
+    def __init__(self, by_dst: dict[int, list[int]], others: list[int]) -> None:
+        self.by_dst, self.others = by_dst, others
+
+
+# Results of running a rule / a chain.
+_NOMATCH, _NEXT = "nomatch", "next"
+
+
+class Simulator(NftEvaluator):
+    """Walks packets through one ruleset on one node. Reusable for many packets.
+
+    An `NftEvaluator` as well: matchers and actions ask it for the value of nft expressions."""
+
+    def __init__(self, ruleset: Ruleset, node: Node, *, max_branches: int = 100_000) -> None:
+        super().__init__(ruleset, node)
+        self.max_branches = max_branches
+        self._hooks: dict[tuple[str, bool], list[tuple[Table, Chain]]] = {}
+        self._index: dict[int, _ChainIndex | None] = {}
+        self._ipt = ruleset.source.startswith("iptables")
+
+    # ------------------------------------------------------------------ hooks
+    def base_chains(self, hook: str, v6: bool) -> list[tuple[Table, Chain]]:
+        key = (hook, v6)
+        got = self._hooks.get(key)
+        if got is None:
+            fam_ok = {"ip6", "inet"} if v6 else {"ip", "inet"}
+            got = []
+            for t in self.rs.tables:
+                if t.family not in fam_ok:
+                    continue
+                for ch in t.chains.values():
+                    if ch.hook == hook:
+                        got.append((t, ch))
+            got.sort(key=lambda tc: tc[1].priority or 0)
+            self._hooks[key] = got
+        return got
+
+    # ------------------------------------------------------------------ the walk
+    def trace(self, pkt: Packet) -> TraceResult:
+        b = Branch.start(pkt, {k: frozenset(v) for k, v in self.node.recent.items()})
+        if pkt.ct_state != "NEW":
+            b.dnat_done = b.snat_done = True
+            b.notes.append(
+                f"conntrack state {pkt.ct_state}: nat chains are skipped (the connection keeps the "
+                "mapping its first packet got, which a dump does not show)"
+            )
+        done: list[Outcome] = []
+        work = [b]
+        while work:
+            br = work.pop()
+            for nb in self._stage(br):
+                if nb.stage == "done":
+                    done.append(self._outcome(nb))
+                else:
+                    work.append(nb)
+            if len(done) + len(work) > self.max_branches:
+                raise TraceError(f"more than {self.max_branches} branches")
+        done.sort(key=lambda o: (-o.probability, o.verdict, o.dst, o.dport))
+        return TraceResult(pkt, _merge(done), list(self.rs.notes))
+
+    def _stage(self, b: Branch) -> list[Branch]:
+        st = b.stage
+        if st == "route_out":
+            r = self.node.route(b.dst)
+            if r is None:
+                return [self._end(b, "DROP", "no route to the destination (ENETUNREACH)")]
+            b.out_iface, b.via = r
+            b.stage = "output"
+            return [b]
+        if st == "prerouting" or st == "lo_prerouting":
+            nxt = "route_in" if st == "prerouting" else "input"
+            return self._hook("prerouting", b, nxt)
+        if st == "route_in":
+            if self.node.is_local(b.dst):
+                b.stage = "input"
+                b.local = True
+                return [b]
+            r = self.node.route(b.dst)
+            if r is None:
+                return [self._end(b, "DROP", "no route to the destination")]
+            b.out_iface, b.via = r
+            b.stage = "forward"
+            return [b]
+        if st == "input":
+            b.local = True
+            return self._hook("input", b, "delivered")
+        if st == "forward":
+            return self._hook("forward", b, "postrouting")
+        if st == "output":
+            return self._hook("output", b, "postrouting")
+        if st == "postrouting":
+            nxt = "lo_in" if b.out_iface == "lo" and b.in_iface is None else "sent"
+            return self._hook("postrouting", b, nxt)
+        if st == "lo_in":
+            # a locally generated packet to a local address comes back in through lo
+            b.in_iface, b.stage = "lo", "lo_prerouting"
+            return [b]
+        if st == "delivered":
+            b.out_iface = None
+            return [self._end(b, "ACCEPT")]
+        if st == "sent":
+            return [self._end(b, "ACCEPT")]
+        raise AssertionError(st)
+
+    def _end(self, b: Branch, verdict: str, note: str = "") -> Branch:
+        b.stage, b.verdict = "done", verdict
+        if note:
+            b.notes.append(note)
+        return b
+
+    def _hook(self, hook: str, b: Branch, nxt: str) -> list[Branch]:
+        live = [b]
+        dead: list[Branch] = []
+        dst_manip = hook in ("prerouting", "output")
+        for table, chain in self.base_chains(hook, b.v6):
+            is_nat = chain.type == "nat"
+            after: list[Branch] = []
+            for br in live:
+                if is_nat and (br.ct_state in ("UNTRACKED", "INVALID") or (br.dnat_done if dst_manip else br.snat_done)):
+                    after.append(br)
+                    continue
+                before = (br.dst, br.dport)
+                for nb, v in self._run_base(table, chain, hook, br):
+                    if is_nat:
+                        if dst_manip:
+                            nb.dnat_done = True
+                        else:
+                            nb.snat_done = True
+                    if v != "ACCEPT":
+                        self._finish(nb, v)
+                        dead.append(nb)
+                        continue
+                    if is_nat and hook == "output" and (nb.dst, nb.dport) != before:
+                        self._reroute(nb)  # ip_route_me_harder after a local DNAT
+                    (dead if nb.stage == "done" else after).append(nb)
+            live = after
+        for br in live:
+            br.stage = nxt
+        return live + dead
+
+    def _finish(self, b: Branch, v: str) -> None:
+        b.stage, b.verdict = "done", v
+
+    def _reroute(self, b: Branch) -> None:
+        r = self.node.route(b.dst)
+        if r is None:
+            b.notes.append("no route to the translated destination")
+            b.stage, b.verdict = "done", "DROP"
+            return
+        b.out_iface, b.via = r
+
+    def _run_base(self, table: Table, chain: Chain, hook: str, b: Branch) -> list[tuple[Branch, str]]:
+        out = []
+        for nb, v in self._run_chain(table, chain, 0, b, 0, hook):
+            if v == _NEXT or v == "RETURN":
+                pol = chain.policy or "ACCEPT"
+                if pol != "ACCEPT":
+                    nb.path.append(Hop(table.name, chain.name, "policy", pol, f"policy {pol}", 0, hook))
+                out.append((nb, pol))
+            else:
+                out.append((nb, v))
+        return out
+
+    def _candidates(self, chain: Chain, b: Branch) -> list[int] | None:
+        key = id(chain)
+        if key not in self._index:
+            self._index[key] = _build_index(chain)
+        idx = self._index[key]
+        if idx is None:
+            return None
+        hit = idx.by_dst.get(b.dst)
+        if not hit:
+            return idx.others
+        return sorted(hit + idx.others)
+
+    def _run_chain(self, table: Table, chain: Chain, start: int, b: Branch, depth: int, hook: str) -> list[tuple[Branch, str]]:
+        """Rules of `chain` from `start`: [(branch, verdict)] where verdict is ACCEPT, DROP, REJECT,
+        QUEUE, or _NEXT (fell off the end / RETURN: the caller continues)."""
+        if depth > _MAX_DEPTH:
+            raise TraceError(f"chain nesting deeper than {_MAX_DEPTH} at {chain.name}: a jump loop?")
+        out: list[tuple[Branch, str]] = []
+        rules = chain.rules
+        n = len(rules)
+        pending = [(start, b)]
+        while pending:
+            pos, br = pending.pop()
+            cands = self._candidates(chain, br) if n >= _INDEX_MIN_RULES else None
+            ci = bisect.bisect_left(cands, pos) if cands is not None else 0
+            cur: Branch | None = br
+            while cur is not None:
+                if cands is not None:
+                    if ci >= len(cands):
+                        out.append((cur, _NEXT))
+                        break
+                    i = cands[ci]
+                    ci += 1
+                else:
+                    if pos >= n:
+                        out.append((cur, _NEXT))
+                        break
+                    i = pos
+                    pos += 1
+                rule = rules[i]
+                comp = rule.compiled
+                if comp is None:
+                    comp = rule.compiled = _Compiled(rule)
+                ok = True
+                for fn, s in comp.fast:
+                    if not fn(s, cur, self):
+                        ok = False
+                        break
+                if not ok:
+                    continue
+                act = comp.single_action
+                if act is not None:
+                    res: list[tuple[Branch, Any]] = [(cur, act)]
+                else:
+                    cur.numgen = {}
+                    res = self._eval_rest(comp.rest, 0, cur, False, [], table, hook)
+                cont: Branch | None = None
+                for nb, a in res:
+                    if a is _NOMATCH:
+                        if cont is None:
+                            cont = nb
+                        else:  # branches that all skipped the rule are the same packet: merge
+                            cont.prob += nb.prob
+                        continue
+                    if a is _NEXT:
+                        self._hop(nb, table, chain, i, rule, hook)
+                        pending.append((i + 1, nb))
+                        continue
+                    for nb2, v in self._act(a, nb, table, chain, i, rule, depth, hook):
+                        if v == _NEXT:
+                            pending.append((i + 1, nb2))
+                        elif v == "RETURN":
+                            out.append((nb2, _NEXT))
+                        else:
+                            out.append((nb2, v))
+                cur = cont
+        return out
+
+    def _hop(self, b: Branch, table: Table, chain: Chain, i: int, rule: Rule, hook: str) -> None:
+        b.path.append(Hop(table.name, chain.name, i + 1, rule.target, rule.text, rule.line, hook))
+
+    def _eval_rest(
+        self,
+        steps: tuple[Any, ...],
+        k: int,
+        b: Branch,
+        executed: bool,
+        out: list[tuple[Branch, Any]],
+        table: Table,
+        hook: str,
+    ) -> list[tuple[Branch, Any]]:
+        """Evaluate steps from k on; forks at random elements. Yields (branch, action) pairs where
+        action is _NOMATCH, _NEXT (rule done, continue) or a terminal/jump action."""
+        n = len(steps)
+        while k < n:
+            s = steps[k]
+            t = type(s)
+            if has_numgen(s):
+                gens = [g for g in numgens(s, []) if id(g) not in b.numgen]
+                if gens:
+                    g = gens[0]
+                    for v in range(g.mod):
+                        nb = b.copy()
+                        nb.prob = b.prob / g.mod
+                        nb.numgen[id(g)] = v + g.offset
+                        self._eval_rest(steps, k, nb, executed, out, table, hook)
+                    return out
+            if t is Statistic:
+                p = s.probability if not s.neg else ONE - s.probability
+                if p == 0:
+                    out.append((b, _NOMATCH if not executed else _NEXT))
+                    return out
+                if p != 1:
+                    miss = b.copy()
+                    miss.prob = b.prob * (1 - p)
+                    out.append((miss, _NOMATCH if not executed else _NEXT))
+                    b.prob = b.prob * p
+                k += 1
+                continue
+            fn = MATCHERS.get(t)
+            if fn is not None:
+                if not fn(s, b, self):
+                    out.append((b, _NOMATCH if not executed else _NEXT))
+                    return out
+                k += 1
+                continue
+            # an action: the rule has matched
+            if k == n - 1:
+                out.append((b, s))
+                return out
+            res = actions.apply_statement(s, b, self)
+            if res is not None:  # terminal in the middle of an nft rule
+                out.append((b, s))
+                return out
+            executed = True
+            k += 1
+        out.append((b, _NEXT))
+        return out
+
+    def _act(
+        self, a: Any, b: Branch, table: Table, chain: Chain, i: int, rule: Rule, depth: int, hook: str
+    ) -> list[tuple[Branch, str]]:
+        t = type(a)
+        if t is Jump or t is VMap:
+            if t is VMap:
+                target = self.lookup(a.map, self.value(a.key, b), b)
+                if target is None:
+                    return [(b, _NEXT)]  # no element: the rule does not match
+                if isinstance(target, Verdict):
+                    self._hop(b, table, chain, i, rule, hook)
+                    return [(b, target.kind if target.kind != "RETURN" else "RETURN")]
+                a = target
+            self._hop(b, table, chain, i, rule, hook)
+            sub = table.chains.get(a.chain)
+            if sub is None:
+                # a partial listing: what that chain does is not known, so neither is the fate
+                b.notes.append(f"chain {a.chain} is not in the dump: where the packet goes from there is unknown")
+                return [(b, "UNKNOWN")]
+            res = self._run_chain(table, sub, 0, b, depth + 1, hook)
+            if a.goto:
+                # falling off a goto'd chain returns to our caller, not to us
+                return [(nb, "RETURN" if v == _NEXT else v) for nb, v in res]
+            return res
+        if t is Verdict:
+            self._hop(b, table, chain, i, rule, hook)
+            if a.kind == "REJECT":
+                b.reject_with = a.detail or "icmp-port-unreachable"
+            return [(b, a.kind)]
+        if t is Nat:
+            self._hop(b, table, chain, i, rule, hook)
+            return actions.nat(a, b, hook, self)
+        if actions.apply_statement(a, b, self) is None:
+            self._hop(b, table, chain, i, rule, hook)
+            return [(b, _NEXT)]
+        raise TraceError(f"cannot apply {a!r}")
+
+    def _outcome(self, b: Branch) -> Outcome:
+        return Outcome(
+            probability=b.prob,
+            verdict=b.verdict,
+            dnat=b.dnat,
+            snat=b.snat if not b.masq else None,
+            masquerade=b.masq,
+            out_iface=b.out_iface if not b.local else None,
+            local=b.local and b.verdict == "ACCEPT",
+            src=b.src,
+            sport=b.sport,
+            dst=b.dst,
+            dport=b.dport,
+            path=b.path,
+            notes=b.notes,
+            reject_with=b.reject_with,
+            v6=b.v6,
+        )
+
+
+def _build_index(chain: Chain) -> _ChainIndex | None:
+    by_dst: dict[int, list[int]] = {}
+    others: list[int] = []
+    for i, r in enumerate(chain.rules):
+        key = None
+        for s in r.load():
+            if type(s) is Addr and s.field == "dst" and not s.neg and s.mask == A.ALL4 and not s.v6:
+                key = s.net
+                break
+            if type(s) not in MATCHERS:
+                break
+        if key is None:
+            others.append(i)
+        else:
+            by_dst.setdefault(key, []).append(i)
+    if len(others) * 2 > len(chain.rules):
+        return None
+    return _ChainIndex(by_dst, others)
+
+
+def _merge(outs: list[Outcome]) -> list[Outcome]:
+    """Outcomes with the same result and the same path are one outcome."""
+    merged: dict[tuple[Any, ...], Outcome] = {}
+    for o in outs:
+        key = (
+            o.verdict,
+            o.dnat,
+            o.snat,
+            o.masquerade,
+            o.out_iface,
+            o.local,
+            o.src,
+            o.sport,
+            o.dst,
+            o.dport,
+            tuple((h.table, h.chain, h.rule, h.hook) for h in o.path),
+        )
+        if key in merged:
+            merged[key].probability += o.probability
+        else:
+            merged[key] = o
+    return sorted(merged.values(), key=lambda o: (-o.probability, o.verdict))
+
+
+def trace(ruleset: Ruleset, node: Node, packet: Packet) -> TraceResult:
+    """Every way `packet` can go through `ruleset` on `node`, with its exact probability."""
+    return Simulator(ruleset, node).trace(packet)
