@@ -181,3 +181,26 @@ def test_sender_port_exhaustion_is_counted_and_more_source_addresses_avoid_it(ne
     assert "warning" not in many.stderr
     totals = json.loads(many.stdout)["totals"]
     assert totals["errors"] == 0 and totals["sent"] + totals["unsent"] == 100 and totals["sent"] >= 97
+
+
+def test_progress_lines_show_how_far_the_run_is():
+    from kubeproxy.lab.dns.load import run_load
+
+    lines: list[str] = []
+    with Responder() as r:
+        plan = LoadPlan(r.address, make_query("www.lab.test.", 1), 200.0, 2.0, timeout=0.5, workers=1)
+        report = run_load(plan, progress=lines.append)
+    assert report.totals()["answered"] > 0
+    assert lines and lines[-1] == "\n"  # the run ends the progress line
+    assert all(line.startswith("\rdns load: ") and line.endswith("s of 2.5 s (200/s)") for line in lines[:-1])
+
+
+def test_check_defaults_to_the_hosts_nameserver(tmp_path: Path):
+    from kubeproxy.lab.dns.commands import system_nameserver
+
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("# written by hand\nsearch lab.test\nnameserver 192.0.2.53\nnameserver 192.0.2.54\n")
+    assert system_nameserver(conf) == "192.0.2.53"
+    conf.write_text("search lab.test\n")
+    assert system_nameserver(conf) is None
+    assert system_nameserver(tmp_path / "missing") is None

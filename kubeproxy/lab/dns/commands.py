@@ -31,7 +31,27 @@ DEFAULT_NAME = "www.lab.test."
 WORKER_RATE = 8000.0
 
 
-def _server(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
+RESOLV_CONF = Path("/etc/resolv.conf")
+
+
+def system_nameserver(resolv_conf: Path = RESOLV_CONF) -> str | None:
+    """The first `nameserver` of resolv.conf (what this host's own lookups use), if any."""
+    try:
+        lines = resolv_conf.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            return words[1]
+    return None
+
+
+def _server(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, int]:
+    if value is None:
+        value = system_nameserver()
+        if value is None:
+            raise click.BadParameter(f"no nameserver in {RESOLV_CONF}: give --server IP[:PORT]")
     try:
         return parse_server(value)
     except AddressError as exc:
@@ -68,7 +88,11 @@ def _query(name: str, qtype: int) -> Query:
 
 def query_options(func: Any) -> Any:
     options = [
-        click.option("--server", required=True, callback=_server, help="DNS server, IP[:PORT] (port 53 by default)."),
+        click.option(
+            "--server",
+            callback=_server,
+            help="DNS server, IP[:PORT] (port 53 by default).  [default: the first nameserver of /etc/resolv.conf]",
+        ),
         click.option("--name", default=DEFAULT_NAME, show_default=True, help="Name to ask for."),
         click.option("--type", "qtype", default="A", show_default=True, callback=_qtype, help="Record type (A, AAAA, ...)."),
     ]
@@ -165,8 +189,10 @@ def load(
     to_stdout = json_out is not None and json_out.name == "<stdout>"
     for warning in plan.warnings():
         click.echo(f"warning: {warning}", err=True)
+    # Elapsed time on a terminal, so a long run does not look stuck (workers report only at the end).
+    progress = (lambda line: click.echo(line, err=True, nl=False)) if sys.stderr.isatty() and not to_stdout else None
     try:
-        report = run_load(plan)
+        report = run_load(plan, progress=progress)
     except LoadError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_report(report), err=to_stdout)

@@ -41,9 +41,11 @@ import random
 import select
 import subprocess
 import sys
+import threading
 import time
 from array import array
 from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -305,7 +307,10 @@ class LoadReport:
     def per_second(self) -> list[SecondReport]:
         t = self.tally
         counts = zip(t.sent, t.answered, t.lost, t.errors, t.unsent, t.late, strict=True)
-        return [SecondReport(s, *row, Summary.of(t.latency[s]), Summary.of(t.lateness[s])) for s, row in enumerate(counts)]
+        return [
+            SecondReport(s, sent, answered, lost, errors, unsent, late, Summary.of(t.latency[s]), Summary.of(t.lateness[s]))
+            for s, (sent, answered, lost, errors, unsent, late) in enumerate(counts)
+        ]
 
     @property
     def sent(self) -> int:
@@ -369,8 +374,40 @@ class LoadReport:
         }
 
 
-def run_load(plan: LoadPlan) -> LoadReport:
-    """Carry out the plan: in this process for one worker, else in worker processes started together."""
+def run_load(plan: LoadPlan, progress: Callable[[str], None] | None = None) -> LoadReport:
+    """Carry out the plan: in this process for one worker, else in worker processes started together.
+
+    progress: called about once a second with a `\r`-led line saying how far the run is, and with
+    a newline at the end (for a terminal; the per-second counts come in the report).
+    """
+    with _progress_lines(plan, progress):
+        return _run_load(plan)
+
+
+@contextlib.contextmanager
+def _progress_lines(plan: LoadPlan, progress: Callable[[str], None] | None) -> Iterator[None]:
+    if progress is None:
+        yield
+        return
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(1.0):
+            elapsed = min(time.monotonic() - started, plan.duration + plan.timeout)
+            progress(f"\rdns load: {elapsed:4.0f} s of {plan.duration + plan.timeout:g} s ({plan.rate:g}/s)")
+
+    ticker = threading.Thread(target=tick, name="dns-load-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        progress("\n")
+
+
+def _run_load(plan: LoadPlan) -> LoadReport:
     if plan.workers <= 1:
         t0 = time.monotonic() + _START_MARGIN
         tally = run_schedule(plan, 0, t0)
