@@ -32,7 +32,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -158,8 +158,10 @@ class LiveProxy:
             (log.info if ours else log.debug)(kv("Node changed", node=ref, event=event.type, thisNode=ours))
             if ours:
                 node = self.state.nodes.get(self.node_name)
-                gone = event.type == "DELETED" or node is None
-                self.health.sync_node(deleting=gone or node.deleting, taints=() if node is None else node.taints)
+                if event.type == "DELETED" or node is None:
+                    self.health.sync_node(deleting=True)
+                else:
+                    self.health.sync_node(deleting=node.deleting, taints=node.taints)
         self.metrics.service_changes_pending.set(self._pending_services)
         self.metrics.endpoint_changes_pending.set(self._pending_endpoints)
         self.health.queued_update(self._family)
@@ -345,11 +347,14 @@ class LiveProxy:
         # As upstream: a proxy that never manages a first sync must not look healthy forever.
         self.health.updated(self._family)
         # One connection budget (sized from RLIMIT_NOFILE) for every HTTP server of this proxy.
-        shared = {"budget": self.service_health.budget, "errors": self.service_health.errors}
-        for what, bind, start in (
-            ("healthz", self.cfg.healthz_bind_address, lambda b: serve_healthz(self.health, self.metrics, b, **shared)),
-            ("metrics", self.cfg.metrics_bind_address, lambda b: serve_metrics(self.metrics, b, self.cfg.mode, **shared)),
-        ):
+        budget, errors = self.service_health.budget, self.service_health.errors
+        starters: list[tuple[str, str, Callable[[str], Awaitable[asyncio.AbstractServer]]]] = [
+            ("healthz", self.cfg.healthz_bind_address,
+             lambda b: serve_healthz(self.health, self.metrics, b, budget=budget, errors=errors)),
+            ("metrics", self.cfg.metrics_bind_address,
+             lambda b: serve_metrics(self.metrics, b, self.cfg.mode, budget=budget, errors=errors)),
+        ]  # fmt: skip
+        for what, bind, start in starters:
             if not bind:  # an empty address disables the server, as upstream
                 continue
             try:

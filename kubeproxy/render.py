@@ -15,7 +15,7 @@ from pathlib import Path
 from kubeproxy.backends.iptables.options import iptables_options, node_ips
 from kubeproxy.backends.iptables.render import NFACCT_COUNTERS, IptablesOptions, Rendered, render
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.cluster.manifests import manifest_files, parse_documents, read_text
+from kubeproxy.cluster.manifests import RawObject, manifest_files, parse_documents, read_text
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.cluster.validation import ParseOptions
@@ -32,7 +32,7 @@ class Loaded:
 
 def load(paths: Iterable[str | Path], options: ParseOptions | None = None) -> Loaded:
     """Objects from files and folders, checked with `options`. A broken file is reported and skipped, not fatal."""
-    raws = []
+    raws: list[RawObject] = []
     warnings: list[str] = []
     try:
         files = manifest_files(paths)

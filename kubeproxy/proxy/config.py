@@ -23,11 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
 
-PROXY_MODES = ("iptables", "nftables")
+PROXY_MODES = ("iptables", "nftables", "ipvs")
 # Upstream's other modes: accepted by upstream's parser, refused here at start-up by name.
 UNBUILT_MODES = {
-    "ipvs": "kubeproxy does not implement ipvs mode (upstream deprecates it in favour of nftables); "
-    "use iptables or nftables",
     "kernelspace": "kernelspace is upstream's Windows mode; kubeproxy runs on Linux only (iptables or nftables)",
 }
 LOGGING_FORMATS = ("text", "json")
@@ -376,8 +374,8 @@ def _seconds(path: str, field_name: str, value: str | None) -> float | None:
 def _not_a_kube_proxy_configuration(path: str | Path, raw: dict[str, Any]) -> ConfigError:
     kind, api_version = raw.get("kind"), raw.get("apiVersion")
     if kind == "ConfigMap":
-        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
-        meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+        data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
+        meta: dict[str, Any] = raw["metadata"] if isinstance(raw.get("metadata"), dict) else {}
         name = f"{meta.get('namespace', '')}/{meta.get('name', '')}".strip("/")
         keys = ", ".join(sorted(str(k) for k in data)) or "none"
         hint = "its 'config.conf' key" if "config.conf" in data else "the data key that holds the KubeProxyConfiguration"

@@ -129,7 +129,7 @@ class JsonFormatter(logging.Formatter):
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever sys.stderr is when a record comes (click's test runner swaps it)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 

@@ -6,6 +6,7 @@ import ipaddress
 from collections.abc import Collection, Sequence
 
 from kubeproxy.backends.iptables.render import NFACCT_COUNTERS, IptablesOptions
+from kubeproxy.cluster.fields import IPNetwork
 from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig
 from kubeproxy.proxy.model import IPV4, family_of
@@ -54,7 +55,7 @@ def iptables_options(
     local_ips: Sequence[str] = (),
 ) -> IptablesOptions:
     ips = [ip for ip in node_ips(cfg, node) if family_of(ipaddress.ip_address(ip)) == family]
-    cidrs = []
+    cidrs: list[IPNetwork] = []
     match_all = False
     for raw in cfg.nodeport_addresses:
         if raw == "primary":

@@ -80,12 +80,12 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
         chains: Iterable[str] = tc.chains
         sets: Iterable[str] = tc.sets
         objects: Iterable[str] = tc.objects
-        element_sets = tc.elements
+        element_sets: dict[str, set[str] | None] = dict(tc.elements)
     else:
         chains = old.chains.keys() | new.chains.keys()
         sets = old.sets.keys() | new.sets.keys()
         objects = old.objects.keys() | new.objects.keys()
-        element_sets = {name: None for name in old.elements.keys() | new.elements.keys()}
+        element_sets = dict.fromkeys(old.elements.keys() | new.elements.keys())
 
     chains, sets, objects = sorted(chains), sorted(sets), sorted(objects)
     for name in objects:
@@ -131,16 +131,16 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
         keys = element_sets[set_name]
         candidates = sorted(od.keys() | nd.keys()) if keys is None else sorted(keys)
         for key in candidates:
-            o, n = od.get(key), nd.get(key)
-            if o == n:
+            o_el, n_el = od.get(key), nd.get(key)
+            if o_el == n_el:
                 continue
-            if o is None:
-                assert n is not None
-                adds.append((ElementOp("add", set_name, n),))
-            elif n is None:
-                deletes.append((ElementOp("delete", set_name, o),))
+            if o_el is None:
+                assert n_el is not None
+                adds.append((ElementOp("add", set_name, n_el),))
+            elif n_el is None:
+                deletes.append((ElementOp("delete", set_name, o_el),))
             else:
-                changes.append((ElementOp("delete", set_name, o), ElementOp("add", set_name, n)))
+                changes.append((ElementOp("delete", set_name, o_el), ElementOp("add", set_name, n_el)))
     p.units += adds + changes + deletes
 
     for name in chains:

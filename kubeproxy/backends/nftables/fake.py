@@ -287,7 +287,9 @@ def _chain_users(table: _Table, chain: str) -> bool:
 
 def _split_elements(block: str) -> list[str]:
     """`a, b comment "x, y" : goto c` → the elements, not splitting inside quotes."""
-    out, current, quoted = [], [], False
+    out: list[str] = []
+    current: list[str] = []
+    quoted = False
     for ch in block:
         if ch == '"':
             quoted = not quoted

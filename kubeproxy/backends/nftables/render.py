@@ -423,12 +423,12 @@ def _expand(ctx: _Ctx, key: Hashable) -> SharedObjects:
         )
     if kind == "udp-timeouts":
         a = ctx.addr_type
-        rules = (
+        timeout_rules = (
             Rule(f"ct state new meta l4proto udp {ipx} daddr . meta l4proto . th dport vmap @{UDP_TIMEOUTS}"),
             Rule(f"ct state new meta l4proto udp {ctx.nodeport_match()} meta l4proto . th dport vmap @{UDP_TIMEOUT_NODEPORTS}"),
         )
         return SharedObjects(
-            chains=tuple(Chain(name, rules, base=hook) for name, hook in CONNTRACK_CHAINS.items()),
+            chains=tuple(Chain(name, timeout_rules, base=hook) for name, hook in CONNTRACK_CHAINS.items()),
             sets=(
                 NftSet(
                     UDP_TIMEOUTS,
@@ -466,7 +466,8 @@ def _allowed_sources(ctx: _Ctx, svc: ServicePortInfo) -> list[str]:
         # A VIP-like load balancer whose IP is also local: the node's own requests loop
         # back with the VIP as source and must be allowed too.
         ranges += [ipaddress.ip_network(ip) for ip in svc.load_balancer_vips if ip.version == ctx.node_ip.version]
-    return [str(c) for c in ipaddress.collapse_addresses(ranges)]  # type: ignore[arg-type]
+    # collapse_addresses takes one family at a time, which `ranges` is (filtered above).
+    return [str(c) for c in ipaddress.collapse_addresses(ranges)]  # type: ignore[type-var]
 
 
 # ------------------------------------------------------------------------------------------

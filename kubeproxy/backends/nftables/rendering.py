@@ -165,7 +165,7 @@ class Claims:
         cur = one[k]
         if self._count:
             tk = (set_name, k)
-            n = self._count.get(tk)
+            n = self._count.get(tk, 0)
             if n:
                 if n > 2:
                     self._count[tk] = n - 1
