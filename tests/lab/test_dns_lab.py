@@ -256,5 +256,5 @@ def test_a_short_service_udp_timeout_keeps_snat_healthy(tmp_path: Path):
 
 @pytest.mark.root
 def test_a_proxy_mode_that_cannot_run_is_reported_before_any_world_is_built():
-    with pytest.raises(LabError, match=r"--proxy-mode no-such-mode` cannot run here \(exit status 2\)"):
+    with pytest.raises(LabError, match=r"--proxy-mode no-such-mode` cannot run here \(exit status 1\)"):
         check_proxy_mode("no-such-mode")
