@@ -1,0 +1,161 @@
+"""`kubeproxy doctor` and `kubeproxy graph`. Only click here: the work is imported when a command runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+_FORMATS = ("auto", "iptables-save", "iptables-list", "nft-json", "nft")
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    click.echo(f"kubeproxy: {message}", err=True)
+    sys.exit(code)
+
+
+def _read(path: str) -> str:
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"{path}: {getattr(exc, 'strerror', None) or exc}")
+
+
+def _csv(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
+
+
+@click.command("doctor")
+@click.option("--rules", "rules_path", help="A dump to read (iptables-save or nft -j list ruleset; - for stdin).")
+@click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(_FORMATS), help="Dump format.")
+@click.option("--live", is_flag=True, help="Read this node instead (read-only): rules, sysctls, conntrack, interfaces.")
+@click.option("--netns", default=None, help="With --live: read inside this network namespace.")
+@click.option("--manifests", multiple=True, help="The cluster's objects: YAML/JSON files or folders (repeatable).")
+@click.option("--hostname-override", default="", help="This node's name (default: the only Node given).")
+@click.option("--node-ip", default="", help="This node's primary IP.")
+@click.option("--cluster-cidr", multiple=True, help="Pod CIDR(s), comma-separated.")
+@click.option("--iface", multiple=True, help="NAME=IP/PREFIX, as for `kubeproxy trace` (repeatable).")
+@click.option("--route", multiple=True, help="CIDR=IFACE[@GATEWAY] (repeatable).")
+@click.option("--local-ip", multiple=True, help="An address local to the node (repeatable).")
+@click.option("--in-iface", default="", help="Where outside clients' traffic arrives (default: the default route's).")
+@click.option("--sysctl", "sysctls", multiple=True,
+              help="NAME=VALUE of the node, e.g. net.netfilter.nf_conntrack_udp_timeout=30 (repeatable).")
+@click.option("--stat", "stats", multiple=True, help="A `conntrack -S` counter, e.g. insert_failed=30493 (repeatable).")
+@click.option("--conntrack", "conntrack_path", help="`conntrack -L` output of the node, for the SNAT ports in use.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: README, `kubeproxy doctor`).")
+def doctor(rules_path: str | None, fmt: str, live: bool, netns: str | None, manifests: tuple[str, ...],
+           hostname_override: str, node_ip: str, cluster_cidr: tuple[str, ...], iface: tuple[str, ...],
+           route: tuple[str, ...], local_ip: tuple[str, ...], in_iface: str, sysctls: tuple[str, ...],
+           stats: tuple[str, ...], conntrack_path: str | None, as_json: bool) -> None:
+    """What on this node will break, at what load, and why: findings worst first, each with evidence and fixes.
+
+    Offline from a dump (--rules) and the objects (--manifests), or --live (read-only). Exit 0 when
+    nothing is critical, 1 when something is, 2 on bad input.
+    """
+    from kubeproxy import render as offline
+    from kubeproxy.backends.conntrack.flows import parse_flows
+    from kubeproxy.cluster.state import ClusterState
+    from kubeproxy.doctor.core import DoctorInput, diagnose
+    from kubeproxy.doctor.facts import FactError, NodeFacts, stats_from_flags, sysctls_from_flags
+    from kubeproxy.doctor.live import LiveError, read_node
+    from kubeproxy.netfilter import detect
+    from kubeproxy.netfilter.model import ParseError
+    from kubeproxy.netfilter.node import Node, NodeError
+    from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
+
+    if bool(rules_path) == live:
+        raise click.UsageError("give exactly one of --rules FILE or --live")
+    if netns and not live:
+        raise click.UsageError("--netns needs --live")
+    try:
+        cfg = validate(ProxyConfig(cluster_cidr=_csv(cluster_cidr), hostname_override=hostname_override.strip().lower(),
+                                   node_ip=node_ip))
+    except ConfigError as exc:
+        _fail(str(exc))
+    state = ClusterState()
+    notes: list[str] = []
+    if manifests:
+        loaded = offline.load(manifests, options=cfg.parse_options(from_api_server=False))
+        notes += loaded.warnings
+        state = loaded.state
+    else:
+        notes.append("no --manifests: service findings (SNAT capacity, foreign DNAT, endpoints) need the objects")
+    try:
+        extra = Node.from_flags(list(local_ip), list(iface), list(route))
+        if live:
+            got = read_node(netns)
+            ruleset, source, node, facts = got.ruleset, got.rules_source, got.node, got.facts
+            notes += got.notes
+            for name, addrs in extra.interfaces.items():
+                node.interfaces.setdefault(name, []).extend(addrs)
+        else:
+            assert rules_path is not None
+            ruleset, source, node, facts = detect.parse(_read(rules_path), fmt), rules_path, extra, NodeFacts()
+        node.local_ips |= extra.local_ips
+        node.routes = extra.routes + node.routes
+        facts.sysctls.update(sysctls_from_flags(sysctls))
+        facts.stats.update(stats_from_flags(stats))
+        if conntrack_path:
+            facts.flows = parse_flows(_read(conntrack_path))
+    except (ParseError, NodeError, FactError, LiveError) as exc:
+        _fail(str(exc))
+    report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source))
+    report.notes[:0] = notes
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(report.text(), nl=False)
+    sys.exit(1 if any(f.severity == "critical" for f in report.findings) else 0)
+
+
+@click.command("graph")
+@click.option("--rules", "rules_path", help="A dump to read (iptables-save or nft -j list ruleset; - for stdin).")
+@click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(_FORMATS), help="Dump format.")
+@click.option("--live", is_flag=True, help="Read this node's rules instead (read-only).")
+@click.option("--netns", default=None, help="With --live: read inside this network namespace.")
+@click.option("--service", default=None, help="Only this Service (namespace/name).")
+@click.option("-o", "--output", default="-", show_default=True,
+              help="Where to write; a .svg or .png name is drawn with Graphviz's `dot`.")
+def graph(rules_path: str | None, fmt: str, live: bool, netns: str | None, service: str | None, output: str) -> None:
+    """The proxy's chains as a graph (DOT): KUBE-SERVICES -> KUBE-SVC -> KUBE-SEP with each jump's share of
+    new flows and the masquerade marks; in nftables mode the same through the maps."""
+    from kubeproxy.doctor.graph import GraphError, build
+    from kubeproxy.doctor.live import LiveError, read_rules
+    from kubeproxy.netfilter import detect
+    from kubeproxy.netfilter.model import ParseError
+
+    if bool(rules_path) == live:
+        raise click.UsageError("give exactly one of --rules FILE or --live")
+    try:
+        ruleset = read_rules(netns)[0] if live else detect.parse(_read(rules_path or "-"), fmt)
+        text = build(ruleset, service).dot(service or "kube-proxy")
+    except (ParseError, GraphError, LiveError) as exc:
+        _fail(str(exc))
+    _write(text, output)
+
+
+def _write(text: str, output: str) -> None:
+    kind = output.rsplit(".", 1)[-1].lower() if "." in output else ""
+    if output == "-" or kind not in ("svg", "png", "pdf"):
+        if output == "-":
+            sys.stdout.write(text)
+        else:
+            Path(output).write_text(text, encoding="utf-8")
+        return
+    dot = shutil.which("dot")
+    if dot is None:
+        _fail(f"{output}: drawing {kind.upper()} needs Graphviz's `dot` (apt-get install graphviz); "
+              "write DOT with -o FILE.dot instead")
+    proc = subprocess.run([dot, f"-T{kind}", "-o", output], input=text, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        _fail(f"dot -T{kind} failed: {proc.stderr.strip()}", 1)
+
+
+def register(group: Any) -> None:
+    group.add_command(doctor)
+    group.add_command(graph)

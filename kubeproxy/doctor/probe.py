@@ -1,0 +1,108 @@
+"""Ask the ruleset what it does to each service address: trace the first packet of a new flow.
+
+Every question doctor asks about the rules goes through the tracer (kubeproxy.netfilter.simulate),
+so a foreign rule, a missing jump or a hand-edited chain counts exactly as the kernel would count
+it, and both dump formats are read the same way. A frontend is one address a client can use:
+the ClusterIP, each external IP and load-balancer IP, and the NodePort on each node address.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter.model import ParseError, Ruleset
+from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.packet import Packet
+from kubeproxy.netfilter.simulate import Hop, Outcome, Simulator, TraceError
+from kubeproxy.proxy.model import NodeView, ServicePortInfo, ServicePortName
+
+# A client outside the cluster and the node (TEST-NET-2): what external traffic looks like.
+OUTSIDE_SOURCE = "198.51.100.7"
+OUTSIDE_SPORT = 40000
+PROTOS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+OUR_NFT_TABLE = "kube-proxy"
+_TO_PORTS = re.compile(r"(?:--to-ports|to :)\s*(\d+)(?:-(\d+))?")
+
+
+@dataclass(frozen=True)
+class Frontend:
+    kind: str  # "cluster IP", "external IP", "load balancer IP", "node port"
+    ip: str
+    port: int
+
+    @property
+    def external(self) -> bool:
+        return self.kind != "cluster IP"
+
+    def __str__(self) -> str:
+        return f"{self.ip}:{self.port} ({self.kind})"
+
+
+@dataclass
+class Probe:
+    """What the rules do to a new flow from OUTSIDE_SOURCE to one frontend."""
+
+    name: ServicePortName
+    frontend: Frontend
+    outcomes: list[Outcome] = field(default_factory=list)
+    error: str = ""
+
+
+def ours(hop: Hop) -> bool:
+    """A rule the proxy owns: a KUBE- chain in iptables, our table in nftables."""
+    return hop.chain.startswith("KUBE-") or hop.table == OUR_NFT_TABLE
+
+
+def is_dnat(hop: Hop) -> bool:
+    return hop.target == "DNAT" or hop.target.startswith("dnat")
+
+
+def is_masquerade(hop: Hop) -> bool:
+    return hop.target in ("MASQUERADE", "SNAT") or hop.target.startswith(("masquerade", "snat"))
+
+
+def is_drop(hop: Hop) -> bool:
+    return hop.target in ("DROP", "REJECT") or hop.target.startswith(("drop", "reject"))
+
+
+def masquerade_ports(hop: Hop) -> tuple[int, int] | None:
+    """The port range a MASQUERADE/SNAT rule maps to, if it names one (`--to-ports`, `to :A-B`)."""
+    m = _TO_PORTS.search(hop.text)
+    if not m:
+        return None
+    lo = int(m.group(1))
+    return lo, int(m.group(2) or lo)
+
+
+def random_fully(hop: Hop) -> bool:
+    return "--random-fully" in hop.text or "fully-random" in hop.text
+
+
+def frontends(svc: ServicePortInfo, node_ips: list[str]) -> list[Frontend]:
+    out = [Frontend("cluster IP", str(svc.cluster_ip), svc.port)]
+    out += [Frontend("external IP", str(ip), svc.port) for ip in svc.external_ips]
+    out += [Frontend("load balancer IP", str(ip), svc.port) for ip in svc.load_balancer_vips]
+    if svc.node_port:
+        out += [Frontend("node port", ip, svc.node_port) for ip in node_ips if ":" not in ip]
+    return [f for f in out if ":" not in f.ip]  # the tracer's node model is IPv4 here
+
+
+def probe_all(ruleset: Ruleset, node: Node, view: NodeView, node_ips: list[str], in_iface: str) -> list[Probe]:
+    sim = Simulator(ruleset, node)
+    probes: list[Probe] = []
+    src = A.ip4_to_int(OUTSIDE_SOURCE)
+    for name, svc in sorted(view.services.items()):
+        proto = PROTOS.get(svc.protocol)
+        if proto is None:
+            continue
+        for fe in frontends(svc, node_ips):
+            p = Probe(name, fe)
+            try:
+                pkt = Packet(proto, src, A.ip4_to_int(fe.ip), OUTSIDE_SPORT, fe.port, in_iface)
+                p.outcomes = sim.trace(pkt).outcomes
+            except (TraceError, ParseError, ValueError) as exc:
+                p.error = str(exc)
+            probes.append(p)
+    return probes

@@ -1,0 +1,219 @@
+"""Each finding family on small worlds rendered by our own iptables renderer (no root)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeproxy import render as offline
+from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.doctor.facts import NodeFacts
+from kubeproxy.lab import objects as O
+from kubeproxy.proxy.config import validate
+from tests.doctor.helpers import CFG, by_kind, dns_world, rendered_report, state_of
+
+
+def _rules(objs: list[dict[str, object]]) -> str:
+    return with_jumps(offline.render_iptables(state_of(objs), validate(CFG)).rendered.text)
+
+LAB_PREDICTION_CASES = [
+    # (node UDP timeout, the lab's max healthy rate: README, "The capacity rule")
+    (30, 1600),
+    (60, 800),
+]
+
+
+@pytest.mark.parametrize(("timeout", "measured"), LAB_PREDICTION_CASES)
+def test_snat_world_prediction_is_within_25_percent_of_the_lab(timeout: int, measured: int) -> None:
+    facts = NodeFacts(sysctls={"net.netfilter.nf_conntrack_udp_timeout": timeout})
+    report = rendered_report(dns_world(), facts)
+    f = next(f for f in by_kind(report, "snat-capacity") if f.data["protocol"] == "UDP")
+    assert f.severity == "warning"
+    kinds = {x["kind"] for x in f.data["frontends"]}
+    assert {"external IP", "node port"} <= kinds
+    assert abs(f.data["health_fail_per_service"] - measured) / measured < 0.25
+
+
+def test_local_world_gets_no_external_snat_finding() -> None:
+    report = rendered_report(dns_world(etp="Local"))
+    for f in by_kind(report, "snat-capacity"):
+        # only traffic to the ClusterIP from outside the pod range is masqueraded (upstream does that too)
+        assert {x["kind"] for x in f.data["frontends"]} == {"cluster IP"}
+        assert f.severity == "info"
+
+
+def test_more_endpoints_raise_the_service_bound_linearly() -> None:
+    report = rendered_report(dns_world(pods=4))
+    f = next(f for f in by_kind(report, "snat-capacity") if f.data["protocol"] == "UDP")
+    assert [e["share"] for e in f.data["endpoints"]] == [0.25] * 4
+    assert f.data["bound_per_service"] == pytest.approx(4 * f.data["bound_per_endpoint"], rel=1e-3)
+
+
+def test_annotation_is_reported_as_ignored_in_iptables_mode() -> None:
+    report = rendered_report(dns_world(annotations={"kubeproxy.io/udp-conntrack-timeout": "5s"}))
+    f = next(f for f in by_kind(report, "snat-capacity") if f.data["protocol"] == "UDP")
+    assert f.data["timeout_seconds"] == 30
+    assert any("nftables mode only" in e for e in f.evidence)
+
+
+def test_random_fully_and_port_range_come_from_the_masquerade_rule() -> None:
+    objs = dns_world()
+    rules = _rules(objs)
+    rules = rules.replace("-j MASQUERADE", "-j MASQUERADE --to-ports 20000-29999 --random-fully")
+    report = rendered_report(objs, rules=rules)
+    f = next(f for f in by_kind(report, "snat-capacity") if f.data["protocol"] == "UDP")
+    assert f.data["snat_ports"] == {"low": 20000, "high": 29999, "count": 10000, "random_fully": True, "from_rule": True}
+    assert f.data["bound_per_endpoint"] == pytest.approx(10000 / 30, abs=0.1)
+
+
+def test_foreign_dnat_to_an_address_that_is_no_endpoint_is_critical() -> None:
+    objs = dns_world()
+    rules = _rules(objs)
+    manual = "-A PREROUTING -d 203.0.113.53/32 -p udp -m udp --dport 53 -j DNAT --to-destination 10.244.9.9:53"
+    rules = _prepend(rules, "nat", "PREROUTING", manual)
+    report = rendered_report(objs, rules=rules)
+    f = by_kind(report, "foreign-dnat")
+    assert len(f) == 1 and f[0].severity == "critical"
+    assert f[0].data["dnat_to"] == ["10.244.9.9:53"]
+    # the external IP's UDP flows no longer reach the proxy's rules, so they are not masqueraded either
+    udp = next(x for x in by_kind(report, "snat-capacity") if x.data["protocol"] == "UDP")
+    assert "203.0.113.53:53" not in {x["address"] for x in udp.data["frontends"]}
+
+
+def _prepend(rules: str, table: str, chain: str, rule: str) -> str:
+    """Put `rule` first in `chain` of `table` (as `iptables -I` would)."""
+    out: list[str] = []
+    current = ""
+    done = False
+    for line in rules.splitlines():
+        if line.startswith("*"):
+            current = line[1:]
+        if not done and current == table and line.startswith(f"-A {chain} "):
+            out.append(rule)
+            done = True
+        out.append(line)
+    assert done
+    return "\n".join(out) + "\n"
+
+
+def test_foreign_drop_of_service_traffic() -> None:
+    objs = dns_world()
+    rules = _rules(objs)
+    rules = _prepend(rules, "filter", "FORWARD", "-A FORWARD -p udp -m udp --dport 53 -j DROP")
+    report = rendered_report(objs, rules=rules)
+    drops = by_kind(report, "foreign-drop")
+    assert len(drops) == 1 and drops[0].severity == "critical"
+    assert drops[0].subject.startswith("filter FORWARD line")
+
+
+def test_missing_jump_and_untranslated_service() -> None:
+    objs = dns_world()
+    rules = _rules(objs)
+    rules = "\n".join(line for line in rules.splitlines() if not line.startswith("-A PREROUTING "))
+    report = rendered_report(objs, rules=rules + "\n")
+    missing = by_kind(report, "missing-jump")
+    assert [(m.data["table"], m.data["chain"], m.data["target"]) for m in missing] == [("nat", "PREROUTING", "KUBE-SERVICES")]
+    assert missing[0].severity == "critical"
+    assert {f.subject for f in by_kind(report, "not-translated")} == {"Service default/dns:dns (UDP)",
+                                                                     "Service default/dns:dns-tcp (TCP)"}
+    assert report.findings[0].severity == "critical"
+
+
+def test_stale_chain_and_outside_reference() -> None:
+    objs = dns_world()
+    rules = _rules(objs)
+    svc_chain = next(line.split()[0][1:] for line in rules.splitlines() if line.startswith(":KUBE-SVC-"))
+    extra = [":KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]", ":KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]", ":MY-CHAIN - [0:0]",
+             "-A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-BBBBBBBBBBBBBBBB",
+             "-A KUBE-SEP-BBBBBBBBBBBBBBBB -p tcp -j DNAT --to-destination 10.244.3.3:80",
+             f"-A MY-CHAIN -j {svc_chain}"]
+    rules = rules.replace("*nat\n", "*nat\n" + "\n".join(extra) + "\n", 1)
+    report = rendered_report(objs, rules=rules)
+    stale = {f.subject: f for f in by_kind(report, "stale-chain")}
+    assert "nat KUBE-SVC-AAAAAAAAAAAAAAAA" in stale  # nothing jumps to it
+    assert "nat KUBE-SEP-BBBBBBBBBBBBBBBB" not in stale  # reached from the stale chain: reported once, above
+    outside = by_kind(report, "outside-reference")
+    assert [f.subject for f in outside] == [f"nat {svc_chain}"]
+    assert outside[0].data["from"] == ["MY-CHAIN"]
+
+
+def test_services_that_cannot_work() -> None:
+    ports = [O.Port("http", 80, 8080)]
+    objs = [
+        O.node("node-1", "192.168.0.2", "10.244.1.0/24"),
+        O.service("empty", "10.96.0.1", ports),
+        O.service("local", "10.96.0.2", [O.Port("http", 80, 8080, node_port=30080)], type="NodePort",
+                  external_traffic_policy="Local"),
+        O.endpoint_slice("local", [O.Backend("10.244.2.5", "node-2")], ports),
+        O.service("dying", "10.96.0.3", ports),
+        O.endpoint_slice("dying", [O.Backend("10.244.2.6", "node-2", ready=False, serving=True, terminating=True)], ports),
+        O.service("down", "10.96.0.4", ports),
+        O.endpoint_slice("down", [O.Backend("10.244.2.7", "node-2", ready=False, serving=False)], ports),
+    ]
+    report = rendered_report(objs)
+    kinds = {(f.kind, f.subject) for f in report.findings}
+    assert ("no-endpoints", "Service default/empty:http (TCP)") in kinds
+    assert ("no-local-endpoint", "Service default/local:http (TCP)") in kinds
+    assert ("only-terminating", "Service default/dying:http (TCP)") in kinds
+    assert ("no-ready-endpoints", "Service default/down:http (TCP)") in kinds
+
+
+def test_topology_hints_that_exclude_this_zone() -> None:
+    ports = [O.Port("http", 80, 8080)]
+    node = O.node("node-1", "192.168.0.2", "10.244.1.0/24")
+    node["metadata"]["labels"]["topology.kubernetes.io/zone"] = "zone-a"
+    eps = O.endpoint_slice("web", [O.Backend("10.244.2.5", "node-2")], ports)
+    eps["endpoints"][0]["hints"] = {"forZones": [{"name": "zone-b"}]}
+    report = rendered_report([node, O.service("web", "10.96.0.9", ports), eps])
+    f = by_kind(report, "topology-excludes-zone")
+    assert len(f) == 1 and "zone-a" in f[0].title
+
+
+def test_conntrack_health() -> None:
+    facts = NodeFacts(sysctls={"net.netfilter.nf_conntrack_count": 240_000, "net.netfilter.nf_conntrack_max": 262_144},
+                      stats={"insert_failed": 30_493, "drop": 0, "early_drop": 12})
+    report = rendered_report(dns_world(), facts)
+    full = by_kind(report, "conntrack-full")
+    assert len(full) == 1 and full[0].severity == "critical" and full[0].data["fill"] == pytest.approx(0.9155, abs=1e-3)
+    drops = by_kind(report, "conntrack-drops")
+    assert drops[0].data["stats"] == {"insert_failed": 30_493, "early_drop": 12}
+    quiet = rendered_report(dns_world(), NodeFacts(sysctls={"net.netfilter.nf_conntrack_count": 10,
+                                                             "net.netfilter.nf_conntrack_max": 262_144}))
+    assert not by_kind(quiet, "conntrack-full") and not by_kind(quiet, "conntrack-drops")
+
+
+def test_kube_services_length_cost() -> None:
+    ports = [O.Port("http", 80, 8080)]
+    objs = [O.node("node-1", "192.168.0.2", "10.244.1.0/24")]
+    for i in range(2600):
+        name = f"s{i}"
+        objs += [O.service(name, f"10.96.{i // 250}.{i % 250 + 1}", ports),
+                 O.endpoint_slice(name, [O.Backend(f"10.244.{2 + i // 250}.{i % 250 + 1}", "node-2")], ports)]
+    report = rendered_report(objs)
+    cost = by_kind(report, "rule-walk-cost")
+    assert len(cost) == 1
+    n = cost[0].data["rules"]
+    assert n >= 2600
+    assert cost[0].data["extra_us"] == pytest.approx(n * 7.1 / 1000, abs=0.1)
+    assert cost[0].severity == "info"
+
+
+def test_snat_watch_sample_counts_masqueraded_flows_per_endpoint() -> None:
+    from kubeproxy.backends.conntrack.flows import parse_flows
+    from kubeproxy.doctor import watch
+    from kubeproxy.proxy.model import IPV4, build_view
+
+    state = state_of(dns_world(pods=2))
+    view = build_view(state.services.values(), state.slices.values(), IPV4, "node-1")
+    targets = watch.masqueraded_endpoints(view)
+    assert sorted(targets) == ["10.244.1.10:53", "10.244.1.11:53"]
+    lines = [f"udp 17 29 src=100.64.0.{i % 200} dst=203.0.113.53 sport={2000 + i} dport=53 src=10.244.1.10 "
+             f"dst=192.168.0.2 sport=53 dport={2000 + i}" for i in range(40_000)]
+    lines += ["udp 17 29 src=100.64.0.1 dst=203.0.113.53 sport=9 dport=53 src=10.244.1.11 dst=100.64.0.1 sport=53 dport=9"]
+    gauges = watch.sample(parse_flows(lines), targets, {"192.168.0.2"})
+    assert [(g.endpoint, g.in_use) for g in gauges] == [("10.244.1.10:53", 40_000), ("10.244.1.11:53", 0)]
+    # the fast path reads the same text to the same counts, and skips lines it cannot read
+    assert watch.sample_text("\n".join([*lines, "garbage", "udp 17 29 src=1.2.3.4"]), targets, {"192.168.0.2"}) == gauges
+    warned = watch.warnings(gauges)
+    assert len(warned) == 1 and warned[0].startswith("Service default/dns:dns: endpoint 10.244.1.10:53 holds 40,000")
+    local = build_view(state_of(dns_world(etp="Local")).services.values(), state.slices.values(), IPV4, "node-1")
+    assert watch.masqueraded_endpoints(local) == {}
