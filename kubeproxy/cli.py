@@ -129,6 +129,8 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
 
     For --proxy-mode iptables: the iptables-restore --noflush input of a full sync.
     For --proxy-mode nftables: the `nft -f` input of the `kube-proxy` table.
+    For --proxy-mode ipvs: the `ipset restore` input, the iptables-restore input and the IPVS
+    table in `ipvsadm-save -n` form, with the addresses for kube-ipvs0.
     Objects that cannot be used are skipped with a warning on stderr.
     """
     from kubeproxy import render as offline
@@ -144,6 +146,16 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
     if loaded.objects == 0:
         _fail("no objects could be read", 1)
     _render_diagnostics(loaded.state, cfg)
+    if cfg.mode == "ipvs":
+        from kubeproxy.backends.ipvs.offline import render_ipvs
+        from kubeproxy.backends.ipvs.render import render_text
+
+        try:
+            ipvs = render_ipvs(loaded.state, cfg)
+        except ConfigError as exc:
+            _fail(str(exc))
+        sys.stdout.write(render_text(ipvs.rendered, ipvs.options))
+        return
     if cfg.mode == "nftables":
         from kubeproxy.backends.nftables.offline import render_nftables
 
@@ -326,6 +338,9 @@ def _register_subcommands() -> None:
 
     main.add_command(dns_commands)
     main.add_command(lab_commands)
+    from kubeproxy.doctor.commands import register as register_doctor
+
+    register_doctor(main)
 
 
 _register_subcommands()

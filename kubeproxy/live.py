@@ -127,7 +127,8 @@ class LiveProxy:
             name=f"{self.cfg.mode}-sync",
         )
         self.backend = registry.create(
-            self.cfg.mode, run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant
+            self.cfg.mode, run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant,
+            cfg=self.cfg,
         )
 
     # -- events

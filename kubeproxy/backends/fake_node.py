@@ -2,8 +2,8 @@
 
 `FakeNode().run` is a `Runner` that sends each command to the fake of its tool: iptables,
 ip6tables, their -save/-restore and nfacct to `FakeIptables`, nft to `FakeNft`, conntrack and
-`ip` (local routes) to `FakeConntrack`. A `LiveProxy(run_cmd=FakeNode().run)` runs every mode's
-sync, check and cleanup without touching a kernel.
+`ip` (local routes) to `FakeConntrack`, ipvsadm, ipset and kube-ipvs0 to `FakeIpvs`.
+A `LiveProxy(run_cmd=FakeNode().run)` runs every mode's sync, check and cleanup without a kernel.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.conntrack.fake import FakeConntrack
 from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.ipvs.fake import FakeIpvs
 from kubeproxy.backends.nftables.fake import FakeNft
 
 
@@ -22,6 +23,7 @@ class FakeNode:
     iptables: FakeIptables = field(default_factory=FakeIptables)
     nft: FakeNft = field(default_factory=FakeNft)
     conntrack: FakeConntrack = field(default_factory=lambda: FakeConntrack(local=["127.0.0.1", "192.168.0.2"]))
+    ipvs: FakeIpvs = field(default_factory=FakeIpvs)
 
     def run(
         self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
@@ -29,6 +31,8 @@ class FakeNode:
         tool = argv[0]
         if tool == "nft":
             return self.nft.run(argv, input=input, check=check, timeout=timeout)
+        if self.ipvs.handles(argv):
+            return self.ipvs.run(argv, input=input, check=check, timeout=timeout)
         if tool in ("conntrack", "ip"):
             return self.conntrack(argv, input=input, check=check, timeout=timeout)
         return self.iptables.run(argv, input=input, check=check, timeout=timeout)

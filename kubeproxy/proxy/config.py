@@ -102,7 +102,7 @@ class ProxyConfig:
     client_burst: int = 10
     client_content_type: str = DEFAULT_CONTENT_TYPE
     client_accept_content_types: str = ""
-    ipvs: dict[str, Any] = field(default_factory=dict)  # accepted, used only by the unbuilt ipvs mode
+    ipvs: dict[str, Any] = field(default_factory=dict)  # upstream's ipvs section, used in ipvs mode only
     # Fields of the file that have no effect here, "field: why" (for the start-up warnings).
     unused_fields: tuple[str, ...] = ()
 
@@ -124,6 +124,11 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
         raise ConfigError(f"--proxy-mode (mode): {cfg.mode}: {UNBUILT_MODES[cfg.mode]}")
     if cfg.mode not in PROXY_MODES:
         raise ConfigError(f"--proxy-mode: {cfg.mode!r} is not one of {', '.join(PROXY_MODES)}")
+    if cfg.mode == "ipvs":
+        # Upstream validates the ipvs section (scheduler, excludeCIDRs) only in ipvs mode.
+        from kubeproxy.backends.ipvs.options import ipvs_options
+
+        ipvs_options(cfg.ipvs)
     if cfg.detect_local_mode and cfg.detect_local_mode not in DETECT_LOCAL_MODES:
         raise ConfigError(
             f"--detect-local-mode: {cfg.detect_local_mode!r} is not one of {', '.join(DETECT_LOCAL_MODES)}"

@@ -200,6 +200,7 @@ def announce(state: Any, inv: upstream_flags.Invocation, node_name: str, node_fr
 
 def _serve(inv: upstream_flags.Invocation) -> int:
     from kubeproxy import live
+    from kubeproxy.backends.base import SyncError
     from kubeproxy.cluster.state import ClusterState
 
     cfg = inv.cfg
@@ -220,6 +221,10 @@ def _serve(inv: upstream_flags.Invocation) -> int:
     try:
         asyncio.run(live.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source)))
     except* ConfigFileChanged as group:
+        log.error(kv("Error running ProxyServer", err=str(_leaf(group))))
+        status = 1
+    except* SyncError as group:
+        # The backend's start-up checks (e.g. ipvs mode on a kernel without IPVS) say what to do.
         log.error(kv("Error running ProxyServer", err=str(_leaf(group))))
         status = 1
     return status

@@ -1,0 +1,175 @@
+"""The IPVS backend of the live proxy (`--proxy-mode ipvs`): the Backend contract over apply.py.
+
+A sync, in upstream's order (syncProxyRules): render (pure); ipsets to their entries; kube-ipvs0
+holding the service addresses; the iptables ruleset (atomic, --noflush) and upstream's jumps; then
+the IPVS table, diffed against `ipvsadm-save -n`, in one `ipvsadm -R`. Every step diffs against
+the kernel, so a resync without change runs only the three reads (ipset save, ip addr, ipvsadm-save).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.base import SyncError
+from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.iptables.render import IptablesOptions
+from kubeproxy.backends.ipvs.apply import Applier, IpvsOps, check_kernel, diff_ipvs
+from kubeproxy.backends.ipvs.render import (
+    DUMMY_DEVICE,
+    FILTER_CHAINS,
+    JUMPS,
+    NAT_CHAINS,
+    SETS,
+    IpvsOptions,
+    IpvsRendered,
+    create_line,
+    ipset_family,
+    render,
+)
+from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.model import IPV6, NodeView
+
+log = logging.getLogger("kubeproxy.ipvs")
+
+# Upstream's sysctls for IPVS mode (NewProxier); conn_reuse_mode is left as-is on kernels >= 5.9.
+SYSCTLS: tuple[tuple[str, int], ...] = (
+    ("net/ipv4/vs/conntrack", 1),
+    ("net/ipv4/vs/expire_nodest_conn", 1),
+    ("net/ipv4/vs/expire_quiescent_template", 1),
+    ("net/ipv4/ip_forward", 1),
+)
+STRICT_ARP: tuple[tuple[str, int], ...] = (("net/ipv4/conf/all/arp_ignore", 1), ("net/ipv4/conf/all/arp_announce", 2))
+
+
+@dataclass(frozen=True)
+class IpvsSyncReport:
+    full: bool
+    rendered: IpvsRendered
+    ipvs_ops: IpvsOps
+    ipset_lines: int
+    addresses_changed: int
+    iptables_loaded: bool
+    seconds: float
+
+    @property
+    def no_local_endpoints_internal(self) -> int:
+        return self.rendered.no_local_endpoints_internal
+
+    @property
+    def no_local_endpoints_external(self) -> int:
+        return self.rendered.no_local_endpoints_external
+
+    @property
+    def rule_counts(self) -> Mapping[str, int]:
+        return self.rendered.rule_counts
+
+
+@dataclass
+class IpvsProxier:
+    run: Runner = local_run
+    sync_period: float = 30.0
+    variant: str = ""
+    options: IpvsOptions = field(default_factory=IpvsOptions)
+    ipv6: bool = False
+    nfacct_counters: tuple[str, ...] = ()
+    applier: Applier = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.applier = Applier(self.run, self.ipv6, self.variant)
+
+    def prepare(self) -> None:
+        """Upstream's NewProxier and CanUseIPVSProxier: the modules, the sysctls, the timeouts."""
+        check_kernel(self.run, self.options.scheduler)
+        wanted = SYSCTLS + (STRICT_ARP if self.options.strict_arp else ())
+        for key, value in wanted:
+            self.run(["sysctl", "-q", "-w", f"{key.replace('/', '.')}={value}"], check=True)
+        o = self.options
+        if o.tcp_timeout or o.tcpfin_timeout or o.udp_timeout:
+            # `ipvsadm --set` keeps the kernel's value where 0 is given, as upstream's ConfigureTimeouts.
+            self.run(["ipvsadm", "--set", str(int(o.tcp_timeout)), str(int(o.tcpfin_timeout)), str(int(o.udp_timeout))],
+                     check=True)
+
+    def node_addresses(self) -> tuple[str, ...]:
+        """Every local address but kube-ipvs0's: where NodePorts listen (upstream's GetAllLocalAddressesExcept)."""
+        fam = "inet6" if self.ipv6 else "inet"
+        out = self.run(["ip", "-o", "addr", "show"], check=True).stdout
+        addrs: list[str] = []
+        for line in out.splitlines():
+            words = line.split()
+            if len(words) > 3 and words[1] != DUMMY_DEVICE and words[2] == fam:
+                ip = words[3].split("/")[0]
+                if not ipaddress.ip_address(ip).is_link_local:  # upstream skips link-local addresses
+                    addrs.append(ip)
+        return tuple(dict.fromkeys(addrs))
+
+    def _render(self, view: NodeView, opts: IptablesOptions) -> IpvsRendered:
+        o = self.options
+        ipvs = IpvsOptions(o.scheduler, o.strict_arp, o.exclude_cidrs, o.tcp_timeout, o.tcpfin_timeout,
+                           o.udp_timeout, self.node_addresses())
+        return render(view, opts, ipvs)
+
+    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> IpvsSyncReport:
+        started = time.monotonic()
+        rendered = self._render(view, opts)
+        ipset_lines = self.applier.apply_ipsets(rendered.sets, ipset_family(opts))
+        added, removed = self.applier.ensure_dummy(rendered.bind_addresses)
+        loaded = self.applier.apply_iptables(rendered.iptables)
+        have, conns = self.applier.read_ipvs()
+        ops = diff_ipvs(rendered.services, have, conns, exclude_cidrs=self.options.exclude_cidrs,
+                        ipv6=opts.family == IPV6)
+        self.applier.apply_ipvs(ops)
+        return IpvsSyncReport(True, rendered, ops, ipset_lines, added + removed, loaded, time.monotonic() - started)
+
+    def check(self, view: NodeView, opts: IptablesOptions) -> str | None:
+        """Whether a sync to `view` would be taken: the iptables text (--test) and the set entries."""
+        rendered = self._render(view, opts)
+        problem = self.applier.check_iptables(rendered.iptables)
+        if problem:
+            return problem
+        # ipset has no dry run: load the entries into throwaway sets of the same types, then drop them.
+        lines: list[str] = []
+        names: list[str] = []
+        for i, spec in enumerate(SETS):
+            tmp = f"KUBE-CHECK-{i}"
+            names.append(tmp)
+            lines.append(create_line(spec, ipset_family(opts), tmp))
+            lines.extend(f"add {tmp} {e}" for e in sorted(rendered.sets[spec.name]))
+        proc = self.run(["ipset", "restore", "-exist"], input="\n".join(lines) + "\n", check=False)
+        for tmp in names:
+            self.run(["ipset", "destroy", tmp], check=False)
+        return None if proc.returncode == 0 else f"ipset restore failed: {proc.stderr.strip()}"
+
+    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+        log.error('"Failed to sync ipvs rules" err="%s"', exc)
+        metrics.restore_failures_total.inc()
+
+    def cleanup(self) -> list[str]:
+        """Upstream's cleanupLeftovers: the IPVS table, kube-ipvs0, our chains and jumps, our sets."""
+        removed: list[str] = []
+        ipt = ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "")
+        if self.run(["ipvsadm", "-C"], check=False).returncode == 0:
+            removed.append("ipvs table")
+        if self.run(["ip", "link", "del", DUMMY_DEVICE], check=False).returncode == 0:
+            removed.append(DUMMY_DEVICE)
+        for j in JUMPS:
+            args = ["-m", "comment", "--comment", j.comment, "-j", j.target]
+            while self.run([ipt, "-w", "-t", j.table, "-D", j.builtin, *args], check=False).returncode == 0:
+                removed.append(f"{j.table} {j.builtin} -> {j.target}")
+        for table, chains in (("nat", NAT_CHAINS), ("filter", FILTER_CHAINS)):
+            for chain in chains:
+                self.run([ipt, "-w", "-t", table, "-F", chain], check=False)
+            for chain in chains:
+                if self.run([ipt, "-w", "-t", table, "-X", chain], check=False).returncode == 0:
+                    removed.append(f"{table} {chain}")
+        for set_spec in SETS:
+            if self.run(["ipset", "destroy", set_spec.name], check=False).returncode == 0:
+                removed.append(f"ipset {set_spec.name}")
+        self.applier.last_iptables = None
+        return removed
+
+
+__all__ = ["IpvsProxier", "IpvsSyncReport", "SyncError"]
