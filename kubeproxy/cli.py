@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import click
 
@@ -31,7 +32,32 @@ from kubeproxy.proxy.config import (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class LazyGroup(click.Group):
+    """Subcommands that live beside what they drive, imported only when they are run or listed.
+
+    `kubeproxy run` and `kube-proxy` must not load the lab (test beds, the DNS load generator,
+    matplotlib) or the doctor: a proxy starts faster and carries less in memory without them.
+    """
+
+    LAZY: ClassVar[dict[str, str]] = {
+        "dns": "kubeproxy.lab.dns.commands:dns",
+        "lab": "kubeproxy.lab.dns.commands:lab",
+        "doctor": "kubeproxy.doctor.commands:doctor",
+        "graph": "kubeproxy.doctor.commands:graph",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            module, _, attr = self.LAZY[cmd_name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="kubeproxy")
 @click.option("-v", "--v", "verbosity", type=int, default=0, help="Log verbosity, as upstream's -v (0-9).")
 @click.pass_context
@@ -329,18 +355,3 @@ def trace_cmd(
         click.echo(json.dumps(nf_explain.to_json(result), indent=2))
     else:
         click.echo(nf_explain.render_text(result), nl=False)
-
-
-def _register_subcommands() -> None:
-    # Defined next to what they drive; imported here so that `kubeproxy --help` lists them.
-    from kubeproxy.lab.dns.commands import dns as dns_commands
-    from kubeproxy.lab.dns.commands import lab as lab_commands
-
-    main.add_command(dns_commands)
-    main.add_command(lab_commands)
-    from kubeproxy.doctor.commands import register as register_doctor
-
-    register_doctor(main)
-
-
-_register_subcommands()

@@ -150,7 +150,6 @@ def test_linger_tells_late_answers_from_lost_ones():
         (["--server", "127.0.0.1", "--type", "BOGUS"], "unknown record type 'BOGUS'"),
         (["--server", "127.0.0.1", "--name", "a..b"], "empty label"),
         (["--server", "127.0.0.1", "--queries", "0"], "--queries"),
-        ([], "Missing option '--server'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_error(args: list[str], message: str):
@@ -165,3 +164,11 @@ def test_ipv6_server():
         out = _run("check", "--server", f"[::1]:{r.address[1]}", "--queries", "20")
     assert out.exit_code == 0, out.output
     assert "dns check [::1]:" in out.output and "answered    20/20" in out.output
+
+
+def test_without_server_or_nameserver_the_error_says_what_to_give(tmp_path, monkeypatch):
+    from kubeproxy.lab.dns import commands
+
+    monkeypatch.setattr(commands, "RESOLV_CONF", tmp_path / "resolv.conf")  # none: no query is sent anywhere
+    out = _run("check")
+    assert out.exit_code == 2 and "no nameserver in" in out.output + (out.stderr or "")

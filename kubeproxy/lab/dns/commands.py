@@ -34,7 +34,7 @@ WORKER_RATE = 8000.0
 RESOLV_CONF = Path("/etc/resolv.conf")
 
 
-def system_nameserver(resolv_conf: Path = RESOLV_CONF) -> str | None:
+def system_nameserver(resolv_conf: Path) -> str | None:
     """The first `nameserver` of resolv.conf (what this host's own lookups use), if any."""
     try:
         lines = resolv_conf.read_text().splitlines()
@@ -49,7 +49,7 @@ def system_nameserver(resolv_conf: Path = RESOLV_CONF) -> str | None:
 
 def _server(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, int]:
     if value is None:
-        value = system_nameserver()
+        value = system_nameserver(RESOLV_CONF)
         if value is None:
             raise click.BadParameter(f"no nameserver in {RESOLV_CONF}: give --server IP[:PORT]")
     try:
