@@ -160,7 +160,8 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
     Objects that cannot be used are skipped with a warning on stderr.
     """
     from kubeproxy import render as offline
-    from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+    from kubeproxy.backends import registry
+    from kubeproxy.backends.base import OfflineOptions
 
     try:
         cfg = build_config(**flags)
@@ -172,42 +173,14 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
     if loaded.objects == 0:
         _fail("no objects could be read", 1)
     _render_diagnostics(loaded.state, cfg)
-    if cfg.mode == "ipvs":
-        from kubeproxy.backends.ipvs.offline import render_ipvs
-        from kubeproxy.backends.ipvs.render import render_text
-
-        try:
-            ipvs = render_ipvs(loaded.state, cfg)
-        except ConfigError as exc:
-            _fail(str(exc))
-        sys.stdout.write(render_text(ipvs.rendered, ipvs.options))
-        return
-    if cfg.mode == "nftables":
-        from kubeproxy.backends.nftables.offline import render_nftables
-
-        try:
-            nft = render_nftables(loaded.state, cfg)
-        except ConfigError as exc:
-            _fail(str(exc))
-        for warning in nft.rendering.warnings:
-            click.echo(f"kubeproxy: {warning}", err=True)
-        sys.stdout.write(nft.rendering.text())
-        return
+    renderer = registry.offline_renderer(cfg.mode)
     try:
-        result = offline.render_iptables(
-            loaded.state,
-            cfg,
-            nfacct_counters=NFACCT_COUNTERS if nfacct else (),
-            conntrack_tcp_liberal=conntrack_tcp_be_liberal,
-        )
+        out = renderer(loaded.state, cfg, OfflineOptions(nfacct, conntrack_tcp_be_liberal, with_jumps))
     except ConfigError as exc:
         _fail(str(exc))
-    if with_jumps:
-        from kubeproxy.backends.iptables.jumps import with_jumps as add_jumps
-
-        sys.stdout.write(add_jumps(result.rendered.text))
-    else:
-        sys.stdout.write(result.rendered.text)
+    for warning in out.warnings:
+        click.echo(f"kubeproxy: {warning}", err=True)
+    sys.stdout.write(out.text)
 
 
 def _render_diagnostics(state: Any, cfg: ProxyConfig) -> None:

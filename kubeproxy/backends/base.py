@@ -12,16 +12,20 @@ The live loop (`kubeproxy/live.py`) holds one `Backend` and never asks which mod
   metrics and upstream's words for it;
 - `cleanup()` removes what the mode installed and nothing else.
 
+`kubeproxy render` prints a mode's rules through its `OfflineRenderer` (the mode's offline.py).
 A mode is a folder under `backends/` plus one line in `backends/registry.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kubeproxy.backends.iptables.render import IptablesOptions
+    from kubeproxy.cluster.state import ClusterState
+    from kubeproxy.proxy.config import ProxyConfig
     from kubeproxy.proxy.metrics import ProxyMetrics
     from kubeproxy.proxy.model import NodeView
 
@@ -46,6 +50,27 @@ class SyncReport(Protocol):
     def rule_counts(self) -> Mapping[str, int]:
         """Rules per table, for modes that expose them (kubeproxy_sync_proxy_rules_iptables_total)."""
         ...
+
+
+@dataclass(frozen=True)
+class OfflineOptions:
+    """What `kubeproxy render` adds to the configuration (modes ignore what they have no use for)."""
+
+    nfacct: bool = True  # the node's kernel has nfacct counters (iptables mode)
+    conntrack_tcp_liberal: bool = False  # the node sets nf_conntrack_tcp_be_liberal (iptables mode)
+    with_jumps: bool = False  # add the jumps from the built-in chains (iptables mode)
+
+
+@dataclass(frozen=True)
+class OfflineText:
+    """A mode's full rule set as a person reads and loads it, and what to warn about."""
+
+    text: str
+    warnings: tuple[str, ...] = ()
+
+
+class OfflineRenderer(Protocol):
+    def __call__(self, state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText: ...
 
 
 class Backend(Protocol):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
-from kubeproxy.backends.base import Backend
+from kubeproxy.backends.base import Backend, OfflineRenderer
 from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.backends.ipvs.options import ipvs_options
@@ -42,3 +43,21 @@ def create(
     except KeyError:
         raise ValueError(f"proxy mode {mode!r} is not available; this build has {', '.join(BACKENDS)}") from None
     return factory(run, sync_period, variant, cfg)
+
+
+# `kubeproxy render --proxy-mode X`: each mode's offline renderer, imported when asked for.
+OFFLINE = {
+    "iptables": "kubeproxy.backends.iptables.offline",
+    "nftables": "kubeproxy.backends.nftables.offline",
+    "ipvs": "kubeproxy.backends.ipvs.offline",
+}
+
+
+def offline_renderer(mode: str) -> OfflineRenderer:
+    """The function that prints `mode`'s full rule set; ValueError for a mode without one."""
+    try:
+        module = importlib.import_module(OFFLINE[mode])
+    except KeyError:
+        raise ValueError(f"proxy mode {mode!r} has no offline renderer; there are {', '.join(OFFLINE)}") from None
+    renderer: OfflineRenderer = module.render_text
+    return renderer

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.iptables.options import iptables_options, node_ips
 from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.ipvs.options import ipvs_options
@@ -37,3 +38,11 @@ def render_ipvs(state: ClusterState, cfg: ProxyConfig) -> IpvsNodeRendering:
     ipvs = ipvs_options(cfg.ipvs, addrs)
     view = build_view(state.services.values(), state.slices.values(), family, opts.node_name)
     return IpvsNodeRendering(view, opts, ipvs, render(view, opts, ipvs))
+
+
+def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:
+    """`kubeproxy render --proxy-mode ipvs`: ipset input, iptables-restore input, the IPVS table."""
+    from kubeproxy.backends.ipvs.render import render_text as ipvs_text
+
+    ipvs = render_ipvs(state, cfg)
+    return OfflineText(ipvs_text(ipvs.rendered, ipvs.options))

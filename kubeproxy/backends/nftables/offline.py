@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.iptables.options import iptables_options
 from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables.render import render
@@ -31,3 +32,9 @@ def render_nftables(state: ClusterState, cfg: ProxyConfig, *, service_cidrs: tup
     opts = iptables_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=())
     view = build_view(state.services.values(), state.slices.values(), family, opts.node_name)
     return NftNodeRendering(view, opts, render(view, opts, service_cidrs=service_cidrs))
+
+
+def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:
+    """`kubeproxy render --proxy-mode nftables`: the `nft -f` input of the `kube-proxy` table."""
+    rendering = render_nftables(state, cfg).rendering
+    return OfflineText(rendering.text(), tuple(rendering.warnings))
