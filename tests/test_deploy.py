@@ -194,8 +194,8 @@ def test_daemonset_flags_are_listed_by_run_help(objects: dict[str, JSON]) -> Non
 def test_the_same_parse_refuses_what_run_does_not_accept() -> None:
     with pytest.raises(FlagError, match="unknown flag: --proxy-modes"):
         parse(["--proxy-modes=iptables"])
-    with pytest.raises(ConfigError, match="ipvs"):
-        resolve(parse(["--proxy-mode=ipvs"]))
+    with pytest.raises(ConfigError, match="kernelspace"):
+        resolve(parse(["--proxy-mode=kernelspace"]))
 
 
 # ---------------------------------------------------------------------------------------------

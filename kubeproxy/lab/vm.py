@@ -53,7 +53,8 @@ mkdir -p /newroot/lib/modules /newroot/vmresults
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 mods /newroot/lib/modules || die "mount mods"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none results /newroot/vmresults || die "mount results"
 for d in proc sys dev; do mount --move /$d /newroot/$d; done
-mount -t tmpfs tmpfs /newroot/tmp; mount -t tmpfs tmpfs /newroot/run
+# /tmp stays the host's (writable through the overlay): a checkout under /tmp (CI clones anywhere) must be seen.
+mount -t tmpfs tmpfs /newroot/run
 exec switch_root /newroot /bin/sh -c '
 cd /vmresults
 echo start > /vmresults/started
