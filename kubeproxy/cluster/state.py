@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.objects import (
@@ -132,5 +133,6 @@ def build_state(
     objects: Iterable[Mapping[str, Any]], options: ParseOptions | None = None
 ) -> tuple[ClusterState, list[str]]:
     state = ClusterState(options=options or ParseOptions())
-    warnings = [w for obj in objects if (w := state.apply(obj))]
+    with paused_gc():
+        warnings = [w for obj in objects if (w := state.apply(obj))]
     return state, warnings

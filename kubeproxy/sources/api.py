@@ -60,10 +60,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
+import msgspec
 from lightkube.core.resource import Resource, api_info
 from lightkube.resources.core_v1 import Node, Service
 from lightkube.resources.discovery_v1 import EndpointSlice
 
+from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.events import EventType, Sink, WatchEvent
 
@@ -494,9 +496,23 @@ def _event_type(type_: str) -> EventType:
     return "MODIFIED" if type_ == "MODIFIED" else "DELETED"
 
 
+def decode_body(content: bytes) -> Any:
+    """A response body's JSON; ValueError if it is not JSON.
+
+    msgspec decodes a 10k-object list 2-3x faster than the json module, and the collector is
+    paused meanwhile (see `cluster.bulk`); where msgspec refuses what the json module takes
+    (NaN, 1e400, a lone surrogate escape) the json module decides, so the result is the same.
+    """
+    with paused_gc():
+        try:
+            return msgspec.json.decode(content)
+        except msgspec.DecodeError:
+            return json.loads(content)
+
+
 def _json_body(resp: httpx2.Response) -> Any:
     try:
-        return resp.json()
+        return decode_body(resp.content)
     except ValueError:
         return resp.text[:300]
 
