@@ -17,6 +17,7 @@ The kernel package, its modules and the initramfs are built once into a cache di
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import shutil
 import subprocess
@@ -127,11 +128,18 @@ def build(cache: Path | None = None) -> VMImage:
     pkg = kernel_package()
     version = pkg.removeprefix("linux-image-")
     root = cache / version
-    image = VMImage(root / "kernel" / "boot" / f"vmlinuz-{version}", root / "initramfs.cpio.gz",
+    # The initramfs holds _INIT: its name carries the script's hash, so a changed script is rebuilt.
+    init_id = hashlib.sha256(_INIT.encode()).hexdigest()[:12]
+    image = VMImage(root / "kernel" / "boot" / f"vmlinuz-{version}", root / f"initramfs-{init_id}.cpio.gz",
                     root / "kernel" / "lib" / "modules", version)
     if image.initramfs.exists() and image.kernel.exists():
         return image
     root.mkdir(parents=True, exist_ok=True)
+    if image.kernel.exists():
+        with tempfile.TemporaryDirectory(dir=root) as scratch_s:
+            _build_initramfs(image.modules / version, Path(scratch_s) / "initramfs.cpio.gz")
+            (Path(scratch_s) / "initramfs.cpio.gz").rename(image.initramfs)
+        return image
     # Build in a scratch directory beside the final one and rename it into place: an interrupted
     # build then leaves no half-made cache that later runs would trust.
     with tempfile.TemporaryDirectory(dir=root) as scratch_s:
