@@ -50,25 +50,26 @@ class Fields:
             raise self.error(key, f"expected {what}, got {type(value).__name__} {show(value)}")
         return value
 
-    def str(self, key: str, default: str = "") -> str:
+    def text(self, key: str, default: str = "") -> str:
         value = self._get(key, str, "a string")
         return default if value is None else value
 
     def required_str(self, key: str) -> str:
-        value = self.str(key)
+        value = self.text(key)
         if not value:
             raise self.error(key, "required field is missing")
         return value
 
-    def bool(self, key: str) -> bool | None:
-        return self._get(key, bool, "true or false")
+    def flag(self, key: str) -> bool | None:
+        value: bool | None = self._get(key, bool, "true or false")
+        return value
 
-    def int(self, key: str, default: int = 0) -> int:
-        value = self._get(key, int, "an integer")
+    def integer(self, key: str, default: int = 0) -> int:
+        value: int | None = self._get(key, int, "an integer")
         return default if value is None else value
 
     def port(self, key: str, *, required: bool) -> int:
-        value = self._get(key, int, "an integer")
+        value: int | None = self._get(key, int, "an integer")
         if value is None:
             if required:
                 raise self.error(key, "required field is missing")
@@ -81,13 +82,13 @@ class Fields:
         value = self._get(key, dict, "an object")
         return Fields(self.kind, self.ref, value or {}, self._name(key))
 
-    def list(self, key: str) -> list[Any]:
+    def items(self, key: str) -> list[Any]:
         value = self._get(key, list, "a list")
         return value or []
 
     def maps(self, key: str) -> list[Fields]:
         out = []
-        for i, item in enumerate(self.list(key)):
+        for i, item in enumerate(self.items(key)):
             if not isinstance(item, dict):
                 raise self.error(f"{key}[{i}]", f"expected an object, got {type(item).__name__} {show(item)}")
             out.append(self.entry(key, i, item))
@@ -98,7 +99,7 @@ class Fields:
         return Fields(self.kind, self.ref, item, f"{self._name(key)}[{index}]")
 
     def strs(self, key: str) -> list[str]:
-        items = self.list(key)
+        items = self.items(key)
         for i, item in enumerate(items):
             if not isinstance(item, str):
                 raise self.error(f"{key}[{i}]", f"expected a string, got {type(item).__name__} {show(item)}")
@@ -175,14 +176,14 @@ class Fields:
         return out
 
     def cidrs_of_one(self, key: str) -> list[IPNetwork]:
-        raw = self.str(key)
+        raw = self.text(key)
         try:
             return [parse_cidr_sloppy(raw)]
         except ValueError:
             raise self.error(key, f"{show(raw)} is not a valid CIDR") from None
 
     def enum(self, key: str, allowed: tuple[str, ...], default: str) -> str:
-        value = self.str(key)
+        value = self.text(key)
         if not value:
             return default
         if value not in allowed:

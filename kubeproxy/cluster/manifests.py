@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 import yaml
@@ -153,7 +153,7 @@ def _json_documents(text: str, source: str) -> list[Any] | None:
         raise ManifestError(source, None, f"nested more than {MAX_DEPTH} levels deep") from None
 
 
-def _is_container(value: Any) -> bool:
+def _is_container(value: Any) -> TypeGuard[dict[str, Any] | list[Any]]:
     return type(value) is dict or type(value) is list
 
 

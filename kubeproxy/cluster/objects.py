@@ -171,7 +171,7 @@ def parse_service(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTION
     cluster_ips = _cluster_ips(spec, svc_type)
     ports = []
     for p in spec.maps("ports"):
-        port_name = p.str("name")
+        port_name = p.text("name")
         if port_name:
             p.check("name", dns1123_label(port_name))
         ports.append(
@@ -188,17 +188,17 @@ def parse_service(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTION
     timeout = DEFAULT_AFFINITY_TIMEOUT
     if affinity == "ClientIP":
         client_ip = spec.map("sessionAffinityConfig").map("clientIP")
-        timeout = client_ip.int("timeoutSeconds", DEFAULT_AFFINITY_TIMEOUT)
+        timeout = client_ip.integer("timeoutSeconds", DEFAULT_AFFINITY_TIMEOUT)
         if not 0 < timeout <= 86400:
             raise client_ip.error("timeoutSeconds", f"{timeout} is out of range 1-86400")
 
     ingress = []
     for entry in status.map("loadBalancer").maps("ingress"):
-        raw_ip = entry.str("ip")
+        raw_ip = entry.text("ip")
         ingress.append(
             LoadBalancerIngress(
                 ip=entry.ip("ip", raw_ip) if raw_ip else None,
-                hostname=entry.str("hostname"),
+                hostname=entry.text("hostname"),
                 ip_mode=entry.enum("ipMode", ("VIP", "Proxy"), "VIP"),
             )
         )
@@ -219,14 +219,14 @@ def parse_service(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTION
         session_affinity=affinity,
         affinity_timeout_seconds=timeout,
         health_check_node_port=_node_port(spec, "healthCheckNodePort", options),
-        traffic_distribution=spec.str("trafficDistribution"),
+        traffic_distribution=spec.text("trafficDistribution"),
     )
 
 
 def _cluster_ips(spec: Fields, svc_type: str) -> tuple[IPAddress, ...]:
     if svc_type == "ExternalName":
         return ()
-    raw = spec.strs("clusterIPs") or ([spec.str("clusterIP")] if spec.str("clusterIP") else [])
+    raw = spec.strs("clusterIPs") or ([spec.text("clusterIP")] if spec.text("clusterIP") else [])
     if not raw or raw[0] in ("None", ""):
         return ()
     key = "clusterIPs" if spec.data.get("clusterIPs") else "clusterIP"
@@ -284,7 +284,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT
 
     endpoints = []
     if address_type != "FQDN":
-        raw_endpoints = top.list("endpoints")
+        raw_endpoints = top.items("endpoints")
         if not all(type(item) is dict for item in raw_endpoints):
             top.maps("endpoints")  # names the first item that is not an object
         node_names: set[str] = set()
@@ -302,10 +302,10 @@ def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT
             if len(addresses) > MAX_ENDPOINT_ADDRESSES:
                 raise ep.error("addresses", f"{len(addresses)} addresses, more than the {MAX_ENDPOINT_ADDRESSES} allowed")
             cond = ep.map("conditions")
-            ready = cond.bool("ready")
-            serving = cond.bool("serving")
-            terminating = cond.bool("terminating")
-            node_name = ep.str("nodeName")
+            ready = cond.flag("ready")
+            serving = cond.flag("serving")
+            terminating = cond.flag("terminating")
+            node_name = ep.text("nodeName")
             if node_name and node_name not in node_names:  # a slice's endpoints share a few nodes
                 ep.check("nodeName", dns1123_subdomain(node_name))
                 node_names.add(node_name)
@@ -318,7 +318,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT
                     terminating=bool(terminating),
                     node_name=node_name,
                     # Upstream does not validate `zone`; it is only ever compared, never rendered.
-                    zone=ep.str("zone"),
+                    zone=ep.text("zone"),
                     zone_hints=_hints(hints, "forZones", label_value) if hints else frozenset(),
                     node_hints=_hints(hints, "forNodes", dns1123_subdomain) if hints else frozenset(),
                 )
@@ -329,7 +329,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT
     ports = []
     port_names: set[str] = set()
     for p in raw_ports:
-        port_name = p.str("name")
+        port_name = p.text("name")
         if port_name:  # empty is allowed: the port of a Service with one unnamed port
             p.check("name", dns1123_label(port_name))
         if port_name in port_names:
@@ -398,7 +398,7 @@ def _hints(hints: Fields, key: str, check: Callable[[str], str | None]) -> froze
         raise hints.error(key, f"{len(entries)} hints, more than the {MAX_ZONE_HINTS} allowed")
     names = set()
     for entry in entries:
-        hint = entry.str("name")
+        hint = entry.text("name")
         entry.check("name", check(hint) if hint else None)
         names.add(hint)
     return frozenset(names)
@@ -414,13 +414,13 @@ def parse_node(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTIONS) 
         kind = a.required_str("type")
         if kind in ("InternalIP", "ExternalIP"):
             addresses.append((kind, a.ip("address", a.required_str("address"))))
-    pod_cidrs = spec.cidrs("podCIDRs") or (spec.cidrs_of_one("podCIDR") if spec.str("podCIDR") else [])
+    pod_cidrs = spec.cidrs("podCIDRs") or (spec.cidrs_of_one("podCIDR") if spec.text("podCIDR") else [])
     return Node(
         name=name,
         labels=meta.labels("labels"),
         addresses=tuple(addresses),
         pod_cidrs=tuple(pod_cidrs),
-        deleting=bool(meta.str("deletionTimestamp")),
+        deleting=bool(meta.text("deletionTimestamp")),
         taints=tuple(_taint_key(t) for t in spec.maps("taints")),
     )
 

@@ -261,10 +261,10 @@ class FileSource:
                 files[path] = _File(read.stat, read.digest, read.objects, None, read.racy)
                 changed = True
             elif read.error is not None:
-                kept = known.objects if known is not None else {}
+                kept_objects = known.objects if known is not None else {}
                 if known is None or known.error != read.error or known.digest != read.digest:
-                    log.warning("%s (keeping the %d objects it gave before)", read.error, len(kept))
-                files[path] = _File(read.stat, read.digest, kept, read.error, read.racy)
+                    log.warning("%s (keeping the %d objects it gave before)", read.error, len(kept_objects))
+                files[path] = _File(read.stat, read.digest, kept_objects, read.error, read.racy)
             else:  # the text we already know
                 assert known is not None
                 files[path] = replace(known, stat=read.stat, racy=read.racy)
