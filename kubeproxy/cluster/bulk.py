@@ -15,7 +15,12 @@ from contextlib import contextmanager
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
-    """Disable the cyclic collector inside the block, if it was enabled; restore it after."""
+    """Disable the cyclic collector inside the block, if it was enabled; restore it after.
+
+    For bulk work that makes 100k+ small objects none of which can form a cycle (decoding
+    objects, rendering nftables elements): each full collection would scan them all (at 10k
+    services it took two thirds of a render). Reference counting frees memory as usual meanwhile.
+    """
     # Nested or concurrent blocks: only the one that disabled it enables it again, so a block
     # may run with the collector on (slower), never leave it off.
     was_enabled = gc.isenabled()

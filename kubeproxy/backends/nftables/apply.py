@@ -39,7 +39,8 @@ from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
 from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, element_lines, quote
 from kubeproxy.backends.nftables.render import BASE_CHAINS, CONNTRACK_CHAINS, SERVICES
-from kubeproxy.backends.nftables.rendering import NftRendering, paused_gc
+from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.cluster.bulk import paused_gc
 
 log = logging.getLogger("kubeproxy.nftables")
 

@@ -86,7 +86,8 @@ from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
 from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftSet, Rule
-from kubeproxy.backends.nftables.rendering import Book, Builder, Fragment, NftRendering, SharedObjects, paused_gc
+from kubeproxy.backends.nftables.rendering import Book, Builder, Fragment, NftRendering, SharedObjects
+from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.topology import categorize
 

@@ -17,10 +17,8 @@ still be printed and applied, but the next incremental render must start from th
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,22 +65,6 @@ class Touched:
     sets: set[str] = field(default_factory=set)
     objects: set[str] = field(default_factory=set)
     elements: dict[str, set[str]] = field(default_factory=dict)
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building 100k+ small tuples.
-
-    None of them can form a cycle, but each full collection scans them all: at 10k services the
-    collector took two thirds of a render. Reference counting frees memory as usual meanwhile.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _rank(e: Element) -> tuple[str, str]:
