@@ -142,8 +142,13 @@ def test_a_client_that_does_not_read_the_answer_is_dropped_after_the_write_timeo
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", port_of(server))
             writer.write(b"GET / HTTP/1.1\r\n\r\n")
-            while server.active:  # the server gives up on us although we never read
-                await server.budget._wait(10)
+
+            async def dropped() -> None:
+                while server.active:  # the server gives up on us although we never read
+                    await server.budget._wait(10)
+
+            await asyncio.wait_for(dropped(), 30)  # a bound, so a server that never drops it fails here
+            assert not server.active
             writer.close()
         finally:
             server.close()
