@@ -51,7 +51,7 @@ class FittingTable:
         for row in self.rows:
             yield Text.from_markup(row[0], style="bold")
             grid = Table.grid(padding=(0, 2), pad_edge=True)
-            grid.add_column(width=label + 2, style="dim")
+            grid.add_column(min_width=label + 2, style="dim", no_wrap=True)
             grid.add_column(overflow="fold")
             for column, cell in zip(self.columns[1:], row[1:], strict=True):
                 grid.add_row("  " + column, Text.from_markup(cell))
