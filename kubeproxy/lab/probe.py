@@ -14,11 +14,11 @@ Traffic only ever goes to addresses the caller names (tests use their own namesp
 
 from __future__ import annotations
 
-import argparse
 import json
 import selectors
 import socket
-import sys
+
+import click
 
 
 def _addr(s: str) -> tuple[str, int]:
@@ -84,25 +84,31 @@ def send(proto: str, dsts: list[str], count: int, src: str | None, timeout: floa
     print(json.dumps([_one(proto, target, src, timeout, sport) for target in targets for _ in range(count)]), flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="probe")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sv = sub.add_parser("serve")
-    sv.add_argument("--proto", choices=["udp", "tcp"], required=True)
-    sv.add_argument("--listen", action="append", required=True)
-    sd = sub.add_parser("send")
-    sd.add_argument("--proto", choices=["udp", "tcp"], required=True)
-    sd.add_argument("--dst", action="append", required=True, help="ip:port; repeat to probe several in turn")
-    sd.add_argument("--count", type=int, default=1)
-    sd.add_argument("--src", default=None)
-    sd.add_argument("--timeout", type=float, default=1.0)
-    sd.add_argument("--sport", type=int, default=0)
-    a = ap.parse_args(argv)
-    if a.cmd == "serve":
-        serve(a.proto, a.listen)
-    else:
-        send(a.proto, a.dst, a.count, a.src, a.timeout, a.sport)
+PROTOS = click.Choice(["udp", "tcp"])
+
+
+@click.group(name="probe")
+def main() -> None:
+    """UDP/TCP probes for kernel tests (see the module's docstring)."""
+
+
+@main.command(name="serve")
+@click.option("--proto", type=PROTOS, required=True)
+@click.option("--listen", multiple=True, required=True, help="ip:port; repeatable")
+def serve_command(proto: str, listen: tuple[str, ...]) -> None:
+    serve(proto, list(listen))
+
+
+@main.command(name="send")
+@click.option("--proto", type=PROTOS, required=True)
+@click.option("--dst", multiple=True, required=True, help="ip:port; repeat to probe several in turn")
+@click.option("--count", type=int, default=1, show_default=True)
+@click.option("--src", default=None)
+@click.option("--timeout", type=float, default=1.0, show_default=True)
+@click.option("--sport", type=int, default=0)
+def send_command(proto: str, dst: tuple[str, ...], count: int, src: str | None, timeout: float, sport: int) -> None:
+    send(proto, list(dst), count, src, timeout, sport)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -17,7 +17,6 @@ schedule started.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -26,8 +25,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+import click
 
 from kubeproxy.lab.dns.check import run_check
 from kubeproxy.lab.dns.endpoints import family_of, parse_server, source_addresses
@@ -115,13 +118,22 @@ def every(start: float, interval: float, control: Control, act: Any, out: TextIO
             thread.join()
 
 
-def health(args: argparse.Namespace, control: Control, out: TextIO) -> None:
-    server = parse_server(args.server)
-    query = make_query(args.name)
+@dataclass(frozen=True)
+class Target:
+    """What the health and load agents query."""
+
+    server: str
+    name: str
+    timeout: float
+
+
+def health(target: Target, start: float, interval: float, queries: int, control: Control, out: TextIO) -> None:
+    server = parse_server(target.server)
+    query = make_query(target.name)
 
     def check(slot: float) -> dict[str, Any]:
         started = time.time()
-        result = run_check(server, query, queries=args.queries, timeout=args.timeout)
+        result = run_check(server, query, queries=queries, timeout=target.timeout)
         latency = result.latency
         return {
             "started": round(started, 6),
@@ -133,7 +145,7 @@ def health(args: argparse.Namespace, control: Control, out: TextIO) -> None:
             "max_ms": round(latency.max * 1e3, 3) if latency else None,
         }
 
-    every(args.start, args.interval, control, check, out, overlap=True)
+    every(start, interval, control, check, out, overlap=True)
 
 
 def read_conntrack() -> dict[str, int]:
@@ -156,16 +168,18 @@ def read_conntrack() -> dict[str, int]:
     return record
 
 
-def conntrack(args: argparse.Namespace, control: Control, out: TextIO) -> None:
-    every(args.start, args.interval, control, lambda slot: read_conntrack(), out)
+def conntrack(start: float, interval: float, control: Control, out: TextIO) -> None:
+    every(start, interval, control, lambda slot: read_conntrack(), out)
 
 
-def load(args: argparse.Namespace, out: TextIO) -> None:
-    server = parse_server(args.server)
-    sources = source_addresses(args.source_ips, family_of(server[0])) if args.source_ips else ()
-    plan = LoadPlan(server, make_query(args.name), args.rate, args.duration, timeout=args.timeout,
-                    workers=args.workers, sources=sources)  # fmt: skip
-    wait = args.start - time.time()
+def load(
+    target: Target, start: float, rate: float, duration: float, source_ips: str | None, workers: int, out: TextIO
+) -> None:
+    server = parse_server(target.server)
+    sources = source_addresses(source_ips, family_of(server[0])) if source_ips else ()
+    plan = LoadPlan(server, make_query(target.name), rate, duration, timeout=target.timeout,
+                    workers=workers, sources=sources)  # fmt: skip
+    wait = start - time.time()
     if wait > 0:
         time.sleep(wait)
     report = run_load(plan)
@@ -174,37 +188,55 @@ def load(args: argparse.Namespace, out: TextIO) -> None:
     _emit(out, {"t0": round(t0, 6), "report": report.to_json()})
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kubeproxy.lab.dns.monitor", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="agent", required=True)
-    for name in ("health", "conntrack", "load"):
-        p = sub.add_parser(name)
-        p.add_argument("--start", type=float, required=True, help="T0, wall-clock seconds (time.time()).")
-        if name != "conntrack":
-            p.add_argument("--server", required=True)
-            p.add_argument("--name", default="www.lab.test.")
-            p.add_argument("--timeout", type=float, default=1.0)
-        if name != "load":
-            p.add_argument("--interval", type=float, default=1.0)
-    sub.choices["health"].add_argument("--queries", type=int, default=100)
-    lp = sub.choices["load"]
-    lp.add_argument("--rate", type=float, required=True)
-    lp.add_argument("--duration", type=float, required=True)
-    lp.add_argument("--source-ips")
-    lp.add_argument("--workers", type=int, default=1)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+def _stop_on_sigterm() -> None:
     # The lab stops agents with SIGTERM when it is interrupted: unwind (the load's workers are killed
     # in its finally) instead of dying where we stand.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.agent == "load":
-        load(args, sys.stdout)
-        return
-    control = Control(sys.stdin)
-    (health if args.agent == "health" else conntrack)(args, control, sys.stdout)
+
+
+START = click.option("--start", type=float, required=True, help="T0, wall-clock seconds (time.time()).")
+INTERVAL = click.option("--interval", type=float, default=1.0, show_default=True)
+
+
+def _target(f: Callable[..., None]) -> Callable[..., None]:
+    f = click.option("--timeout", type=float, default=1.0, show_default=True)(f)
+    f = click.option("--name", default="www.lab.test.", show_default=True)(f)
+    return click.option("--server", required=True)(f)
+
+
+@click.group(name="python -m kubeproxy.lab.dns.monitor", help=__doc__.split("\n\n")[0])
+def main() -> None:
+    _stop_on_sigterm()
+
+
+@main.command(name="health")
+@START
+@_target
+@INTERVAL
+@click.option("--queries", type=int, default=100, show_default=True)
+def health_command(start: float, server: str, name: str, timeout: float, interval: float, queries: int) -> None:
+    health(Target(server, name, timeout), start, interval, queries, Control(sys.stdin), sys.stdout)
+
+
+@main.command(name="conntrack")
+@START
+@INTERVAL
+def conntrack_command(start: float, interval: float) -> None:
+    conntrack(start, interval, Control(sys.stdin), sys.stdout)
+
+
+@main.command(name="load")
+@START
+@_target
+@click.option("--rate", type=float, required=True)
+@click.option("--duration", type=float, required=True)
+@click.option("--source-ips")
+@click.option("--workers", type=int, default=1, show_default=True)
+def load_command(
+    start: float, server: str, name: str, timeout: float, rate: float, duration: float, source_ips: str | None,
+    workers: int,
+) -> None:
+    load(Target(server, name, timeout), start, rate, duration, source_ips, workers, sys.stdout)
 
 
 if __name__ == "__main__":

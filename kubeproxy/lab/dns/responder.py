@@ -16,7 +16,6 @@ query (everything after the ID), so a flood of the same question costs a dict lo
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
@@ -26,6 +25,8 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import click
 
 from kubeproxy.lab.dns.wire import Zone, answer
 
@@ -172,28 +173,36 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
-def _parse_listen(text: str) -> tuple[str, int]:
+def _parse_listen(_ctx: click.Context, _param: click.Parameter, text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"--listen {text!r}: expected IP:PORT")
+        raise click.BadParameter(f"{text!r}: expected IP:PORT")
     return host.strip("[]"), int(port)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kubeproxy.lab.dns.responder", description=__doc__.split("\n")[0])
-    ap.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 53), help="IP:PORT (default 127.0.0.1:53)")
-    ap.add_argument("--processes", type=int, default=1, help="SO_REUSEPORT sockets, one process each")
-    ap.add_argument("--zone", default="lab.test.", help="names under this origin get an A record")
-    ap.add_argument("--address", default="192.0.2.53", help="the A record's address")
-    ap.add_argument("--drop-every", type=int, default=0, help="drop every Nth query (0: none)")
-    args = ap.parse_args(argv)
+@click.command(name="python -m kubeproxy.lab.dns.responder", help=__doc__.split("\n")[0])
+@click.option("--listen", callback=_parse_listen, default="127.0.0.1:53", show_default=True, help="IP:PORT")
+@click.option("--processes", type=int, default=1, show_default=True, help="SO_REUSEPORT sockets, one process each")
+@click.option("--zone", "origin", default="lab.test.", show_default=True, help="names under this origin get an A record")
+@click.option("--address", default="192.0.2.53", show_default=True, help="the A record's address")
+@click.option("--drop-every", type=int, default=0, help="drop every Nth query (0: none)")
+def main(listen: tuple[str, int], processes: int, origin: str, address: str, drop_every: int) -> None:
     try:
-        zone = Zone(args.zone, args.address)
-        host, port = args.listen
-        socks = [open_socket(host, port, reuse_port=args.processes > 1)]
-        if args.processes > 1:
+        zone = Zone(origin, address)
+    except ValueError as exc:
+        print(f"responder: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(respond(listen, processes, zone, drop_every))
+
+
+def respond(listen: tuple[str, int], processes: int, zone: Zone, drop_every: int) -> int:
+    """Serve until SIGTERM/SIGINT; 2 when a socket cannot be set up."""
+    try:
+        host, port = listen
+        socks = [open_socket(host, port, reuse_port=processes > 1)]
+        if processes > 1:
             port = socks[0].getsockname()[1]
-            socks += [open_socket(host, port, reuse_port=True) for _ in range(args.processes - 1)]
+            socks += [open_socket(host, port, reuse_port=True) for _ in range(processes - 1)]
     except (OSError, ValueError) as exc:
         print(f"responder: {exc}", file=sys.stderr)
         return 2
@@ -202,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         pid = os.fork()
         if pid == 0:
             _die_with_parent()
-            serve(sock, zone, drop_every=args.drop_every)
+            serve(sock, zone, drop_every=drop_every)
             os._exit(0)
         children.append(pid)
     print(f"ready {host}:{socks[0].getsockname()[1]}", flush=True)
@@ -214,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    serve(socks[0], zone, drop_every=args.drop_every)
+    serve(socks[0], zone, drop_every=drop_every)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
