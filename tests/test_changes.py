@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.lab import objects
 from kubeproxy.proxy.changes import Changes, ChangeTracker, StaleEndpoint
 from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
 
@@ -12,25 +13,12 @@ NODE = "node-a"
 
 
 def service(name: str, ip: str, *, proto: str = "UDP", port: int = 53, ns: str = "ns", labels: dict | None = None) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"namespace": ns, "name": name, "labels": labels or {}},
-        "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": port, "protocol": proto}]},
-    }
+    return objects.service(name, ip, [objects.Port("p", port, 5353, proto)], namespace=ns, labels=labels or {})
 
 
 def endpoint_slice(name: str, svc: str, ips: list[str], *, proto: str = "UDP", serving: bool = True, ns: str = "ns") -> dict:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "ports": [{"name": "p", "port": 5353, "protocol": proto}],
-        "endpoints": [
-            {"addresses": [ip], "conditions": {"ready": serving, "serving": serving, "terminating": False}} for ip in ips
-        ],
-    }
+    backends = [objects.Backend(ip, "", ready=serving, serving=serving) for ip in ips]
+    return objects.endpoint_slice(svc, backends, [objects.Port("p", 53, 5353, proto)], namespace=ns, name=name)
 
 
 def node(labels: dict[str, str]) -> dict:

@@ -6,7 +6,7 @@ returns a fresh dict, so a test may tweak a field before writing it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,58 +49,85 @@ def service(
     internal_traffic_policy: str = "",
     affinity_timeout: int | None = None,
     health_check_node_port: int = 0,
+    labels: Mapping[str, str] | None = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> JSON:
-    """A Service; `affinity_timeout` set means sessionAffinity ClientIP with that many seconds."""
-    spec: JSON = {"type": type, "clusterIP": cluster_ip, "ports": [_service_port(p) for p in ports]}
+    """A Service; `affinity_timeout` set means sessionAffinity ClientIP with that many seconds.
+
+    An empty `cluster_ip` leaves the field out (the API server would allocate one); `spec` adds or
+    replaces spec fields the keywords do not cover, as given (tests of bad input use it too).
+    """
+    body: JSON = {"type": type, "clusterIP": cluster_ip, "ports": [_service_port(p) for p in ports]}
+    if not cluster_ip:
+        del body["clusterIP"]
     if external_ips:
-        spec["externalIPs"] = list(external_ips)
+        body["externalIPs"] = list(external_ips)
     if source_ranges:
-        spec["loadBalancerSourceRanges"] = list(source_ranges)
+        body["loadBalancerSourceRanges"] = list(source_ranges)
     if external_traffic_policy:
-        spec["externalTrafficPolicy"] = external_traffic_policy
+        body["externalTrafficPolicy"] = external_traffic_policy
     if internal_traffic_policy:
-        spec["internalTrafficPolicy"] = internal_traffic_policy
+        body["internalTrafficPolicy"] = internal_traffic_policy
     if affinity_timeout is not None:
-        spec["sessionAffinity"] = "ClientIP"
-        spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": affinity_timeout}}
+        body["sessionAffinity"] = "ClientIP"
+        body["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": affinity_timeout}}
     if health_check_node_port:
-        spec["healthCheckNodePort"] = health_check_node_port
-    obj: JSON = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        body["healthCheckNodePort"] = health_check_node_port
+    body.update(spec or {})
+    obj: JSON = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, namespace, labels), "spec": body}
     if load_balancer_ips:
         obj["status"] = {"loadBalancer": {"ingress": [{"ip": ip} for ip in load_balancer_ips]}}
     return obj
 
 
+def _meta(name: str, namespace: str | None, labels: Mapping[str, str] | None) -> JSON:
+    meta: JSON = {"name": name}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    if labels is not None:
+        meta["labels"] = dict(labels)
+    return meta
+
+
 def _service_port(p: Port) -> JSON:
     out: JSON = {"name": p.name, "protocol": p.protocol, "port": p.port, "targetPort": p.target}
+    if not p.name:
+        del out["name"]
     if p.node_port:
         out["nodePort"] = p.node_port
     return out
 
 
 def endpoint_slice(
-    service_name: str, backends: Sequence[Backend], ports: Sequence[Port], *, namespace: str = "default", name: str = ""
+    service_name: str,
+    backends: Sequence[Backend],
+    ports: Sequence[Port],
+    *,
+    namespace: str = "default",
+    name: str = "",
+    address_type: str = "IPv4",
 ) -> JSON:
-    """The EndpointSlice of `service_name` (named `<service>-eps` unless `name` is given)."""
+    """The EndpointSlice of `service_name` (named `<service>-eps` unless `name` is given).
+    A backend without a node name has no `nodeName` (a remote or unscheduled endpoint)."""
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": {
-            "name": name or f"{service_name}-eps",
-            "namespace": namespace,
-            "labels": {"kubernetes.io/service-name": service_name},
-        },
-        "addressType": "IPv4",
-        "endpoints": [
-            {
-                "addresses": [b.ip],
-                "nodeName": b.node_name,
-                "conditions": {"ready": b.ready, "serving": b.serving, "terminating": b.terminating},
-            }
-            for b in backends
-        ],
+        "metadata": _meta(name or f"{service_name}-eps", namespace, {"kubernetes.io/service-name": service_name}),
+        "addressType": address_type,
+        "endpoints": [_endpoint(b) for b in backends],
         "ports": [{"name": p.name, "protocol": p.protocol, "port": p.target} for p in ports],
     }
+
+
+def _endpoint(b: Backend) -> JSON:
+    out: JSON = {
+        "addresses": [b.ip],
+        "nodeName": b.node_name,
+        "conditions": {"ready": b.ready, "serving": b.serving, "terminating": b.terminating},
+    }
+    if not b.node_name:
+        del out["nodeName"]
+    return out
 
 
 def node(name: str, internal_ip: str, pod_cidr: str) -> JSON:

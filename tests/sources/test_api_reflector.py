@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.lab import objects
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.sources.api import ApiSource, Reflector, ResourceSpec, node, services
 from kubeproxy.sources.backoff import Backoff
@@ -31,12 +32,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def svc(name: str, port: Any = 80, ns: str = "default", **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"ports": [{"port": port, "protocol": "TCP"}]},
-    }
+    return objects.service(name, "", [objects.Port("", port, port)], namespace=ns, labels=labels)
 
 
 @contextlib.asynccontextmanager
@@ -274,7 +270,7 @@ def test_malformed_object_is_delivered_and_a_failing_consumer_stops_nothing(apis
 
     run(main())
     assert [(e.type, e.name) for e in received] == [("ADDED", "bad"), ("ADDED", "last")]
-    assert received[0].obj["spec"]["ports"] == [{"port": "abc", "protocol": "TCP"}]
+    assert [p["port"] for p in received[0].obj["spec"]["ports"]] == ["abc"]
 
 
 def test_node_reflector_sees_only_its_own_node(apiserver: ApiServer, tmp_path: Path) -> None:

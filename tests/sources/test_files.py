@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kubeproxy.cluster.errors import ManifestError
+from kubeproxy.lab import objects
 from kubeproxy.sources import files
 from kubeproxy.sources.events import WatchEvent
 from kubeproxy.sources.files import FileSource
@@ -30,8 +31,13 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def svc(name: str, port: int = 80, ns: str | None = "default") -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name} | ({"namespace": ns} if ns else {})
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {"ports": [{"port": port, "protocol": "TCP"}]}}
+    return objects.service(name, "", [objects.Port("", port, port)], namespace=ns)
+
+
+def _half(text: str) -> str:
+    """Cut inside the second document's mapping, where a YAML parser fails."""
+    second = text.index("---")
+    return text[: text.index("\n  ", second) + 3] + "[: "
 
 
 def node(name: str) -> dict[str, Any]:
@@ -217,7 +223,7 @@ def test_new_files_in_a_folder_are_added(tmp_path: Path) -> None:
 
 BAD_SAVES = {
     "invalid YAML": "kind: Service\nmetadata: {name: a\n",
-    "half written": yaml.safe_dump_all([svc("a"), svc("b")])[:150],
+    "half written": _half(yaml.safe_dump_all([svc("a"), svc("b")])),
     "no kind": yaml.safe_dump_all([svc("a"), {"metadata": {"name": "b"}}]),
     "no name": yaml.safe_dump_all([svc("a"), {"apiVersion": "v1", "kind": "Service", "metadata": {}}]),
     "not an object": yaml.safe_dump_all([svc("a"), ["a", "list"]]),

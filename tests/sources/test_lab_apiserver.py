@@ -5,18 +5,14 @@ from __future__ import annotations
 import pytest
 from conftest import RawWatch, request
 
+from kubeproxy.lab import objects
 from kubeproxy.lab.apiserver import SERVICE, ApiServer, strategic_merge_patch
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def svc(name: str, port: int = 80, ns: str = "default", **labels: str) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"ports": [{"port": port, "protocol": "TCP"}]},
-    }
+    return objects.service(name, "", [objects.Port("", port, port)], namespace=ns, labels=labels)
 
 
 def test_discovery_documents(apiserver: ApiServer) -> None:

@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from kubeproxy.lab import objects
 from kubeproxy.lab.apiserver import ApiServer, status_object, too_large_resource_version
 from kubeproxy.sources.api import (
     Gone,
@@ -47,14 +48,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def eps(name: str, address: str, service: str = "web") -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
-    }
+    return objects.endpoint_slice(service, [objects.Backend(address, "")], [objects.Port("http", 80, 8080)], name=name)
 
 
 @pytest.fixture
