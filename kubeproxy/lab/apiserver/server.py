@@ -37,6 +37,9 @@ class ApiServer:
     block_timeout: float = BLOCK_TIMEOUT
     store: Store = field(init=False)
     port: int = 0
+    # Where to listen: loopback by default; the multi-node lab binds its control-plane namespace's
+    # address so that every node namespace reaches one server.
+    host: str = "127.0.0.1"
     _server: HttpServer | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _connections: set[socket.socket] = field(default_factory=set, init=False, repr=False)
@@ -59,14 +62,15 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def start(self) -> str:
-        """Listen on 127.0.0.1 (a free port the first time, the same port after a `stop()`)."""
+        """Listen on `host` (a free port the first time, the same port after a `stop()`)."""
         if self._server is not None:
             return self.url
         self._closing = False
-        server = HttpServer(("127.0.0.1", self.port), Handler)
+        server = HttpServer((self.host, self.port), Handler)
         server.api = self
         self.port = server.server_address[1]
         self._server = server

@@ -24,6 +24,7 @@ from kubeproxy.lab.dns.endpoints import AddressError, family_of, parse_server, s
 from kubeproxy.lab.dns.load import LoadError, LoadPlan, format_report, run_load
 from kubeproxy.lab.dns.scenarios import MAX_RATE, MAX_STEPS, SCENARIOS
 from kubeproxy.lab.dns.wire import Query, WireError, make_query, parse_qtype
+from kubeproxy.lab.multinode.cli import cluster as multinode_cluster
 from kubeproxy.proxy.config import ConfigError, parse_duration
 
 DEFAULT_NAME = "www.lab.test."
@@ -230,6 +231,9 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> i
 @click.group("lab")
 def lab() -> None:
     """Test beds in network namespaces that reproduce the seeds' incidents (root)."""
+
+
+lab.add_command(multinode_cluster)
 
 
 @lab.command("dns")
