@@ -19,16 +19,12 @@ from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cli import main
 from tests.test_upstream_fixtures import FIXTURES, render_fixture
 
-IPV6_GAP = pytest.mark.xfail(
-    strict=True, reason="the tracer's IPv6 node model (addresses, routes) is not finished: DNAT is not followed yet"
-)
 FLOWS = [
     pytest.param(
         case.name,
         i,
         flow,
         id=f"{case.name}-{i}-{flow['name']}",
-        marks=[IPV6_GAP] if ":" in flow["dest_ip"] and ":" in flow["output"] else [],
     )
     for case in sorted(FIXTURES.iterdir())
     if (case / "flows.yaml").exists() and (case / "options.yaml").exists()
@@ -53,7 +49,8 @@ def _trace(rules: Path, flow: dict, options: dict) -> list[dict]:
     src = f"[{flow['source_ip']}]:40000" if family_v6 else f"{flow['source_ip']}:40000"
     dst = f"[{flow['dest_ip']}]:{flow['dest_port']}" if family_v6 else f"{flow['dest_ip']}:{flow['dest_port']}"
     args = ["trace", "--rules", str(rules), "--proto", flow.get("protocol", "tcp"), "--src", src, "--dst", dst, *where, "--json"]
-    args += ["--iface", f"eth0={node_ip}/24", "--route", "default=eth0"]
+    # upstream's fake eth0 carries 2001:db8::1 beside the node's IPv4 address
+    args += ["--iface", f"eth0={node_ip}/24", "--iface", "eth0=2001:db8::1/64", "--route", "default=eth0"]
     for ip in FAKE_LOCAL_IPS:
         args += ["--local-ip", ip]
     result = CliRunner().invoke(main, args)

@@ -22,8 +22,17 @@ import click
 
 
 def _addr(s: str) -> tuple[str, int]:
+    """`ip:port` or `[ipv6]:port`."""
     host, _, port = s.rpartition(":")
-    return host, int(port)
+    return host.strip("[]"), int(port)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _hp(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:
+    return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
 
 
 def serve(proto: str, listens: list[str]) -> None:
@@ -31,9 +40,9 @@ def serve(proto: str, listens: list[str]) -> None:
     for spec in listens:
         host, port = _addr(spec)
         if proto == "udp":
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s = socket.socket(_family(host), socket.SOCK_DGRAM)
         else:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(_family(host), socket.SOCK_STREAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, port))
         if proto == "tcp":
@@ -47,17 +56,17 @@ def serve(proto: str, listens: list[str]) -> None:
             if proto == "udp":
                 _data, peer = ready.recvfrom(2048)
                 here = ready.getsockname()
-                ready.sendto(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode(), peer)
+                ready.sendto(json.dumps({"dst": _hp(here), "src": _hp(peer)}).encode(), peer)
             else:
                 conn, peer = ready.accept()
                 here = conn.getsockname()
                 with conn:
-                    conn.sendall(json.dumps({"dst": f"{here[0]}:{here[1]}", "src": f"{peer[0]}:{peer[1]}"}).encode())
+                    conn.sendall(json.dumps({"dst": _hp(here), "src": _hp(peer)}).encode())
 
 
 def _one(proto: str, dst: tuple[str, int], src: str | None, timeout: float, sport: int = 0) -> object:
     kind = socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM
-    with socket.socket(socket.AF_INET, kind) as s:
+    with socket.socket(_family(dst[0]), kind) as s:
         s.settimeout(timeout)
         if src or sport:
             s.bind((src or "", sport))

@@ -48,7 +48,7 @@ def verdict_text(o: Outcome, pkt: Packet) -> str:
     if o.verdict == "REJECT":
         return f"rejected ({o.reject_with}){by}: the sender gets an error"
     if o.verdict == "UNKNOWN":
-        return f"unknown: sent{by.replace(' by ', ' from ', 1)} to a chain the dump does not show"
+        return f"unknown: sent{by.replace(' by ', ' from ', 1)} to a chain or target the tracer cannot follow"
     if o.verdict == "QUEUE":
         return f"queued to userspace{by}: its fate is decided by a program, not the rules"
     parts: list[str] = []
@@ -81,6 +81,9 @@ def render_text(res: TraceResult) -> str:
     pkt = res.packet
     lines = [f"Packet: {packet_text(pkt)}", ""]
     n = len(res.outcomes)
+    if any(o.unknown for o in res.outcomes):
+        lines += ["The dump has matches or targets the tracer cannot evaluate: there is an outcome for",
+                  "each answer, and each outcome's chance holds given its assumptions.", ""]
     for k, o in enumerate(res.outcomes, 1):
         lines.append(f"Outcome {k}/{n}: {prob_text(o.probability)}: {o.verdict}")
         width = max((len(f"{h.table} {h.chain} #{h.rule}") for h in o.path), default=0)
@@ -91,6 +94,9 @@ def render_text(res: TraceResult) -> str:
             if h.text and h.rule != "policy":
                 lines.append(f"  {' ' * width}    {h.text}")
         lines.append(f"  => {verdict_text(o, pkt)}")
+        for u in o.unknown:
+            lines.append(f"  unknown: {u.table} {u.chain} #{u.rule} (line {u.line}) `{u.what}`: "
+                         f"this outcome assumes it {u.assumed}")
         for note in o.notes:
             lines.append(f"  note: {note}")
         lines.append("")
@@ -123,5 +129,10 @@ def to_json(res: TraceResult) -> dict[str, Any]:
                 for h in o.path
             ],
             "notes": o.notes,
+            "unknown": [
+                {"table": u.table, "chain": u.chain, "rule": u.rule, "line": u.line, "text": u.text,
+                 "hook": u.hook, "what": u.what, "assumed": u.assumed}
+                for u in o.unknown
+            ],
         })
     return {"packet": packet_text(pkt), "outcomes": outs, "notes": res.notes}

@@ -12,7 +12,7 @@ import re
 from fractions import Fraction
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.iptables_save import base_chain
+from kubeproxy.netfilter.iptables_save import base_chain, dump_family
 from kubeproxy.netfilter.model import (
     BUILTIN_CHAINS,
     Addr,
@@ -181,13 +181,15 @@ def _target(name: str, facts: dict[str, str]) -> object:
     return Jump(name)
 
 
-def parse(text: str) -> Ruleset:
-    """Parse one or more pasted `iptables -L` listings."""
+def parse(text: str, family: str | None = None) -> Ruleset:
+    """Parse one or more pasted `iptables -L` (or `ip6tables -L`) listings; `family` ("ip" or
+    "ip6") when known, else read from the addresses the listing shows."""
     rs = Ruleset(source="iptables-list")
+    family = family or dump_family(text)
     cmd_table: str | None = None
     blocks: list[tuple[str | None, Chain]] = []
     chain: Chain | None = None
-    verbose = False
+    verbose = numbered = False
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         m = _CMD_TABLE.search(line)
@@ -208,9 +210,14 @@ def parse(text: str) -> Ruleset:
         if chain is None or _SKIP.match(line):
             continue  # prose around the paste
         toks = line.split()
-        if toks[0] in ("target", "pkts"):
-            verbose = toks[0] == "pkts"
+        if toks[0] in ("target", "pkts", "num"):
+            # `--line-numbers` adds a leading `num` column, `-v` the counters and interfaces
+            numbered = toks[0] == "num"
+            verbose = toks[1 if numbered else 0] == "pkts"
             continue
+        if numbered and toks[0].isdigit():
+            line = line[len(toks[0]):].strip()
+            toks = toks[1:]
         try:
             if len(toks) < (6 if verbose else 4) and chain.rules:
                 # a long row wrapped by the paste: the fragment belongs to the row above
@@ -231,7 +238,7 @@ def parse(text: str) -> Ruleset:
         name = tname or ("nat" if nat_signal else "filter")
         t = rs.table(name)
         if t is None:
-            t = Table(name=name)
+            t = Table(name=name, family=family)
             rs.tables.append(t)
         if ch.name in BUILTIN_CHAINS.get(name, ()):
             base = base_chain(name, ch.name, ch.policy)
@@ -247,7 +254,7 @@ def parse(text: str) -> Ruleset:
                     missing.add(last.chain)  # the walk stops there with verdict UNKNOWN
     if missing:
         rs.notes.append(f"chains used but not in the listing: {', '.join(sorted(missing))}; "
-                        "a packet sent there ends as UNKNOWN")
+                        "the trace covers both: the chain decides the packet's fate (UNKNOWN), or it returns")
     if not any(t.name == (tn or "") for t in rs.tables for tn, _ in blocks):
         rs.notes.append("the table was guessed from the rules (no `iptables -t TABLE -L` line)")
     return rs

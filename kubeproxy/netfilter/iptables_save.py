@@ -236,6 +236,8 @@ def _module_match(module: str, opts: list[_Opt], proto: int | None) -> list[obje
                 kw.update(is_bridged=True, is_bridged_neg=neg)
             elif opt == "--physdev-in":
                 kw.update(phys_in=args[0], phys_in_neg=neg)
+            elif opt == "--physdev-out":
+                kw.update(phys_out=args[0], phys_out_neg=neg)
             else:
                 out.append(Unsupported(f"physdev {opt} {' '.join(args)}"))
         return [PhysDev(**kw), *out]  # type: ignore[arg-type]
@@ -487,12 +489,38 @@ def _is_core(t: str) -> bool:
 
 
 # --------------------------------------------------------------------------- file
-def parse(text: str, lazy: bool = False) -> Ruleset:
-    """Parse iptables-save (or ip6tables-save) output into a Ruleset.
+# An IPv6 address as ip6tables prints it in a rule: at least two colons among hex digits
+# (`fd00::1`, `[fd00::1]:80`, `2001:db8::/64`); an IPv4 `IP:PORT` has one colon.
+_V6_TOKEN = re.compile(r"(?:^|[\s\[])[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:[0-9A-Fa-f:.]*(?:/\d+)?(?:\]|\s|$)", re.M)
+
+_MAC = re.compile(r"(?:[0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}")
+
+
+def dump_family(text: str) -> str:
+    """"ip6" for an ip6tables dump, else "ip": the header `ip6tables-save` says so, or else the
+    addresses the rules carry do (a dump without a header nor addresses reads as IPv4)."""
+    head = text[:2000]
+    if "ip6tables" in head:
+        return "ip6"
+    if "iptables-save" in head or "iptables-legacy-save" in head or "iptables-nft-save" in head:
+        return "ip"
+    for m in _V6_TOKEN.finditer(text, 0, 2_000_000):
+        tok = m.group(0).strip(" \t\n[]")
+        if _MAC.fullmatch(tok) or tok.replace(":", "").replace(".", "").isdigit():
+            continue  # a MAC address (`-m mac`), or a port pair
+        if tok.count(":") >= 2:
+            return "ip6"
+    return "ip"
+
+
+def parse(text: str, lazy: bool = False, family: str | None = None) -> Ruleset:
+    """Parse iptables-save (or ip6tables-save) output into a Ruleset; `family` ("ip" or "ip6")
+    when known, else read from the dump (`dump_family`).
 
     With `lazy`, rule bodies are parsed when the tracer first reaches them (a 300k-rule dump
     loads in a fraction of the time); `Ruleset.validate()` parses the rest."""
     rs = Ruleset(source="iptables-save")
+    fam = family or dump_family(text)
     table: Table | None = None
     cache: dict[Any, Any] = {}
     loader: Callable[[Rule], None] | None = None
@@ -511,12 +539,18 @@ def parse(text: str, lazy: bool = False) -> Ruleset:
                 name = line[1:].strip()
                 table = rs.table(name)
                 if table is None:
-                    table = Table(name=name, family="ip")
+                    table = Table(name=name, family=fam)
                     rs.tables.append(table)
                 loader = functools.partial(_load, table=table, cache=cache)
                 continue
             if table is None:
-                raise ValueError("rule or chain outside a table (missing `*filter`-style header)")
+                if not rs.tables and line[:3] in ("-A ", "-P ", "-N "):
+                    # `iptables -S` output: no table header, the filter table
+                    table = Table(name="filter", family=fam)
+                    rs.tables.append(table)
+                    loader = functools.partial(_load, table=table, cache=cache)
+                else:
+                    raise ValueError("rule or chain outside a table (missing `*filter`-style header)")
             if c == ":":
                 parts = line[1:].split()
                 if not parts:

@@ -137,7 +137,8 @@ class CtState:
 
 @dataclass(slots=True)
 class PhysDev:
-    """-m physdev: only the bridge-port facts the tracer knows (`--physdev-in` on the packet)."""
+    """-m physdev: the bridge ports a packet crossed (`--physdev-in/--physdev-out` on the packet;
+    a routed packet that never crossed a bridge port has none). Names may end in `+`."""
 
     is_in: bool | None = None
     is_in_neg: bool = False
@@ -147,6 +148,8 @@ class PhysDev:
     is_bridged_neg: bool = False
     phys_in: str | None = None
     phys_in_neg: bool = False
+    phys_out: str | None = None
+    phys_out_neg: bool = False
 
 
 @dataclass(slots=True)
@@ -280,7 +283,7 @@ Match = (
 class Verdict:
     """ACCEPT, DROP, REJECT, RETURN, QUEUE (terminal) with the reject type as detail."""
 
-    kind: Literal["ACCEPT", "DROP", "REJECT", "RETURN", "QUEUE"]
+    kind: Literal["ACCEPT", "DROP", "REJECT", "RETURN", "QUEUE", "UNKNOWN"]
     detail: str = ""
 
 

@@ -24,9 +24,13 @@ class NodeError(ValueError):
 
 @dataclass(slots=True)
 class IfAddr:
+    """An address on an interface. `scope` as `ip addr` shows it ("" = from the address: host for
+    127/8 and ::1, link for fe80::/10, else global)."""
+
     ip: int
     plen: int
     v6: bool = False
+    scope: str = ""
 
     @property
     def mask(self) -> int:
@@ -36,6 +40,17 @@ class IfAddr:
 
     def contains(self, ip: int) -> bool:
         return (ip & self.mask) == (self.ip & self.mask)
+
+    @property
+    def kind(self) -> str:
+        """host, link or global."""
+        if self.scope:
+            return "global" if self.scope == "universe" else self.scope
+        if self.v6:
+            if self.ip == 1:
+                return "host"
+            return "link" if (self.ip >> 118) == 0x3FA else "global"
+        return "host" if (self.ip & LOOPBACK_MASK) == LOOPBACK_NET else "global"
 
 
 @dataclass(slots=True)
@@ -56,6 +71,9 @@ class Node:
     routes: list[Route] = field(default_factory=list)
     ipsets: dict[str, list[str]] = field(default_factory=dict)
     recent: dict[str, set[int]] = field(default_factory=dict)
+    # set name -> type (`hash:ip,port`, `bitmap:port`, ...) from an `ipset save` dump: says what
+    # each dimension of a member is (kubeproxy/netfilter/ipvs.py loads it)
+    ipset_types: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -68,7 +86,7 @@ class Node:
         affinity: Sequence[str] = (),
     ) -> Node:
         node = cls()
-        node.interfaces["lo"] = [IfAddr(A.ip4_to_int("127.0.0.1"), 8)]
+        node.interfaces["lo"] = [IfAddr(A.ip4_to_int("127.0.0.1"), 8), IfAddr(1, 128, True)]
         for spec in ifaces:
             name, eq, cidr = spec.partition("=")
             if not eq or not name:
@@ -89,12 +107,16 @@ class Node:
             if not eq or not dev:
                 raise NodeError(f"--route {spec!r}: expected CIDR=IFACE[@GATEWAY]")
             dev, _, gw = dev.partition("@")
-            try:
-                net, mask, v6 = A.parse_cidr("0.0.0.0/0" if cidr == "default" else cidr)
-                via = A.parse_ip(gw)[0] if gw else None
-            except ValueError as e:
-                raise NodeError(f"--route {spec!r}: {e}") from None
-            node.routes.append(Route(net, mask, dev, via, v6))
+            # `default` without a gateway is a default route of each family; with one, of its family
+            nets = [cidr] if cidr != "default" else (
+                ["::/0"] if ":" in gw else ["0.0.0.0/0"] if gw else ["0.0.0.0/0", "::/0"])
+            for c in nets:
+                try:
+                    net, mask, v6 = A.parse_cidr(c)
+                    via = A.parse_ip(gw)[0] if gw else None
+                except ValueError as e:
+                    raise NodeError(f"--route {spec!r}: {e}") from None
+                node.routes.append(Route(net, mask, dev, via, v6))
             node.interfaces.setdefault(dev, [])
         for spec in ipsets:
             name, eq, member = spec.partition("=")
@@ -115,70 +137,138 @@ class Node:
         prefix = ["ip", "netns", "exec", netns] if netns else []
         addrs = json.loads(subprocess.run([*prefix, "ip", "-j", "addr"], capture_output=True,
                                           text=True, check=True).stdout or "[]")
-        routes = json.loads(subprocess.run([*prefix, "ip", "-j", "-4", "route"], capture_output=True,
-                                           text=True, check=True).stdout or "[]")
+        routes = [
+            (r, fam == "-6")
+            for fam in ("-4", "-6")
+            for r in json.loads(subprocess.run([*prefix, "ip", "-j", fam, "route"], capture_output=True,
+                                               text=True, check=False).stdout or "[]")
+        ]
         node = cls()
         for link in addrs:
             lst = node.interfaces.setdefault(link["ifname"], [])
             for a in link.get("addr_info", []):
                 if a.get("family") not in ("inet", "inet6"):
                     continue
+                if a.get("tentative") or a.get("dadfailed"):
+                    continue  # an IPv6 address the kernel does not use yet (or at all)
                 ip, v6 = A.parse_ip(a["local"])
-                lst.append(IfAddr(ip, int(a["prefixlen"]), v6))
-        for r in routes:
+                lst.append(IfAddr(ip, int(a["prefixlen"]), v6, str(a.get("scope", ""))))
+        for r, is6 in routes:
             dst = r.get("dst", "")
             if not r.get("dev") or r.get("type", "unicast") != "unicast":
                 continue
-            net, mask, v6 = A.parse_cidr("0.0.0.0/0" if dst == "default" else dst)
+            if dst == "default":
+                dst = "::/0" if is6 else "0.0.0.0/0"
+            net, mask, v6 = A.parse_cidr(dst)
             via = A.parse_ip(r["gateway"])[0] if r.get("gateway") else None
             node.routes.append(Route(net, mask, r["dev"], via, v6))
         return node
 
     # ------------------------------------------------------------------ questions
-    def is_local(self, ip: int) -> bool:
-        if ip in self.local_ips or (ip <= A.ALL4 and (ip & LOOPBACK_MASK) == LOOPBACK_NET):
+    def is_local(self, ip: int, v6: bool | None = None) -> bool:
+        v6 = ip > A.ALL4 if v6 is None else v6
+        if ip in self.local_ips:
             return True
-        return any(a.ip == ip for addrs in self.interfaces.values() for a in addrs)
+        if v6:
+            if ip == 1:  # ::1
+                return True
+        elif (ip & LOOPBACK_MASK) == LOOPBACK_NET:
+            return True
+        return any(a.ip == ip and a.v6 == v6 for addrs in self.interfaces.values() for a in addrs)
 
-    def addr_type(self, ip: int) -> str:
+    def addr_type(self, ip: int, v6: bool | None = None) -> str:
         """The kernel's route type of an address, as `-m addrtype` and `fib ... type` see it."""
-        if self.is_local(ip):
+        v6 = ip > A.ALL4 if v6 is None else v6
+        if self.is_local(ip, v6):
             return "LOCAL"
-        if ip <= A.ALL4:
-            if (ip & MULTICAST_MASK) == MULTICAST_NET:
-                return "MULTICAST"
-            if ip == A.ALL4:
-                return "BROADCAST"
-            for addrs in self.interfaces.values():
-                for a in addrs:
-                    if not a.v6 and a.plen < 31 and a.contains(ip) and (ip | a.mask) == A.ALL4:
-                        return "BROADCAST"
+        if v6:
+            return "MULTICAST" if (ip >> 120) == 0xFF else "UNICAST"
+        if (ip & MULTICAST_MASK) == MULTICAST_NET:
+            return "MULTICAST"
+        if ip == A.ALL4:
+            return "BROADCAST"
+        for addrs in self.interfaces.values():
+            for a in addrs:
+                if not a.v6 and a.plen < 31 and a.contains(ip) and (ip | a.mask) == A.ALL4:
+                    return "BROADCAST"
         return "UNICAST"
 
-    def route(self, ip: int) -> tuple[str, int | None] | None:
-        """(output interface, gateway) by longest prefix over given routes and connected subnets."""
-        if self.is_local(ip):
+    def route(self, ip: int, v6: bool | None = None) -> tuple[str, int | None] | None:
+        """(output interface, gateway) by longest prefix over given routes and connected subnets
+        of the address's family."""
+        v6 = ip > A.ALL4 if v6 is None else v6
+        if self.is_local(ip, v6):
             return "lo", None
         best: tuple[int, str, int | None] | None = None
         for name, addrs in self.interfaces.items():
             for a in addrs:
-                if a.contains(ip) and (best is None or a.plen > best[0]):
+                if a.v6 == v6 and a.contains(ip) and (best is None or a.plen > best[0]):
                     best = (a.plen, name, None)
         for r in self.routes:
-            if (ip & r.mask) == r.net:
+            if r.v6 == v6 and (ip & r.mask) == r.net:
                 plen = bin(r.mask).count("1")
                 if best is None or plen > best[0]:
                     best = (plen, r.iface, r.via)
         return (best[1], best[2]) if best else None
 
-    def iface_addr(self, iface: str | None, toward: int) -> int | None:
-        """The source address MASQUERADE picks on `iface`: the one sharing a subnet with the next
-        hop if any, else the first (as inet_select_addr does)."""
-        addrs = [a for a in self.interfaces.get(iface or "", []) if (a.v6 == (toward > A.ALL4))]
+    def _primaries(self, iface: str, v6: bool) -> list[IfAddr]:
+        """The interface's addresses of a family without its secondaries (an address in a subnet
+        an earlier address of the same prefix length already covers is secondary in IPv4)."""
+        out: list[IfAddr] = []
+        for a in self.interfaces.get(iface, []):
+            if a.v6 != v6:
+                continue
+            if not v6 and any(p.plen == a.plen and p.contains(a.ip) for p in out):
+                continue
+            out.append(a)
+        return out
+
+    def iface_addr(self, iface: str | None, toward: int, v6: bool | None = None) -> int | None:
+        """An address of `iface` for `toward`: one sharing its subnet if any, else the first (the
+        address REDIRECT uses on the input interface)."""
+        v6 = toward > A.ALL4 if v6 is None else v6
+        addrs = [a for a in self.interfaces.get(iface or "", []) if a.v6 == v6]
         for a in addrs:
             if a.contains(toward):
                 return a.ip
         return addrs[0].ip if addrs else None
+
+    def masquerade_source(self, out_iface: str | None, toward: int, v6: bool) -> int | None:
+        """The source address MASQUERADE writes, as the kernel picks it.
+
+        IPv4 (nf_nat_masquerade_ipv4 → inet_select_addr(out, next hop, RT_SCOPE_UNIVERSE)): the
+        first primary global address of the output interface in the next hop's subnet, else its
+        first primary global address; when it has none (lo with only 127.0.0.1, an address-less
+        veth), the first global address of the interfaces in order, lo first. None: no global
+        address anywhere (the kernel drops the packet).
+
+        IPv6 (ipv6_dev_get_saddr, RFC 6724 in short): a global address, preferring the output
+        interface, then the longest prefix shared with the destination."""
+        if not v6:
+            own = [a for a in self._primaries(out_iface or "", False) if a.kind == "global"]
+            for a in own:
+                if a.contains(toward):
+                    return a.ip
+            if own:
+                return own[0].ip
+            for name in self.interfaces:
+                for a in self._primaries(name, False):
+                    if a.kind == "global":
+                        return a.ip
+            return None
+        if any(a.v6 and a.ip == toward for addrs in self.interfaces.values() for a in addrs):
+            return toward  # rule 1: the destination itself, when it is ours
+        want = "link" if (toward >> 118) == 0x3FA else "global"
+        best: tuple[int, int, int] | None = None
+        for name, addrs in self.interfaces.items():
+            for a in addrs:
+                if not a.v6 or a.kind != want or (want == "link" and name != out_iface):
+                    continue
+                common = 128 - (a.ip ^ toward).bit_length()
+                key = (1 if name == out_iface else 0, common, a.ip)
+                if best is None or key[:2] > best[:2]:
+                    best = key
+        return best[2] if best else None
 
     def in_ipset(self, name: str, values: list[int | str]) -> bool | None:
         """Is (values...) a member of ipset `name`? None when its contents were not given."""
@@ -191,7 +281,7 @@ class Node:
                 continue
             ok = True
             for part, v in zip(parts, values, strict=False):
-                if (isinstance(v, int) and "." in part) or (":" in part and "/" in part):
+                if isinstance(v, int) or (":" in part and "/" in part):  # an address: IPv4, IPv6, a CIDR
                     try:
                         net, mask, _ = A.parse_cidr(part)
                     except ValueError:

@@ -27,6 +27,9 @@ class Packet:
     ct_state: str = "NEW"
     mark: int = 0
     physdev_in: str | None = None
+    # both physdev ports given: the packet is bridged between them (in and out on the bridge
+    # `in_iface`), not routed
+    physdev_out: str | None = None
 
     @property
     def from_host(self) -> bool:
@@ -59,6 +62,7 @@ def make_packet(
     ct_state: str = "NEW",
     mark: int = 0,
     physdev_in: str | None = None,
+    physdev_out: str | None = None,
 ) -> Packet:
     """Build a packet from CLI-style strings: `--src 10.0.0.1[:PORT] --dst 10.96.0.10:53`."""
     try:
@@ -70,8 +74,10 @@ def make_packet(
     d_ip, d_port, v6b = _hostport(dst, "--dst", has_ports)
     if v6a != v6b:
         raise PacketError("--src and --dst are of different address families")
+    if physdev_out and not (physdev_in and in_iface):
+        raise PacketError("--physdev-out needs --physdev-in and --in-iface (the bridge): a bridged packet")
     state = ct_state.upper()
     if state not in CT_STATES:
         raise PacketError(f"--state {ct_state!r}: one of {', '.join(CT_STATES)}")
     return Packet(p, s_ip, d_ip, s_port if s_port is not None else 40000, d_port or 0, in_iface,
-                  v6a, state, mark, physdev_in)
+                  v6a, state, mark, physdev_in, physdev_out)

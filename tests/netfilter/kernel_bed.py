@@ -36,8 +36,8 @@ class Bed:
     model: Node
     stack: ExitStack = field(repr=False)
 
-    def load_iptables(self, text: str) -> None:
-        self.node.run(["iptables-restore"], input=text)
+    def load_iptables(self, text: str, restore: str = "iptables-restore") -> None:
+        self.node.run([restore], input=text)
 
     def load_nft(self, text: str) -> None:
         self.node.run(["nft", "-f", "-"], input=text)
@@ -64,8 +64,10 @@ class Bed:
 @contextmanager
 def bed(
     client_ip: str, node_front: tuple[str, str], node_back: tuple[str, str], backends: list[str],
+    v6: tuple[str, str, str, list[str]] | None = None,
 ) -> Iterator[Bed]:
-    """client_ip and backends are `IP/PLEN`; node_front/back are (ifname, `IP/PLEN`)."""
+    """client_ip and backends are `IP/PLEN`; node_front/back are (ifname, `IP/PLEN`); `v6` adds
+    IPv6 addresses (client, node front, node back, backends) beside them, routed the same way."""
     with ExitStack() as stack:
         client = stack.enter_context(L.netns("kpc"))
         node = stack.enter_context(L.netns("kpn"))
@@ -74,6 +76,18 @@ def bed(
         L.link(node, node_back[0], node_back[1], backend, "eth0", backends[0])
         for extra in backends[1:]:
             backend.run(["ip", "addr", "add", extra, "dev", "eth0"])
+        ifaces = [f"{node_front[0]}={node_front[1]}", f"{node_back[0]}={node_back[1]}"]
+        if v6 is not None:
+            c6, f6, k6, b6 = v6
+            # nodad: the addresses are usable at once (duplicate detection would hold them ~1 s)
+            for ns, dev, cidr in ((client, "eth0", c6), (node, node_front[0], f6), (node, node_back[0], k6),
+                                  *((backend, "eth0", x) for x in b6)):
+                ns.run(["ip", "-6", "addr", "add", cidr, "dev", dev, "nodad"])
+            client.run(["ip", "-6", "route", "add", "default", "via", f6.split("/")[0]])
+            backend.run(["ip", "-6", "route", "add", "default", "via", k6.split("/")[0]])
+            node.run(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1", "net.ipv6.icmp.ratelimit=0"])
+            node.run(["ip", "-6", "route", "add", "default", "via", c6.split("/")[0]])
+            ifaces += [f"{node_front[0]}={f6}", f"{node_back[0]}={k6}"]
         client.run(["ip", "route", "add", "default", "via", node_front[1].split("/")[0]])
         backend.run(["ip", "route", "add", "default", "via", node_back[1].split("/")[0]])
         node.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
@@ -84,8 +98,10 @@ def bed(
         # the node's default route points at the client side, as a node's uplink would
         gw = client_ip.split("/")[0]
         node.run(["ip", "route", "add", "default", "via", gw])
-        model = Node.from_flags(ifaces=[f"{node_front[0]}={node_front[1]}", f"{node_back[0]}={node_back[1]}"],
-                                routes=[f"default={node_front[0]}@{gw}"])
+        routes = [f"default={node_front[0]}@{gw}"]
+        if v6 is not None:
+            routes.append(f"default={node_front[0]}@{v6[0].split('/')[0]}")
+        model = Node.from_flags(ifaces=ifaces, routes=routes)
         yield Bed(client, node, backend, client_ip.split("/")[0], model, stack)
 
 
@@ -96,12 +112,14 @@ def outcome_key(o: Outcome) -> object:
         return "timeout"
     if o.verdict == "REJECT":
         return "refused"
+    if o.v6:
+        return (f"[{A.fmt_ip(o.dst, True)}]:{o.dport}", A.fmt_ip(o.src, True))
     return (f"{A.fmt_ip(o.dst)}:{o.dport}", A.fmt_ip(o.src))
 
 
 def observed_key(r: object) -> object:
     if isinstance(r, dict):
-        return (r["dst"], r["src"].rsplit(":", 1)[0])
+        return (r["dst"], r["src"].rsplit(":", 1)[0].strip("[]"))
     return r
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from kubeproxy.netfilter import detect, iptables_list
 from kubeproxy.netfilter.addr import fmt_ip
-from kubeproxy.netfilter.model import AddrType, Mark, Nat, ParseError, Port, SetMark, Statistic
+from kubeproxy.netfilter.model import AddrType, Jump, Mark, Nat, ParseError, Port, SetMark, Statistic
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
@@ -34,12 +34,27 @@ def test_seed001_trace_reaches_the_listed_endpoint_or_stops_at_unlisted_chains()
     rs = detect.parse((FIX / "seed001_nat.iptables-list").read_text())
     node = Node.from_flags(ifaces=["eth0=172.6.6.10/24", "cni0=172.31.0.1/16"])
     res = trace(rs, node, make_packet("tcp", "8.8.8.8", "172.30.5.207:443", in_iface="eth0"))
-    assert sum(o.probability for o in res.outcomes) == 1
-    listed = [o for o in res.outcomes if o.verdict == "ACCEPT"]
-    # only the last endpoint's chain is in the paste: 1 - P(any of the six statistic rules)
+    # the six unlisted endpoint chains: each may end the walk or return, and the outcomes cover
+    # both; when they all end it, only the last endpoint's chain remains:
+    # 1 - P(any of the six statistic rules)
+    keys = res.unknowns()
+    assert len(keys) == 6 and {k[4] for k in keys} == {f"chain {c}" for c in _unlisted(rs) if c.startswith("KUBE-SEP")}
+    outs = res.given(dict.fromkeys(keys, "ends the walk"))
+    assert sum(o.probability for o in outs) == 1
+    listed = [o for o in outs if o.verdict == "ACCEPT"]
     assert len(listed) == 1 and fmt_ip(listed[0].dst) == "172.31.9.52" and listed[0].dport == 80
     assert abs(float(listed[0].probability) - 1 / 7) < 1e-6
-    assert {o.verdict for o in res.outcomes} == {"ACCEPT", "UNKNOWN"}
+    assert {o.verdict for o in outs} == {"ACCEPT", "UNKNOWN"}
+    # when they all return, every packet reaches the listed endpoint
+    outs = res.given(dict.fromkeys(keys, "returns"))
+    assert sum(o.probability for o in outs) == 1
+    assert {(o.verdict, fmt_ip(o.dst)) for o in outs} == {("ACCEPT", "172.31.9.52")}
+
+
+def _unlisted(rs) -> set[str]:  # type: ignore[no-untyped-def]
+    nat = rs.table("nat")
+    return {r.steps[-1].chain for c in nat.chains.values() for r in c.rules
+            if isinstance(r.steps[-1], Jump) and r.steps[-1].chain not in nat.chains}
 
 
 def test_seed002_names_instead_of_numbers() -> None:

@@ -93,7 +93,7 @@ COMMIT
     [
         ("*nat\n-A PREROUTING -d 10.0.0.300 -j ACCEPT\nCOMMIT\n", 2, "bad IP address"),
         ("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m frobnicate --x 1 -j ACCEPT\n", 3, "unknown match module"),
-        ("-A INPUT -j ACCEPT\n", 1, "outside a table"),
+        ("*filter\nCOMMIT\n-A INPUT -j ACCEPT\n", 3, "outside a table"),  # a bare -A is `iptables -S` output
         ("*filter\n-A INPUT -p tcp --dport\n", 2, "missing its argument"),
         ("*filter\nhello there\n", 2, "not an iptables-save line"),
         ("*filter\n-A INPUT -j DNAT\n", 2, "DNAT without"),

@@ -13,9 +13,10 @@ matches), `nft` (nft expressions, sets and maps), `actions` (marks, NAT and othe
 `engine` (hooks, chains, rules, jumps, branching).
 """
 
-from kubeproxy.netfilter.simulate.branch import ONE, Branch, Hop, Outcome, TraceError, TraceResult
+from kubeproxy.netfilter.simulate.branch import ONE, Branch, Hop, Outcome, TraceError, TraceResult, Unknown
 from kubeproxy.netfilter.simulate.engine import Simulator, trace
 from kubeproxy.netfilter.simulate.matchers import MATCHERS
 from kubeproxy.netfilter.simulate.nft import NftEvaluator
 
-__all__ = ["MATCHERS", "ONE", "Branch", "Hop", "NftEvaluator", "Outcome", "Simulator", "TraceError", "TraceResult", "trace"]
+__all__ = ["MATCHERS", "ONE", "Branch", "Hop", "NftEvaluator", "Outcome", "Simulator", "TraceError", "TraceResult", "Unknown",
+           "trace"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import CopyMark, Log, Nat, Noop, Notrack, NSetMark, SetMark, UnknownTarget
+from kubeproxy.netfilter.model import CopyMark, Log, Nat, Noop, Notrack, NSetMark, SetMark
 from kubeproxy.netfilter.simulate.branch import PORT_PROTOS, Branch
 from kubeproxy.netfilter.simulate.nft import NftEvaluator
 
@@ -39,9 +39,6 @@ def apply_statement(s: Any, b: Branch, sim: NftEvaluator) -> bool | None:
     if t is Notrack:
         b.ct_state = "UNTRACKED"
         return None
-    if t is UnknownTarget:
-        b.note(f"target or chain {s.name} is not in the dump: assumed to continue")
-        return None
     return True
 
 
@@ -69,9 +66,9 @@ def nat(a: Nat, b: Branch, hook: str, sim: NftEvaluator) -> list[tuple[Branch, s
         b.dnat = (b.dst, b.dport if b.proto in PORT_PROTOS else None)
     elif kind == "redirect":
         if b.in_iface is None:
-            b.dst = A.ip4_to_int("127.0.0.1")
+            b.dst = 1 if b.v6 else A.ip4_to_int("127.0.0.1")
         else:
-            ip = sim.node.iface_addr(b.in_iface, b.src)
+            ip = sim.node.iface_addr(b.in_iface, b.src, b.v6)
             if ip is None:
                 b.notes.append(f"REDIRECT: {b.in_iface} has no address: dropped")
                 return [(b, "DROP")]
@@ -87,10 +84,15 @@ def nat(a: Nat, b: Branch, hook: str, sim: NftEvaluator) -> list[tuple[Branch, s
         b.snat = b.src
     else:  # masquerade
         toward = b.via if b.via is not None else b.dst
-        ip = sim.node.iface_addr(b.out_iface, toward)
+        ip = sim.node.masquerade_source(b.out_iface, toward, b.v6)
         if ip is None:
-            b.notes.append(f"MASQUERADE: output interface {b.out_iface} has no address: dropped")
+            b.notes.append(f"MASQUERADE: no {'IPv6' if b.v6 else 'IPv4'} global address on {b.out_iface} "
+                           "or any other interface: dropped")
             return [(b, "DROP")]
+        if b.out_iface is not None and not any(
+                a.v6 == b.v6 and a.ip == ip for a in sim.node.interfaces.get(b.out_iface, [])):
+            b.note(f"MASQUERADE: {b.out_iface} has no global address of its own: the kernel takes "
+                   f"{A.fmt_ip(ip, b.v6)} from another interface")
         b.src, b.masq, b.snat = ip, True, ip
         if port is not None and b.proto in PORT_PROTOS:
             b.sport = port

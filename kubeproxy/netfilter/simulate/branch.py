@@ -30,6 +30,21 @@ class Hop:
     hook: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """A match or target the tracer cannot evaluate, met on the way, and what this outcome
+    assumes of it (the trace has one outcome per assumption, so both are covered)."""
+
+    table: str
+    chain: str
+    rule: int
+    text: str
+    line: int
+    hook: str
+    what: str
+    assumed: str  # "matches", "does not match", "continues", "ends the walk"
+
+
 @dataclass(slots=True)
 class Outcome:
     probability: Fraction
@@ -47,6 +62,9 @@ class Outcome:
     notes: list[str]
     reject_with: str = ""
     v6: bool = False
+    # unknown matches/targets on the path and what this outcome assumed of each: when not
+    # empty, `probability` is the chance of this outcome given those assumptions
+    unknown: list[Unknown] = field(default_factory=list)
 
 
 @dataclass
@@ -54,6 +72,24 @@ class TraceResult:
     packet: Packet
     outcomes: list[Outcome]
     notes: list[str] = field(default_factory=list)
+
+    def unknowns(self) -> list[tuple[str, str, int, str, str]]:
+        """The unknown matches/targets the walk met, each once: (table, chain, rule, hook, what)."""
+        seen: dict[tuple[str, str, int, str, str], None] = {}
+        for o in self.outcomes:
+            for u in o.unknown:
+                seen.setdefault(u_key(u))
+        return list(seen)
+
+    def given(self, answers: dict[tuple[str, str, int, str, str], str]) -> list[Outcome]:
+        """The outcomes possible when each unknown (a key of `unknowns()`) behaves as `answers`
+        says ("matches", "does not match", "continues"/"returns", "ends the walk"); their chances
+        sum to 1."""
+        return [o for o in self.outcomes if all(answers.get(u_key(u)) == u.assumed for u in o.unknown)]
+
+
+def u_key(u: Unknown) -> tuple[str, str, int, str, str]:
+    return (u.table, u.chain, u.rule, u.hook, u.what)
 
 
 class Branch:
@@ -63,6 +99,7 @@ class Branch:
     hot path of a trace through a long service chain."""
 
     __slots__ = (
+        "assume",
         "ct_state",
         "ctmark",
         "dnat",
@@ -80,6 +117,7 @@ class Branch:
         "out_iface",
         "path",
         "phys_in",
+        "phys_out",
         "prob",
         "proto",
         "recent",
@@ -94,6 +132,7 @@ class Branch:
         "via",
     )
 
+    assume: tuple[Unknown, ...]  # what this branch assumed of matches the tracer cannot evaluate
     ct_state: str  # NEW, ESTABLISHED, RELATED, INVALID, UNTRACKED
     ctmark: int
     dnat: tuple[int, int | None] | None  # the destination mapping the connection got
@@ -111,6 +150,7 @@ class Branch:
     out_iface: str | None
     path: list[Hop]
     phys_in: str | None
+    phys_out: str | None  # set only for a bridged packet (br_netfilter): the port it leaves by
     prob: Fraction
     proto: int
     recent: dict[str, frozenset[int]]
@@ -135,7 +175,9 @@ class Branch:
         b.dnat, b.dnat_done, b.snat, b.snat_done, b.masq = None, False, None, False, False
         b.path, b.notes, b.numgen, b.prob = [], [], {}, ONE
         b.phys_in, b.local, b.verdict, b.reject_with = pkt.physdev_in, False, "", ""
+        b.phys_out = pkt.physdev_out
         b.recent = recent
+        b.assume = ()
         b.stage = "route_out" if pkt.from_host else "prerouting"
         return b
 

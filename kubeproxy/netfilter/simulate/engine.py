@@ -5,7 +5,7 @@ nf_nat_inet_fn. Rules are compiled on first use and long chains indexed by desti
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.model import (
@@ -19,6 +19,7 @@ from kubeproxy.netfilter.model import (
     SetMatch,
     Statistic,
     Table,
+    UnknownTarget,
     Unsupported,
     Verdict,
     VMap,
@@ -26,9 +27,12 @@ from kubeproxy.netfilter.model import (
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
 from kubeproxy.netfilter.simulate import actions
-from kubeproxy.netfilter.simulate.branch import ONE, Branch, Hop, Outcome, TraceError, TraceResult
+from kubeproxy.netfilter.simulate.branch import ONE, Branch, Hop, Outcome, TraceError, TraceResult, Unknown
 from kubeproxy.netfilter.simulate.matchers import MATCHERS
 from kubeproxy.netfilter.simulate.nft import NftEvaluator, has_numgen, numgens
+
+if TYPE_CHECKING:  # kubeproxy.netfilter.ipvs builds on this package's branches
+    from kubeproxy.netfilter.ipvs import IpvsState
 
 _INDEX_MIN_RULES = 32
 _MAX_DEPTH = 100
@@ -54,7 +58,10 @@ class _Compiled:
         self.rest = tuple(steps[k:])
         r = self.rest
         self.single_action = (
-            r[0] if len(r) == 1 and type(r[0]) not in MATCHERS and type(r[0]) is not Statistic and not has_numgen(r[0]) else None
+            r[0]
+            if len(r) == 1 and type(r[0]) not in MATCHERS and type(r[0]) not in (Statistic, UnknownTarget)
+            and not has_numgen(r[0])
+            else None
         )
 
 
@@ -77,9 +84,10 @@ class Simulator(NftEvaluator):
 
     An `NftEvaluator` as well: matchers and actions ask it for the value of nft expressions."""
 
-    def __init__(self, ruleset: Ruleset, node: Node, *, max_branches: int = 100_000) -> None:
+    def __init__(self, ruleset: Ruleset, node: Node, *, max_branches: int = 100_000, ipvs: IpvsState | None = None) -> None:
         super().__init__(ruleset, node)
         self.max_branches = max_branches
+        self.ipvs = ipvs  # an IPVS node's virtual services (kubeproxy/netfilter/ipvs.py walks them)
         self._hooks: dict[tuple[str, bool], list[tuple[Table, Chain]]] = {}
         self._index: dict[int, _ChainIndex | None] = {}
         self._ipt = ruleset.source.startswith("iptables")
@@ -127,7 +135,7 @@ class Simulator(NftEvaluator):
     def _stage(self, b: Branch) -> list[Branch]:
         st = b.stage
         if st == "route_out":
-            r = self.node.route(b.dst)
+            r = self.node.route(b.dst, b.v6)
             if r is None:
                 return [self._end(b, "DROP", "no route to the destination (ENETUNREACH)")]
             b.out_iface, b.via = r
@@ -135,18 +143,38 @@ class Simulator(NftEvaluator):
             return [b]
         if st == "prerouting" or st == "lo_prerouting":
             nxt = "route_in" if st == "prerouting" else "input"
+            if st == "prerouting" and b.phys_out is not None:
+                nxt = "bridge"
             return self._hook("prerouting", b, nxt)
+        if st == "bridge":
+            # br_netfilter: a bridged packet goes PREROUTING -> FORWARD -> POSTROUTING with the
+            # bridge as in and out device; a DNAT to an address routed elsewhere makes the
+            # kernel route it instead (br_nf_pre_routing_finish)
+            if (b.dst, b.dport) != (b.odst, b.odport):
+                r = self.node.route(b.dst, b.v6)
+                if r is None or r[0] != b.in_iface:
+                    b.phys_out = None
+                    b.notes.append("DNAT sent the bridged packet elsewhere: the kernel routes it")
+                    b.stage = "route_in"
+                    return [b]
+            b.out_iface, b.via = b.in_iface, None
+            b.stage = "forward"
+            return [b]
         if st == "route_in":
-            if self.node.is_local(b.dst):
+            if self.node.is_local(b.dst, b.v6):
                 b.stage = "input"
                 b.local = True
                 return [b]
-            r = self.node.route(b.dst)
+            r = self.node.route(b.dst, b.v6)
             if r is None:
                 return [self._end(b, "DROP", "no route to the destination")]
             b.out_iface, b.via = r
             b.stage = "forward"
             return [b]
+        if self.ipvs is not None and (st.startswith("ipvs") or (st in ("input", "output") and self.ipvs.service_for(b))):
+            from kubeproxy.netfilter.ipvs import stage as ipvs_stage
+
+            return ipvs_stage(self, b, self.ipvs)
         if st == "input":
             b.local = True
             return self._hook("input", b, "delivered")
@@ -174,11 +202,15 @@ class Simulator(NftEvaluator):
             b.notes.append(note)
         return b
 
-    def _hook(self, hook: str, b: Branch, nxt: str) -> list[Branch]:
+    def _hook(self, hook: str, b: Branch, nxt: str, lo: int | None = None, hi: int | None = None) -> list[Branch]:
+        """Run the hook's base chains (those with lo <= priority < hi: IPVS sits between them)."""
         live = [b]
         dead: list[Branch] = []
         dst_manip = hook in ("prerouting", "output")
         for table, chain in self.base_chains(hook, b.v6):
+            prio = chain.priority or 0
+            if (lo is not None and prio < lo) or (hi is not None and prio >= hi):
+                continue
             is_nat = chain.type == "nat"
             after: list[Branch] = []
             for br in live:
@@ -208,7 +240,7 @@ class Simulator(NftEvaluator):
         b.stage, b.verdict = "done", v
 
     def _reroute(self, b: Branch) -> None:
-        r = self.node.route(b.dst)
+        r = self.node.route(b.dst, b.v6)
         if r is None:
             b.notes.append("no route to the translated destination")
             b.stage, b.verdict = "done", "DROP"
@@ -282,14 +314,17 @@ class Simulator(NftEvaluator):
                     res: list[tuple[Branch, Any]] = [(cur, act)]
                 else:
                     cur.numgen = {}
-                    res = self._eval_rest(comp.rest, 0, cur, False, [], table, hook)
+                    res = self._eval_rest(comp.rest, 0, cur, False, [], table, hook, (chain, i, rule))
                 cont: Branch | None = None
                 for nb, a in res:
                     if a is _NOMATCH:
                         if cont is None:
                             cont = nb
-                        else:  # branches that all skipped the rule are the same packet: merge
+                        elif cont.assume == nb.assume:
+                            # branches that all skipped the rule are the same packet: merge
                             cont.prob += nb.prob
+                        else:  # the same packet under other assumptions about an unknown match
+                            pending.append((i + 1, nb))
                         continue
                     if a is _NEXT:
                         self._hop(nb, table, chain, i, rule, hook)
@@ -317,13 +352,22 @@ class Simulator(NftEvaluator):
         out: list[tuple[Branch, Any]],
         table: Table,
         hook: str,
+        where: tuple[Chain, int, Rule],
     ) -> list[tuple[Branch, Any]]:
-        """Evaluate steps from k on; forks at random elements. Yields (branch, action) pairs where
-        action is _NOMATCH, _NEXT (rule done, continue) or a terminal/jump action."""
+        """Evaluate steps from k on; forks at random elements, and at a match the tracer cannot
+        evaluate (one branch assumes it matched, one that it did not). Yields (branch, action)
+        pairs where action is _NOMATCH, _NEXT (rule done, continue) or a terminal/jump action."""
         n = len(steps)
         while k < n:
             s = steps[k]
             t = type(s)
+            if t is Unsupported:
+                miss = b.copy()
+                miss.assume = (*b.assume, _assumption(table, where, hook, s.what, False))
+                out.append((miss, _NOMATCH if not executed else _NEXT))
+                b.assume = (*b.assume, _assumption(table, where, hook, s.what, True))
+                k += 1
+                continue
             if has_numgen(s):
                 gens = [g for g in numgens(s, []) if id(g) not in b.numgen]
                 if gens:
@@ -332,7 +376,7 @@ class Simulator(NftEvaluator):
                         nb = b.copy()
                         nb.prob = b.prob / g.mod
                         nb.numgen[id(g)] = v + g.offset
-                        self._eval_rest(steps, k, nb, executed, out, table, hook)
+                        self._eval_rest(steps, k, nb, executed, out, table, hook, where)
                     return out
             if t is Statistic:
                 p = s.probability if not s.neg else ONE - s.probability
@@ -354,6 +398,16 @@ class Simulator(NftEvaluator):
                 k += 1
                 continue
             # an action: the rule has matched
+            if t is UnknownTarget:
+                # what it does is not known: it may end the packet's walk here, or let it go on
+                stop = b.copy()
+                stop.assume = (*b.assume, _assumption(table, where, hook, f"target {s.name}", True, "ends the walk"))
+                stop.notes.append(f"target or chain {s.name} is not in the dump: where the packet goes from there is unknown")
+                out.append((stop, Verdict("UNKNOWN")))
+                b.assume = (*b.assume, _assumption(table, where, hook, f"target {s.name}", True, "continues"))
+                executed = True
+                k += 1
+                continue
             if k == n - 1:
                 out.append((b, s))
                 return out
@@ -382,9 +436,15 @@ class Simulator(NftEvaluator):
             self._hop(b, table, chain, i, rule, hook)
             sub = table.chains.get(a.chain)
             if sub is None:
-                # a partial listing: what that chain does is not known, so neither is the fate
-                b.notes.append(f"chain {a.chain} is not in the dump: where the packet goes from there is unknown")
-                return [(b, "UNKNOWN")]
+                # a partial listing: what that chain does is not known; it may decide the
+                # packet's fate or return, and the outcomes cover both
+                stop = b.copy()
+                stop.assume = (*b.assume, _assumption(table, (chain, i, rule), hook, f"chain {a.chain}", True,
+                                                       "ends the walk"))
+                stop.notes.append(f"chain {a.chain} is not in the dump: where the packet goes from there is unknown")
+                b.assume = (*b.assume, _assumption(table, (chain, i, rule), hook, f"chain {a.chain}", True,
+                                                    "returns"))
+                return [(stop, "UNKNOWN"), (b, "RETURN" if a.goto else _NEXT)]
             res = self._run_chain(table, sub, 0, b, depth + 1, hook)
             if a.goto:
                 # falling off a goto'd chain returns to our caller, not to us
@@ -420,6 +480,7 @@ class Simulator(NftEvaluator):
             notes=b.notes,
             reject_with=b.reject_with,
             v6=b.v6,
+            unknown=list(b.assume),
         )
 
 
@@ -459,6 +520,7 @@ def _merge(outs: list[Outcome]) -> list[Outcome]:
             o.dst,
             o.dport,
             tuple((h.table, h.chain, h.rule, h.hook) for h in o.path),
+            tuple((u.line, u.chain, u.rule, u.what, u.assumed) for u in o.unknown),
         )
         if key in merged:
             merged[key].probability += o.probability
@@ -467,6 +529,13 @@ def _merge(outs: list[Outcome]) -> list[Outcome]:
     return sorted(merged.values(), key=lambda o: (-o.probability, o.verdict))
 
 
-def trace(ruleset: Ruleset, node: Node, packet: Packet) -> TraceResult:
-    """Every way `packet` can go through `ruleset` on `node`, with its exact probability."""
-    return Simulator(ruleset, node).trace(packet)
+def _assumption(table: Table, where: tuple[Chain, int, Rule], hook: str, what: str, matched: bool,
+                assumed: str = "") -> Unknown:
+    chain, i, rule = where
+    return Unknown(table.name, chain.name, i + 1, rule.text, rule.line, hook, what,
+                   assumed or ("matches" if matched else "does not match"))
+
+
+def trace(ruleset: Ruleset, node: Node, packet: Packet, ipvs: IpvsState | None = None) -> TraceResult:
+    """Every way `packet` can go through `ruleset` on `node` (and its IPVS table), with its exact probability."""
+    return Simulator(ruleset, node, ipvs=ipvs).trace(packet)

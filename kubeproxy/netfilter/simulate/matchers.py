@@ -78,9 +78,9 @@ def _m_mark(m: Mark, b: Branch, sim: Simulator) -> bool:
 
 
 def _m_addrtype(m: AddrType, b: Branch, sim: Simulator) -> bool:
-    if m.src_types and ((sim.node.addr_type(b.src) in m.src_types) == m.src_neg):
+    if m.src_types and ((sim.node.addr_type(b.src, b.v6) in m.src_types) == m.src_neg):
         return False
-    return not (m.dst_types and (sim.node.addr_type(b.dst) in m.dst_types) == m.dst_neg)
+    return not (m.dst_types and (sim.node.addr_type(b.dst, b.v6) in m.dst_types) == m.dst_neg)
 
 
 def _m_ctstate(m: CtState, b: Branch, sim: Simulator) -> bool:
@@ -94,15 +94,34 @@ def _m_ctstate(m: CtState, b: Branch, sim: Simulator) -> bool:
     return bool(states & m.states) != m.neg
 
 
+def _ifname_match(name: str, pattern: str) -> bool:
+    return name.startswith(pattern[:-1]) if pattern.endswith("+") else name == pattern
+
+
 def _m_physdev(m: PhysDev, b: Branch, sim: Simulator) -> bool:
-    bridged_in = b.phys_in is not None
-    if m.is_in is not None and bridged_in == m.is_in_neg:
+    """As xt_physdev: a packet without bridge information (it never crossed a bridge port) matches
+    an option only when the option is inverted; a bridged one is judged by its in and out ports
+    (routed after arriving through a port: an in port, no out port)."""
+    indev, outdev = b.phys_in, b.phys_out
+    if indev is None and outdev is None:
+        return not any(
+            given is not None and not neg
+            for given, neg in ((m.is_bridged, m.is_bridged_neg), (m.is_in, m.is_in_neg), (m.is_out, m.is_out_neg),
+                               (m.phys_in, m.phys_in_neg), (m.phys_out, m.phys_out_neg))
+        )
+    if m.is_bridged is not None and (outdev is not None) == m.is_bridged_neg:
         return False
-    if m.is_out is not None and (not m.is_out_neg):
-        return False  # the tracer does not model bridge output ports
-    if m.is_bridged is not None and bridged_in == m.is_bridged_neg:
+    if m.is_in is not None and (indev is not None) == m.is_in_neg:
         return False
-    return not (m.phys_in is not None and (b.phys_in == m.phys_in) == m.phys_in_neg)
+    if m.is_out is not None and (outdev is not None) == m.is_out_neg:
+        return False
+    if m.phys_in is not None and indev is not None and _ifname_match(indev, m.phys_in) == m.phys_in_neg:
+        return False
+    if m.phys_out is None:
+        return True
+    if outdev is None:
+        return False  # the kernel: an out-port test fails, inverted or not, without an out port
+    return _ifname_match(outdev, m.phys_out) != m.phys_out_neg
 
 
 def _m_recent(m: Recent, b: Branch, sim: Simulator) -> bool:
@@ -121,13 +140,19 @@ def _m_recent(m: Recent, b: Branch, sim: Simulator) -> bool:
 
 
 def _m_set(m: SetMatch, b: Branch, sim: Simulator) -> bool:
+    # The set's type (from an `ipset save` dump) says what each dimension is: `hash:ip,port,ip`
+    # is address, proto:port, address; `bitmap:port` is a bare port. Without it: an address,
+    # then proto:port.
+    set_type = sim.node.ipset_types.get(m.name, "")
+    kinds = set_type.partition(":")[2].split(",") if set_type else []
     vals: list[int | str] = []
     for i, f in enumerate(m.flags):
-        if i == 0:
+        kind = kinds[i] if i < len(kinds) else ("ip" if i == 0 else "port")
+        if kind in ("ip", "net"):
             vals.append(b.src if f == "src" else b.dst)
         else:
             port = b.sport if f == "src" else b.dport
-            vals.append(f"{A.PROTO_NAMES.get(b.proto, b.proto)}:{port}")
+            vals.append(str(port) if set_type.startswith("bitmap:") else f"{A.PROTO_NAMES.get(b.proto, b.proto)}:{port}")
     hit = sim.node.in_ipset(m.name, vals)
     if hit is None:
         note = f"contents of ipset {m.name} not given (--ipset {m.name}=MEMBER): taken as empty"
@@ -151,9 +176,9 @@ def _m_icmp(m: IcmpType, b: Branch, sim: Simulator) -> bool:
 
 
 def _m_unsupported(m: Unsupported, b: Branch, sim: Simulator) -> bool:
-    note = f"cannot evaluate `{m.what}`: assumed to match"
-    b.note(note)
-    return True
+    # the walk forks at an unsupported match before asking here (engine._eval_rest: one branch
+    # per answer); this entry only marks the step as a match, not an action
+    raise AssertionError(f"unsupported match `{m.what}` reached the matcher table")
 
 
 # The step types a rule can test, each with its matcher; a step not in here is an action.

@@ -99,9 +99,9 @@ class NftEvaluator:
         if t is NFib:
             ip = b.dst if "daddr" in e.flags else b.src
             if e.result == "type":
-                return self.node.addr_type(ip).lower()
+                return self.node.addr_type(ip, b.v6).lower()
             if e.result in ("oif", "oifname"):
-                r = self.node.route(ip)
+                r = self.node.route(ip, b.v6)
                 return r[0] if r else None
             return None
         if t is NConcat:
