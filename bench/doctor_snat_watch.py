@@ -15,6 +15,10 @@ raised to 600 s so that none expires during the run. Then, per round:
     count s   kubeproxy.doctor.watch.sample (the per-endpoint count)
     fast s    kubeproxy.doctor.watch.sample_text: the same counts from the text, no Flow objects
     count-C s `conntrack -C` (the table's size only), for comparison
+    netlink s kubeproxy.proxy.ctnetlink.dump of the whole table + snat_watch.sample_dump (what
+              `kubeproxy run --snat-watch` does below --snat-watch-max-entries), in the namespace
+    nl-20k s  the same dump cut at 20,000 entries and scaled (its cost is flat above that size);
+              `err` is its worst endpoint's error against the exact count
 
 Medians over --rounds. Nothing leaves the namespace; it is removed at the end.
 """
@@ -22,6 +26,7 @@ Medians over --rounds. Nothing leaves the namespace; it is removed at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -71,6 +76,22 @@ def build(ns: L.NetNS, entries: int) -> None:
     ns.run([sys.executable, "-c", SENDER, str(entries), *SOURCES], timeout=600)
 
 
+NETLINK = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from kubeproxy.proxy import ctnetlink, snat_watch
+from kubeproxy.proxy.model import ServicePortName
+targets = {f"10.9.0.{11 + i}:53": [ServicePortName("bench", "dns", "dns", "UDP")] for i in range(4)}
+out = {}
+for label, limit in (("full", 10**9), ("cut", 20000)):
+    t = time.perf_counter()
+    d = ctnetlink.dump({"10.9.0.1"}, ("udp",), max_entries=limit, total=snat_watch.read_ct_count())
+    g = snat_watch.sample_dump(d, targets, {"10.9.0.1"})
+    out[label] = [time.perf_counter() - t, {x.endpoint: x.in_use for x in g}, d.entries]
+print(json.dumps(out))
+"""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, default=100_000)
@@ -81,7 +102,8 @@ def main() -> None:
         t0 = time.perf_counter()
         build(ns, args.entries)
         made = time.perf_counter() - t0
-        rows: dict[str, list[float]] = {"list": [], "parse": [], "count": [], "fast": [], "count-C": []}
+        rows: dict[str, list[float]] = {"list": [], "parse": [], "count": [], "fast": [], "count-C": [],
+                                        "netlink": [], "nl-20k": [], "err": []}
         total = 0
         for _ in range(args.rounds):
             t = time.perf_counter()
@@ -101,13 +123,23 @@ def main() -> None:
             ns.run(["conntrack", "-C"])
             rows["count-C"].append(time.perf_counter() - t)
             total = sum(g.in_use for g in gauges)
+
+
+            nl = json.loads(ns.run([sys.executable, "-c", NETLINK, str(Path(__file__).resolve().parents[1])],
+                                   timeout=300).stdout)
+            exact = {g.endpoint: g.in_use for g in gauges}
+            assert nl["full"][1] == exact, (nl["full"][1], exact)
+            rows["netlink"].append(nl["full"][0])
+            rows["nl-20k"].append(nl["cut"][0])
+            rows["err"].append(max(abs(nl["cut"][1][a] - c) / max(c, 1) for a, c in exact.items()))
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"conntrack entries made: {len(flows):,} in {made:.1f} s; masqueraded per endpoint counted: {total:,}")
     print(f"{'entries':>8} {'list s':>8} {'parse s':>8} {'count s':>8} {'sample s':>9} {'fast s':>8} "
-          f"{'fast sample s':>14} {'count-C s':>10}")
+          f"{'fast sample s':>14} {'count-C s':>10} {'netlink s':>10} {'nl-20k s':>9} {'err':>6}")
     sample_s = med["list"] + med["parse"] + med["count"]
     print(f"{len(flows):>8,} {med['list']:>8.3f} {med['parse']:>8.3f} {med['count']:>8.3f} {sample_s:>9.3f} "
-          f"{med['fast']:>8.3f} {med['list'] + med['fast']:>14.3f} {med['count-C']:>10.3f}")
+          f"{med['fast']:>8.3f} {med['list'] + med['fast']:>14.3f} {med['count-C']:>10.3f} {med['netlink']:>10.3f} "
+          f"{med['nl-20k']:>9.3f} {med['err']:>6.1%}")
     for g in gauges:
         print(f"  {g.endpoint}: {g.in_use:,} ({g.utilisation:.1%})")
 

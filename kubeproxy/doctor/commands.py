@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,11 +32,17 @@ def _csv(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @click.command("doctor")
-@click.option("--rules", "rules_path", help="A dump to read (iptables-save or nft -j list ruleset; - for stdin).")
+@click.option("--rules", "rules_paths", multiple=True,
+              help="A dump to read (iptables-save, ip6tables-save or nft -j list ruleset; - for stdin); "
+                   "repeat for an iptables node's IPv4 and IPv6 dumps.")
 @click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(_FORMATS), help="Dump format.")
 @click.option("--live", is_flag=True, help="Read this node instead (read-only): rules, sysctls, conntrack, interfaces.")
 @click.option("--netns", default=None, help="With --live: read inside this network namespace.")
 @click.option("--manifests", multiple=True, help="The cluster's objects: YAML/JSON files or folders (repeatable).")
+@click.option("--kubeconfig", default=None, help="Read the objects from this kubeconfig's API server instead "
+              "(read-only: list, as `kubeproxy run` does).")
+@click.option("--master", default=None, help="The API server's address (overrides the kubeconfig's).")
+@click.option("--api-timeout", default=30.0, show_default=True, type=float, help="Seconds to wait for the API server's lists.")
 @click.option("--hostname-override", default="", help="This node's name (default: the only Node given).")
 @click.option("--node-ip", default="", help="This node's primary IP.")
 @click.option("--cluster-cidr", multiple=True, help="Pod CIDR(s), comma-separated.")
@@ -48,14 +55,16 @@ def _csv(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--stat", "stats", multiple=True, help="A `conntrack -S` counter, e.g. insert_failed=30493 (repeatable).")
 @click.option("--conntrack", "conntrack_path", help="`conntrack -L` output of the node, for the SNAT ports in use.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: README, `kubeproxy doctor`).")
-def doctor(rules_path: str | None, fmt: str, live: bool, netns: str | None, manifests: tuple[str, ...],
-           hostname_override: str, node_ip: str, cluster_cidr: tuple[str, ...], iface: tuple[str, ...],
-           route: tuple[str, ...], local_ip: tuple[str, ...], in_iface: str, sysctls: tuple[str, ...],
+def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None, manifests: tuple[str, ...],
+           kubeconfig: str | None, master: str | None, api_timeout: float, hostname_override: str, node_ip: str,
+           cluster_cidr: tuple[str, ...], iface: tuple[str, ...], route: tuple[str, ...], local_ip: tuple[str, ...],
+           in_iface: str, sysctls: tuple[str, ...],
            stats: tuple[str, ...], conntrack_path: str | None, as_json: bool) -> None:
     """What on this node will break, at what load, and why: findings worst first, each with evidence and fixes.
 
-    Offline from a dump (--rules) and the objects (--manifests), or --live (read-only). Exit 0 when
-    nothing is critical, 1 when something is, 2 on bad input.
+    Offline from a dump (--rules) or --live (read-only); the objects from --manifests or the API
+    server (--kubeconfig / --master, read-only). Exit 0 when nothing is critical, 1 when something
+    is, 2 on bad input.
     """
     from kubeproxy import render as offline
     from kubeproxy.backends.conntrack.flows import parse_flows
@@ -68,7 +77,7 @@ def doctor(rules_path: str | None, fmt: str, live: bool, netns: str | None, mani
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
 
-    if bool(rules_path) == live:
+    if bool(rules_paths) == live:
         raise click.UsageError("give exactly one of --rules FILE or --live")
     if netns and not live:
         raise click.UsageError("--netns needs --live")
@@ -79,12 +88,27 @@ def doctor(rules_path: str | None, fmt: str, live: bool, netns: str | None, mani
         _fail(str(exc))
     state = ClusterState()
     notes: list[str] = []
+    if manifests and (kubeconfig or master):
+        raise click.UsageError("give the objects from --manifests or from the API server (--kubeconfig/--master), not both")
     if manifests:
         loaded = offline.load(manifests, options=cfg.parse_options(from_api_server=False))
         notes += loaded.warnings
         state = loaded.state
+    elif kubeconfig or master:
+        from kubeproxy.doctor.api import ApiReadError, read_objects
+
+        # The Node to list is this node's, as for `kubeproxy run`: --hostname-override, else the hostname.
+        node_name = cfg.hostname_override or socket.gethostname().strip().lower()
+        try:
+            listed = read_objects(kubeconfig, master, node_name, cfg.parse_options(from_api_server=True), api_timeout)
+        except ApiReadError as exc:
+            _fail(str(exc))
+        notes += listed.warnings
+        notes.append(f"objects from the {listed.source}")
+        state = listed.state
     else:
-        notes.append("no --manifests: service findings (SNAT capacity, foreign DNAT, endpoints) need the objects")
+        notes.append("no --manifests or --kubeconfig: service findings (SNAT capacity, foreign DNAT, endpoints) "
+                     "need the objects")
     try:
         extra = Node.from_flags(list(local_ip), list(iface), list(route))
         if live:
@@ -94,8 +118,10 @@ def doctor(rules_path: str | None, fmt: str, live: bool, netns: str | None, mani
             for name, addrs in extra.interfaces.items():
                 node.interfaces.setdefault(name, []).extend(addrs)
         else:
-            assert rules_path is not None
-            ruleset, source, node, facts = detect.parse(_read(rules_path), fmt), rules_path, extra, NodeFacts()
+            ruleset = detect.parse(_read(rules_paths[0]), fmt)
+            for more in rules_paths[1:]:  # e.g. the ip6tables-save dump beside the iptables-save one
+                ruleset.tables += detect.parse(_read(more), fmt).tables
+            source, node, facts = ", ".join(rules_paths), extra, NodeFacts()
         node.local_ips |= extra.local_ips
         node.routes = extra.routes + node.routes
         facts.sysctls.update(sysctls_from_flags(sysctls))

@@ -10,14 +10,15 @@ from kubeproxy.doctor.cost import cost_findings
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding, Report, ordered
 from kubeproxy.doctor.foreign import chain_findings, foreign_rule_findings, jump_findings
-from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, probe_all
+from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, probe_all
 from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.model import Ruleset
 from kubeproxy.netfilter.node import IfAddr, Node, Route
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import IPV4, build_view
+from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.options import Family
 
 
 @dataclass
@@ -44,25 +45,47 @@ def _node_ips(inp: DoctorInput, node_obj: object) -> list[str]:
             ips.append(str(ip))
     for name, addrs in inp.node.interfaces.items():
         if name != "lo":
-            ips += [A.fmt_ip(a.ip) for a in addrs if not a.v6 and A.fmt_ip(a.ip) not in ips]
+            for a in addrs:
+                text = A.fmt_ip(a.ip, a.v6)
+                # IPv6 link-local addresses take no service traffic
+                if text not in ips and not (a.v6 and text.lower().startswith("fe80:")):
+                    ips.append(text)
     return ips
+
+
+def _of_family(ruleset: Ruleset, family: Family) -> Ruleset:
+    """The tables a packet of `family` meets: the tracer looks sets and maps up by table name,
+    and both families' tables are called `kube-proxy`."""
+    tables = [t for t in ruleset.tables if t.family in (family.nft, "inet")]
+    return ruleset if len(tables) == len(ruleset.tables) else Ruleset(ruleset.source, tables, ruleset.notes)
+
+
+def families_of(ruleset: Ruleset) -> list[Family]:
+    """The families whose rules the dump holds: an ip6tables dump is IPv6, an nft ruleset may hold both."""
+    fams = {t.family for t in ruleset.tables}
+    out = [f for f in (Family.IPV4, Family.IPV6) if f.nft in fams or "inet" in fams]
+    return out or [Family.IPV4]
 
 
 def _complete_node(node: Node, node_ips: list[str]) -> tuple[Node, list[str]]:
     """A node with no interfaces given gets one (eth0 with the node's addresses, the default route)."""
     notes: list[str] = []
     if any(name != "lo" and addrs for name, addrs in node.interfaces.items()):
-        if not any(r.mask == 0 for r in node.routes):
+        for v6 in (False, True):
+            if any(r.mask == 0 and r.v6 == v6 for r in node.routes):
+                continue
             # Without one, a DNATed packet to a pod the routes do not name is "unroutable" and
             # its masquerade is never seen; a node always has some way out.
-            iface = next(n for n, addrs in node.interfaces.items() if n != "lo" and addrs)
-            node.routes.append(Route(0, 0, iface))
-            notes.append(f"no default route given: assumed one via {iface}")
+            iface = next((n for n, addrs in node.interfaces.items() if n != "lo" and any(a.v6 == v6 for a in addrs)), "")
+            if iface:
+                node.routes.append(Route(0, 0, iface, None, v6))
+                notes.append(f"no {'IPv6 ' if v6 else ''}default route given: assumed one via {iface}")
         return node, notes
-    node.interfaces.setdefault("lo", [IfAddr(A.ip4_to_int("127.0.0.1"), 8)])
-    node.interfaces["eth0"] = [IfAddr(A.ip4_to_int(ip), 32) for ip in node_ips if ":" not in ip]
-    if not any(r.mask == 0 for r in node.routes):
-        node.routes.append(Route(0, 0, "eth0"))
+    node.interfaces.setdefault("lo", [IfAddr(A.ip4_to_int("127.0.0.1"), 8), IfAddr(1, 128, True)])
+    node.interfaces["eth0"] = [IfAddr(A.parse_ip(ip)[0], 128 if ":" in ip else 32, ":" in ip) for ip in node_ips]
+    for v6 in (False, True):
+        if not any(r.mask == 0 and r.v6 == v6 for r in node.routes):
+            node.routes.append(Route(0, 0, "eth0", None, v6))
     notes.append("no --iface given: assumed one interface eth0 with the node's addresses and the default route "
                  "(rules that match interfaces may be judged wrongly; give --iface/--route or --live)")
     return node, notes
@@ -88,16 +111,23 @@ def diagnose(inp: DoctorInput) -> Report:
     inp.facts.node_ips |= set(node_ips)
     in_iface = _in_iface(node, inp.in_iface)
     mode = mode_of(inp.ruleset)
-    view = build_view(inp.state.services.values(), inp.state.slices.values(), IPV4, node_name)
-
-    probes = probe_all(inp.ruleset, node, view, node_ips, in_iface)
     findings: list[Finding] = []
-    findings += snat_findings(probes, view, inp.facts, mode)
-    findings += foreign_rule_findings(probes, view)
+    probes: list[Probe] = []
+    families = families_of(inp.ruleset)
+    for family in families:
+        view = build_view(inp.state.services.values(), inp.state.slices.values(), family, node_name)
+        fam_probes = probe_all(_of_family(inp.ruleset, family), node, view, node_ips, in_iface, family)
+        probes += fam_probes
+        found = snat_findings(fam_probes, view, inp.facts, mode, family)
+        found += foreign_rule_findings(fam_probes, view)
+        if family == families[0]:
+            found += chain_findings(inp.ruleset, view if inp.state.services else None)
+        found += unprogrammed_findings(fam_probes, view, node_name, labels, inp.ruleset)
+        found += service_findings(view, node_name, labels)
+        # A dual-stack Service with the same problem in both families is said once.
+        seen = {(f.kind, f.subject, f.title) for f in findings}
+        findings += [f for f in found if (f.kind, f.subject, f.title) not in seen]
     findings += jump_findings(inp.ruleset)
-    findings += chain_findings(inp.ruleset, view if inp.state.services else None)
-    findings += unprogrammed_findings(probes, view, node_name, labels, inp.ruleset)
-    findings += service_findings(view, node_name, labels)
     findings += conntrack_findings(inp.facts)
     findings += cost_findings(inp.ruleset)
     notes += [f"{p.name} {p.frontend}: not traced: {p.error}" for p in probes if p.error]
@@ -110,7 +140,8 @@ def diagnose(inp: DoctorInput) -> Report:
         "rules": {"source": inp.source, "format": inp.ruleset.source, "mode": mode, "rules": inp.ruleset.rule_count()},
         "node": {"name": node_name, "how": choice.how, "addresses": node_ips, "outside_traffic_iface": in_iface,
                  "outside_source": OUTSIDE_SOURCE},
-        "services": len(view.services),
+        "families": [f.value for f in families],
+        "services": len(inp.state.services),
         "frontends_traced": len(probes),
         "sysctls": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(inp.facts.sysctls.items())},
         "conntrack_stats": dict(sorted(inp.facts.stats.items())),

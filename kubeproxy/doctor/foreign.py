@@ -6,8 +6,7 @@ from __future__ import annotations
 from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.jumps import ENSURE_ORDER
 from kubeproxy.doctor.findings import Finding
-from kubeproxy.doctor.probe import Probe, is_dnat, is_drop, ours
-from kubeproxy.netfilter import addr as A
+from kubeproxy.doctor.probe import Probe, hostport, is_dnat, is_drop, ours
 from kubeproxy.netfilter.model import Ruleset
 from kubeproxy.proxy.model import NodeView
 
@@ -34,7 +33,7 @@ def foreign_rule_findings(probes: list[Probe], view: NodeView) -> list[Finding]:
                 if is_dnat(h) and o.dnat is not None:
                     dnat.setdefault(key, []).append(f"{p.name} {p.frontend}")
                     ip, port = o.dnat
-                    dnat_targets.setdefault(key, set()).add(f"{A.fmt_ip(ip)}:{port or p.frontend.port}")
+                    dnat_targets.setdefault(key, set()).add(hostport(ip, port or p.frontend.port, p.frontend.v6))
                     endpoints_of.setdefault(key, set()).update(eps)
                     break
                 if (is_drop(h) or (h.rule == "policy" and o.verdict in ("DROP", "REJECT"))) and eps:

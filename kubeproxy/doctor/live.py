@@ -90,7 +90,16 @@ def read_rules(netns: str | None) -> tuple[Ruleset, str, list[str]]:
             best = (score, tool, proc.stdout)
     if best is None:
         raise LiveError("neither nft nor iptables-save could list the rules (are the tools installed, are we root?)")
-    return iptables_save.parse(best[2]), best[1], notes
+    ruleset, source = iptables_save.parse(best[2], family="ip"), best[1]
+    # IPv6 rules live in ip6tables, of the same variant (legacy or nft) as the IPv4 ones.
+    v6 = _run([best[1].replace("iptables", "ip6tables", 1)], netns)
+    if v6 is not None and v6.returncode == 0 and ":KUBE-SERVICES" in v6.stdout:
+        try:
+            ruleset.tables += iptables_save.parse(v6.stdout, family="ip6").tables
+            source += " + " + best[1].replace("iptables", "ip6tables", 1)
+        except ParseError as exc:
+            notes.append(f"ip6tables rules could not be read ({exc}); IPv6 services not traced")
+    return ruleset, source, notes
 
 
 def read_facts(netns: str | None, *, entries: bool = True) -> NodeFacts:
@@ -103,9 +112,10 @@ def read_facts(netns: str | None, *, entries: bool = True) -> NodeFacts:
     if stats is not None and stats.returncode == 0:
         facts.stats = parse_conntrack_stats(stats.stdout)
     if entries:
-        listing = _run(["conntrack", "-L", "-f", "ipv4"], netns, timeout=120)
-        if listing is not None and listing.returncode == 0:
-            facts.flows = parse_flows(listing.stdout)
+        for family in ("ipv4", "ipv6"):
+            listing = _run(["conntrack", "-L", "-f", family], netns, timeout=120)
+            if listing is not None and listing.returncode == 0:
+                facts.flows = (facts.flows or []) + parse_flows(listing.stdout)
     return facts
 
 

@@ -17,9 +17,12 @@ from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
 from kubeproxy.netfilter.simulate import Hop, Outcome, Simulator, TraceError
 from kubeproxy.proxy.model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import Family
 
-# A client outside the cluster and the node (TEST-NET-2): what external traffic looks like.
+# A client outside the cluster and the node (TEST-NET-2, and IPv6's documentation prefix): what
+# external traffic looks like.
 OUTSIDE_SOURCE = "198.51.100.7"
+OUTSIDE_SOURCE6 = "2001:db8:5::7"
 OUTSIDE_SPORT = 40000
 PROTOS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 OUR_NFT_TABLE = "kube-proxy"
@@ -36,8 +39,16 @@ class Frontend:
     def external(self) -> bool:
         return self.kind != "cluster IP"
 
+    @property
+    def v6(self) -> bool:
+        return ":" in self.ip
+
+    @property
+    def address(self) -> str:
+        return f"[{self.ip}]:{self.port}" if self.v6 else f"{self.ip}:{self.port}"
+
     def __str__(self) -> str:
-        return f"{self.ip}:{self.port} ({self.kind})"
+        return f"{self.address} ({self.kind})"
 
 
 @dataclass
@@ -48,6 +59,11 @@ class Probe:
     frontend: Frontend
     outcomes: list[Outcome] = field(default_factory=list)
     error: str = ""
+
+
+def hostport(ip: int, port: int, v6: bool) -> str:
+    """`10.0.0.1:53`, `[fd00::1]:53`: as EndpointInfo.address spells an endpoint."""
+    return f"[{A.fmt_ip(ip, True)}]:{port}" if v6 else f"{A.fmt_ip(ip)}:{port}"
 
 
 def ours(hop: Hop) -> bool:
@@ -80,27 +96,29 @@ def random_fully(hop: Hop) -> bool:
     return "--random-fully" in hop.text or "fully-random" in hop.text
 
 
-def frontends(svc: ServicePortInfo, node_ips: list[str]) -> list[Frontend]:
+def frontends(svc: ServicePortInfo, node_ips: list[str], family: Family = Family.IPV4) -> list[Frontend]:
+    """The service's addresses of `family` (a view holds one family's; the node's are filtered)."""
     out = [Frontend("cluster IP", str(svc.cluster_ip), svc.port)]
     out += [Frontend("external IP", str(ip), svc.port) for ip in svc.external_ips]
     out += [Frontend("load balancer IP", str(ip), svc.port) for ip in svc.load_balancer_vips]
     if svc.node_port:
-        out += [Frontend("node port", ip, svc.node_port) for ip in node_ips if ":" not in ip]
-    return [f for f in out if ":" not in f.ip]  # the tracer's node model is IPv4 here
+        out += [Frontend("node port", ip, svc.node_port) for ip in node_ips]
+    return [f for f in out if f.v6 == family.ipv6]
 
 
-def probe_all(ruleset: Ruleset, node: Node, view: NodeView, node_ips: list[str], in_iface: str) -> list[Probe]:
+def probe_all(ruleset: Ruleset, node: Node, view: NodeView, node_ips: list[str], in_iface: str,
+              family: Family = Family.IPV4) -> list[Probe]:
     sim = Simulator(ruleset, node)
     probes: list[Probe] = []
-    src = A.ip4_to_int(OUTSIDE_SOURCE)
+    src, _ = A.parse_ip(OUTSIDE_SOURCE6 if family.ipv6 else OUTSIDE_SOURCE)
     for name, svc in sorted(view.services.items()):
         proto = PROTOS.get(svc.protocol)
         if proto is None:
             continue
-        for fe in frontends(svc, node_ips):
+        for fe in frontends(svc, node_ips, family):
             p = Probe(name, fe)
             try:
-                pkt = Packet(proto, src, A.ip4_to_int(fe.ip), OUTSIDE_SPORT, fe.port, in_iface)
+                pkt = Packet(proto, src, A.parse_ip(fe.ip)[0], OUTSIDE_SPORT, fe.port, in_iface, v6=family.ipv6)
                 p.outcomes = sim.trace(pkt).outcomes
             except (TraceError, ParseError, ValueError) as exc:
                 p.error = str(exc)

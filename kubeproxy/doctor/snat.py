@@ -18,15 +18,11 @@ from dataclasses import dataclass
 from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_conntrack_timeout
 from kubeproxy.doctor.facts import TCP_TIME_WAIT, UDP_TIMEOUT, NodeFacts
 from kubeproxy.doctor.findings import Finding
-from kubeproxy.doctor.probe import Frontend, Probe, is_masquerade, masquerade_ports, random_fully
-from kubeproxy.netfilter import addr as A
+from kubeproxy.doctor.probe import Frontend, Probe, hostport, is_masquerade, masquerade_ports, random_fully
 from kubeproxy.proxy.model import NodeView, ServicePortName
+from kubeproxy.proxy.options import Family
+from kubeproxy.proxy.snat_watch import DEFAULT_SNAT_PORTS, HEALTHY_FRACTION  # shared with the live gauge
 
-# MASQUERADE/SNAT without --to-ports keep a source port >= 1024 in 1024-65535 (nf_nat_l4proto_unique_tuple).
-DEFAULT_SNAT_PORTS = (1024, 65535)
-# The lab's measured ratio of the max healthy rate to the bound: 1,600 x 30 / 64,512 = 0.744,
-# 800 x 60 / 64,512 = 0.744, 10,000 x 5 / 64,512 = 0.775 (README, "The capacity rule").
-HEALTHY_FRACTION = 0.75
 # A per-Service UDP timeout worth suggesting: the lab's nft-ct-timeout world (every check passed up to 10,000/s).
 SUGGESTED_UDP_TIMEOUT = 5
 
@@ -42,14 +38,16 @@ def _fmt_rate(r: float) -> str:
     return f"{r:,.0f}/s"
 
 
-def snat_findings(probes: list[Probe], view: NodeView, facts: NodeFacts, mode: str) -> list[Finding]:
+def snat_findings(probes: list[Probe], view: NodeView, facts: NodeFacts, mode: str,
+                  family: Family = Family.IPV4) -> list[Finding]:
     by_name: dict[ServicePortName, list[Probe]] = {}
     for p in probes:
         by_name.setdefault(p.name, []).append(p)
-    return [f for name, ps in sorted(by_name.items()) if (f := _finding(name, ps, view, facts, mode)) is not None]
+    return [f for name, ps in sorted(by_name.items()) if (f := _finding(name, ps, view, facts, mode, family)) is not None]
 
 
-def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: NodeFacts, mode: str) -> Finding | None:
+def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: NodeFacts, mode: str,
+             family: Family) -> Finding | None:
     svc = view.services[name]
     masq_fronts: list[Frontend] = []
     endpoints: dict[str, EndpointUse] = {}
@@ -65,7 +63,7 @@ def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: 
                 continue
             hit = True
             ip, port = o.dnat
-            addr = f"{A.fmt_ip(ip)}:{port if port is not None else p.frontend.port}"
+            addr = hostport(ip, port if port is not None else p.frontend.port, p.frontend.v6)
             use = endpoints.setdefault(addr, EndpointUse(addr, 0.0))
             use.probability = max(use.probability, float(o.probability))
             for h in o.path:
@@ -113,13 +111,14 @@ def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: 
         for f in facts.flows:
             if f.protocol != pr or f.reply_dst not in node_ips or f.reply_dst == f.orig_src:
                 continue
-            key = f"{f.reply_src}:{f.reply_sport}"
+            key = f"[{f.reply_src}]:{f.reply_sport}" if ":" in f.reply_src else f"{f.reply_src}:{f.reply_sport}"
             if key in counts:
                 counts[key] += 1
         for a, c in counts.items():
             endpoints[a].in_use = c
 
-    subject = f"Service {name.namespace}/{name.name}" + (f":{name.port}" if name.port else "") + f" ({proto})"
+    subject = (f"Service {name.namespace}/{name.name}" + (f":{name.port}" if name.port else "")
+               + (f" ({proto}, IPv6)" if family.ipv6 else f" ({proto})"))
     external = any(f.external for f in masq_fronts)
     evidence.append("masqueraded to the node's address: " + ", ".join(str(f) for f in masq_fronts))
     if masq_rule:
@@ -178,7 +177,8 @@ def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: 
         title = f"ClusterIP traffic from outside is masqueraded: bound {_fmt_rate(bound_svc)}"
     data = {
         "protocol": proto,
-        "frontends": [{"kind": f.kind, "address": f"{f.ip}:{f.port}"} for f in masq_fronts],
+        "family": family.value,
+        "frontends": [{"kind": f.kind, "address": f.address} for f in masq_fronts],
         "snat_ports": {"low": lo, "high": hi, "count": n_ports, "random_fully": fully, "from_rule": ports is not None},
         "timeout_seconds": timeout,
         "timeout_source": timeout_source,

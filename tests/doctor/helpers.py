@@ -68,5 +68,30 @@ def dns_world(*, etp: str = "", pods: int = 1, annotations: dict[str, str] | Non
     return [O.node("node-1", "192.168.0.2", "10.244.1.0/24"), svc, O.endpoint_slice("dns", backends, ports)]
 
 
+def v6_world(etp: str = "", dual: bool = False) -> list[dict[str, Any]]:
+    """The snat world in IPv6 (or dual-stack): an external IP and a NodePort, one BIND pod on this node."""
+    ports = [O.Port("dns", 53, 53, "UDP", node_port=30053)]
+    svc = O.service("dns", "fd00:96::53", ports, type="NodePort", external_ips=["2001:db8:113::53"],
+                    external_traffic_policy=etp)
+    svc["spec"]["ipFamilies"] = ["IPv6"]
+    v6 = O.endpoint_slice("dns", [O.Backend("fd00:244:1::10", "node-1")], ports, address_type="IPv6")
+    node = O.node("node-1", "fd00:168::2", "fd00:244:1::/64")
+    if not dual:
+        return [node, svc, v6]
+    node["status"]["addresses"].insert(0, {"type": "InternalIP", "address": "192.168.0.2"})
+    node["spec"]["podCIDRs"] = ["10.244.1.0/24", "fd00:244:1::/64"]
+    svc["spec"].update(clusterIPs=["10.96.0.53", "fd00:96::53"], ipFamilies=["IPv4", "IPv6"],
+                       ipFamilyPolicy="RequireDualStack", clusterIP="10.96.0.53",
+                       externalIPs=["203.0.113.53", "2001:db8:113::53"])
+    v4 = O.endpoint_slice("dns", [O.Backend("10.244.1.10", "node-1")], ports)
+    v4["metadata"]["name"] = "dns-v4"
+    return [node, svc, v4, v6]
+
+
+V6_IFACES = ["eth0=fd00:168::2/64", "cni0=fd00:244:1::1/64"]
+V6_ROUTES = ["fd00:244::/48=cni0", "default=eth0@fd00:168::1"]
+V6_CFG = ProxyConfig(cluster_cidr=("fd00:244::/48",), hostname_override="node-1")
+
+
 def by_kind(report: Report, kind: str) -> list[Finding]:
     return [f for f in report.findings if f.kind == kind]

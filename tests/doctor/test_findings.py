@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kubeproxy import render as offline
+from kubeproxy.backends.conntrack.flows import parse_flows
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.lab import objects as O
-from kubeproxy.proxy.config import validate
-from tests.doctor.helpers import CFG, by_kind, dns_world, rendered_report, state_of
+from kubeproxy.netfilter import detect
+from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.proxy.options import Family
+from tests.doctor.helpers import (
+    CFG,
+    NODE_IFACES,
+    NODE_ROUTES,
+    V6_CFG,
+    V6_IFACES,
+    V6_ROUTES,
+    by_kind,
+    dns_world,
+    rendered_report,
+    state_of,
+    v6_world,
+)
 
 
 def _rules(objs: list[dict[str, object]]) -> str:
@@ -200,10 +218,10 @@ def test_kube_services_length_cost() -> None:
 def test_snat_watch_sample_counts_masqueraded_flows_per_endpoint() -> None:
     from kubeproxy.backends.conntrack.flows import parse_flows
     from kubeproxy.doctor import watch
-    from kubeproxy.proxy.model import IPV4, build_view
+    from kubeproxy.proxy.model import build_view
 
     state = state_of(dns_world(pods=2))
-    view = build_view(state.services.values(), state.slices.values(), IPV4, "node-1")
+    view = build_view(state.services.values(), state.slices.values(), Family.IPV4, "node-1")
     targets = watch.masqueraded_endpoints(view)
     assert sorted(targets) == ["10.244.1.10:53", "10.244.1.11:53"]
     lines = [f"udp 17 29 src=100.64.0.{i % 200} dst=203.0.113.53 sport={2000 + i} dport=53 src=10.244.1.10 "
@@ -215,5 +233,85 @@ def test_snat_watch_sample_counts_masqueraded_flows_per_endpoint() -> None:
     assert watch.sample_text("\n".join([*lines, "garbage", "udp 17 29 src=1.2.3.4"]), targets, {"192.168.0.2"}) == gauges
     warned = watch.warnings(gauges)
     assert len(warned) == 1 and warned[0].startswith("Service default/dns:dns: endpoint 10.244.1.10:53 holds 40,000")
-    local = build_view(state_of(dns_world(etp="Local")).services.values(), state.slices.values(), IPV4, "node-1")
+    local = build_view(state_of(dns_world(etp="Local")).services.values(), state.slices.values(), Family.IPV4, "node-1")
     assert watch.masqueraded_endpoints(local) == {}
+
+
+def test_ipv6_service_frontends_get_the_snat_finding_from_an_ip6tables_dump() -> None:
+    from kubeproxy.netfilter.node import Node
+
+    objs = v6_world()
+    state = state_of(objs)
+    cfg = validate(V6_CFG)
+    dump = with_jumps(offline.render_iptables(state, cfg, family=Family.IPV6).rendered.text)
+    facts = NodeFacts(flows=parse_flows("\n".join(
+        f"udp 17 29 src=2001:db8:9::{i + 1} dst=2001:db8:113::53 sport={3000 + i} dport=53 src=fd00:244:1::10 "
+        f"dst=fd00:244:1::1 sport=53 dport={3000 + i} mark=0 use=1" for i in range(30))))
+    facts.node_ips.add("fd00:244:1::1")  # masqueraded to cni0's address, on the way to the pod
+    node = Node.from_flags(ifaces=V6_IFACES, routes=V6_ROUTES)
+    report = diagnose(DoctorInput(detect.parse(dump), state, cfg, node, facts, "eth0"))
+    assert report.inputs["families"] == ["IPv6"]
+    (f,) = by_kind(report, "snat-capacity")
+    assert f.subject == "Service default/dns:dns (UDP, IPv6)"
+    assert f.data["family"] == "IPv6"
+    # from outside: the external IP, the NodePort on the node's addresses, and the ClusterIP (not from a pod)
+    assert {fe["address"] for fe in f.data["frontends"]} == {
+        "[2001:db8:113::53]:53", "[fd00:168::2]:30053", "[fd00:244:1::1]:30053", "[fd00:96::53]:53"}
+    assert f.data["endpoints"] == [{"address": "[fd00:244:1::10]:53", "share": 1.0, "in_use": 30,
+                                    "utilisation": round(30 / 64512, 4)}]
+    assert f.data["health_fail_per_service"] == pytest.approx(1612.8)
+    # eTP=Local: external traffic keeps its source, no SNAT finding for IPv6 either
+    local = state_of(v6_world(etp="Local"))
+    dump = with_jumps(offline.render_iptables(local, cfg, family=Family.IPV6).rendered.text)
+    report = diagnose(DoctorInput(detect.parse(dump), local, cfg, Node.from_flags(ifaces=V6_IFACES, routes=V6_ROUTES),
+                                  NodeFacts(), "eth0"))
+    # only the ClusterIP from outside the pod range is left, an info
+    assert [(f.severity, [fe["kind"] for fe in f.data["frontends"]]) for f in by_kind(report, "snat-capacity")] == [
+        ("info", ["cluster IP"])]
+
+
+def test_a_dual_stack_nft_ruleset_gets_a_finding_per_family() -> None:
+    from kubeproxy.backends.nftables.offline import render_nftables
+    from kubeproxy.netfilter.node import Node
+
+    state = state_of(v6_world(dual=True))
+    cfg = validate(ProxyConfig(cluster_cidr=("10.244.0.0/16", "fd00:244::/48"), hostname_override="node-1"))
+    text = "\n".join(render_nftables(state, cfg, family=fam).rendering.text() for fam in (Family.IPV4, Family.IPV6))
+    node = Node.from_flags(ifaces=[*NODE_IFACES, *V6_IFACES], routes=[*NODE_ROUTES, *V6_ROUTES])
+    report = diagnose(DoctorInput(detect.parse(text, "nft"), state, cfg, node, NodeFacts(), "eth0"))
+    assert report.inputs["families"] == ["IPv4", "IPv6"]
+    snat = by_kind(report, "snat-capacity")
+    assert sorted(f.subject for f in snat) == ["Service default/dns:dns (UDP)", "Service default/dns:dns (UDP, IPv6)"]
+    assert sorted(e["address"] for f in snat for e in f.data["endpoints"]) == ["10.244.1.10:53", "[fd00:244:1::10]:53"]
+
+
+def test_doctor_takes_an_iptables_nodes_ipv4_and_ipv6_dumps_together(tmp_path: Any) -> None:
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from kubeproxy.cli import main
+
+    objs = v6_world(dual=True)
+    state = state_of(objs)
+    cfg = validate(ProxyConfig(cluster_cidr=("10.244.0.0/16", "fd00:244::/48"), hostname_override="node-1"))
+    paths = []
+    for fam in (Family.IPV4, Family.IPV6):
+        path = tmp_path / f"{fam.nft}.save"
+        path.write_text(with_jumps(offline.render_iptables(state, cfg, family=fam).rendered.text))
+        paths += ["--rules", str(path)]
+    (tmp_path / "objs.yaml").write_text(yaml.safe_dump_all(objs))
+    args = ["doctor", *paths, "--manifests", str(tmp_path / "objs.yaml"), "--hostname-override", "node-1",
+            "--cluster-cidr", "10.244.0.0/16,fd00:244::/48", "--json"]
+    for i in (*NODE_IFACES, *V6_IFACES):
+        args += ["--iface", i]
+    for r in (*NODE_ROUTES, *V6_ROUTES):
+        args += ["--route", r]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code in (0, 1), result.output
+    out = json.loads(result.stdout)
+    assert out["inputs"]["families"] == ["IPv4", "IPv6"]
+    snat = [f for f in out["findings"] if f["kind"] == "snat-capacity" and f["severity"] == "warning"]
+    assert sorted((f["data"]["family"], f["data"]["endpoints"][0]["address"]) for f in snat) == [
+        ("IPv4", "10.244.1.10:53"), ("IPv6", "[fd00:244:1::10]:53")]

@@ -6,6 +6,9 @@ test go into the node's namespace only, and the traffic is the probe's real UDP 
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 
 from kubeproxy import render as offline
@@ -15,10 +18,18 @@ from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.live import read_node
 from kubeproxy.proxy.config import ProxyConfig, validate
-from tests.doctor.helpers import CFG, SEED, by_kind, dns_world, seed_state, state_of
+from kubeproxy.proxy.options import Family
+from tests.doctor.helpers import CFG, SEED, V6_CFG, by_kind, dns_world, seed_state, state_of, v6_world
 from tests.netfilter.kernel_bed import Bed, bed
 
 pytestmark = pytest.mark.root
+
+CT_DUMP = """
+import json, sys
+from kubeproxy.proxy import ctnetlink
+d = ctnetlink.dump(sys.argv[1:], ("udp",))
+print(json.dumps(sorted([*k, n] for k, n in d.counts.items())))
+"""
 
 SEED_BED = {
     "client_ip": "10.5.6.2/24",
@@ -103,3 +114,29 @@ def test_live_iptables_rendered_by_us_without_masquerade_for_local_policy() -> N
     # the 10 queries to the external IP kept the client's address: no SNAT port is held
     assert udp[0].data["endpoints"][0]["in_use"] == 0
     assert report.inputs["conntrack_entries"] >= 10
+
+
+def test_live_ipv6_service_reads_ip6tables_and_counts_ipv6_snat_ports() -> None:
+    # The node holds the IPv6 world's ip6tables rules only: doctor reads ip6tables-save beside
+    # iptables-save and counts the IPv6 flows conntrack holds.
+    objs = v6_world()
+    state = state_of(objs)
+    cfg = validate(V6_CFG)
+    v6 = ("fd00:168::1/64", "fd00:168::2/64", "fd00:244:1::1/64", ["fd00:244:1::10/64"])
+    with bed(**LAB_BED, v6=v6) as b:  # type: ignore[arg-type]
+        rules = offline.render_iptables(state, cfg, nfacct_counters=(), family=Family.IPV6).rendered.text
+        b.load_iptables(with_jumps(rules), restore="ip6tables-restore")
+        b.serve(b.backend, "udp", ["[fd00:244:1::10]:53"])
+        sent = b.send("udp", "[2001:db8:113::53]:53", 25)
+        assert all(isinstance(r, dict) for r in sent), sent
+        report = _live(b, state, V6_CFG)
+        # the live gauge's ctnetlink count sees the same IPv6 tuples (run inside the node's namespace)
+        counted = b.node.run([sys.executable, "-c", CT_DUMP, "fd00:168::2", "fd00:244:1::1"]).stdout
+    assert json.loads(counted) == [["fd00:244:1::10", "fd00:244:1::1", "udp", 53, 25]]
+    assert "ip6tables" in report.inputs["rules"]["source"]
+    assert report.inputs["families"] == ["IPv6"]  # iptables-save listed no IPv4 tables at all
+    f = next(f for f in by_kind(report, "snat-capacity") if f.data["family"] == "IPv6")
+    assert f.severity == "warning" and f.subject == "Service default/dns:dns (UDP, IPv6)"
+    # every query was masqueraded to cni0's IPv6 address and holds one port
+    assert f.data["endpoints"] == [{"address": "[fd00:244:1::10]:53", "share": 1.0, "in_use": 25,
+                                    "utilisation": round(25 / 64512, 4)}]
