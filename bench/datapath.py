@@ -56,7 +56,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubeproxy.backends.iptables.options import iptables_options  # noqa: E402
 from kubeproxy.backends.iptables.proxier import IptablesProxier  # noqa: E402
 from kubeproxy.backends.nftables.proxier import NftablesProxier  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
@@ -64,6 +63,7 @@ from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.objects import Backend, Port, endpoint_slice, service  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.model import build_view  # noqa: E402
+from kubeproxy.proxy.options import node_options  # noqa: E402
 
 NODE = "node"
 CLIENT_IP, NODE_IP, NODE_POD_GW, POD_IP = "172.30.0.2", "172.30.0.1", "10.244.0.1", "10.244.1.10"
@@ -113,6 +113,10 @@ class Bed:
     load_seconds: float = 0.0
     position: str = ""
     runs: dict[str, list[Run]] = field(default_factory=dict)
+    # What bench/scale.py needs to make further syncs on the loaded bed (a change, its latency).
+    render_seconds: float = 0.0
+    sync: Callable[[object, frozenset[tuple[str, str]] | None], object] | None = None
+    view: object = None
 
     def measure(self, loop: Path, what: str, seconds: float) -> Run:
         proto, dst, port = {"tcp": ("tcp", TARGET_IP, TCP.port), "udp": ("udp", TARGET_IP, UDP.port),
@@ -153,12 +157,14 @@ def bed(mode: str, services: int, endpoints: int, variant: str, loop: Path) -> I
 
         state = build_state(objects(services, endpoints))[0]
         view = build_view(state.services.values(), state.slices.values(), "IPv4", NODE)
-        opts = iptables_options(ProxyConfig(), family="IPv4", hostname=NODE, node=None, nfacct_counters=())
+        opts = node_options(ProxyConfig(), family="IPv4", hostname=NODE, node=None, nfacct_counters=())
         proxier = IptablesProxier(run=node.run, variant=variant) if mode == "iptables" else NftablesProxier(run=node.run)
         started = time.perf_counter()
         proxier.prepare()
-        proxier.sync(view, opts, None)
-        b = Bed(mode, services, client, node, pod, load_seconds=time.perf_counter() - started)
+        report = proxier.sync(view, opts, None)
+        b = Bed(mode, services, client, node, pod, load_seconds=time.perf_counter() - started,
+                render_seconds=report.render_seconds, view=view,
+                sync=lambda v, changed: proxier.sync(v, opts, changed))  # type: ignore[arg-type]  # fmt: skip
         # Conntrack hooks are live once the rules are; short timeouts keep each run's entries from piling up.
         node.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_close=1",
                   "net.netfilter.nf_conntrack_udp_timeout=1", "net.netfilter.nf_conntrack_udp_timeout_stream=1"])  # fmt: skip

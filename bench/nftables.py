@@ -38,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kubeproxy.backends.iptables.apply import restore  # noqa: E402
-from kubeproxy.backends.iptables.options import iptables_options  # noqa: E402
 from kubeproxy.backends.iptables.render import render as render_iptables  # noqa: E402
 from kubeproxy.backends.nftables import naming  # noqa: E402
 from kubeproxy.backends.nftables.apply import NftApplier  # noqa: E402
@@ -47,6 +46,7 @@ from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortName, build_view  # noqa: E402
+from kubeproxy.proxy.options import node_options  # noqa: E402
 from kubeproxy.proxy.topology import categorize  # noqa: E402
 
 
@@ -149,7 +149,7 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
     objs = _bench_cluster()(size, n_eps)
     state = build_state(objs)[0]
     cfg = ProxyConfig(cluster_cidr=("10.0.0.0/8",))
-    opts = iptables_options(cfg, family="IPv4", hostname="node-0", node=None, nfacct_counters=())
+    opts = node_options(cfg, family="IPv4", hostname="node-0", node=None, nfacct_counters=())
     view = build_view(state.services.values(), state.slices.values(), "IPv4", opts.node_name)
     row: dict[str, str] = {"services": str(size), "endpoints": str(view.total_endpoints)}
 

@@ -34,13 +34,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
-from kubeproxy.backends.iptables.options import iptables_options  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.live import LiveProxy  # noqa: E402
 from kubeproxy.proxy.changes import Changes  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.model import NodeView, build_view  # noqa: E402
+from kubeproxy.proxy.options import node_options  # noqa: E402
 
 REFUSED = "10.253.253.253"
 CFG = ProxyConfig(cluster_cidr=("10.0.0.0/8",), hostname_override="node-0", min_sync_period=0.0, sync_period=3600.0,
@@ -84,7 +84,7 @@ def proxy_in(ns: netns.NetNS, mode: str, variant: str) -> tuple[LiveProxy, list[
 
 def row(mode: str, size: int, variant: str) -> str:
     good, bad, key = views(cluster(size, 10))
-    opts = iptables_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=())
+    opts = node_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=())
     with netns.netns("kpq") as ns:
         proxy, checks = proxy_in(ns, mode, variant)
         started = time.perf_counter()

@@ -19,12 +19,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
-from kubeproxy.backends.iptables.options import iptables_options
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS, render
+from kubeproxy.backends.iptables.render import render
 from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import netns
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.options import NFACCT_COUNTERS, node_options
 
 
 def cluster(services: int, endpoints: int) -> list[dict]:
@@ -90,7 +90,7 @@ def main() -> None:
     kernel = not args.no_kernel and netns.have_root()
 
     cfg = ProxyConfig(cluster_cidr=("10.0.0.0/8",))
-    opts = iptables_options(cfg, family="IPv4", hostname="node-0", node=None)
+    opts = node_options(cfg, family="IPv4", hostname="node-0", node=None)
     header = (
         f"{'services':>8} {'endpoints':>9} {'rules':>8} {'parse s':>8} {'render s':>9} {'peak MiB':>9}"
         f" {'nft load s':>11} {'legacy load s':>14} {'render/nft':>11} {'render/legacy':>14}"

@@ -39,9 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters  # noqa: E402
-from kubeproxy.backends.iptables.options import iptables_options  # noqa: E402
 from kubeproxy.backends.iptables.proxier import IptablesProxier  # noqa: E402
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS  # noqa: E402
 from kubeproxy.backends.nftables.proxier import NftablesProxier  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
@@ -49,6 +47,7 @@ from kubeproxy.lab.apiserver import ApiServer  # noqa: E402
 from kubeproxy.live import LiveProxy  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.model import build_view  # noqa: E402
+from kubeproxy.proxy.options import NFACCT_COUNTERS, node_options  # noqa: E402
 from kubeproxy.sources.api import ApiSource  # noqa: E402
 from kubeproxy.sources.connection import connect, load_config  # noqa: E402
 from kubeproxy.sources.files import FileSource  # noqa: E402
@@ -143,7 +142,7 @@ async def via_files(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyCon
 def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str) -> dict[str, float]:
     """One full sync and one partial sync (one service changed) at this size, render and kernel apart."""
     state, _ = build_state(objs)
-    opts = iptables_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=NFACCT_COUNTERS)
+    opts = node_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=NFACCT_COUNTERS)
     view = build_view(state.services.values(), state.slices.values(), "IPv4", "node-0")
     proxier: IptablesProxier | NftablesProxier = (
         NftablesProxier(run=ns.run) if mode == "nftables" else IptablesProxier(run=ns.run, variant=variant)

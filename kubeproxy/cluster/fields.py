@@ -43,8 +43,10 @@ class Fields:
 
     def _get(self, key: str, types: type | tuple[type, ...], what: str) -> Any:
         value = self.data.get(key)
-        if value is None:
-            return None
+        # The common case first (this runs 20+ times per object): exactly the type asked for.
+        # bool is not int here (type(True) is bool), so true for a number still takes the checks.
+        if type(value) is types or value is None:
+            return value
         # bool is an int in Python; Kubernetes never accepts true for a number.
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
             raise self.error(key, f"expected {what}, got {type(value).__name__} {show(value)}")

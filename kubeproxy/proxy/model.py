@@ -9,18 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
+from socket import AF_INET, inet_ntop
 from typing import TypeVar
 
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import EndpointSlice, Service
-
-IPV4, IPV6 = "IPv4", "IPv6"
+from kubeproxy.proxy.options import Family
 
 ServiceKey = tuple[str, str]  # (namespace, name) of a Service
-
-
-def family_of(ip: IPAddress | IPNetwork) -> str:
-    return IPV4 if ip.version == 4 else IPV6
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -144,16 +141,17 @@ class NodeView:
         return view
 
 
-def service_ports(services: Iterable[Service], family: str) -> dict[ServicePortName, ServicePortInfo]:
+def service_ports(services: Iterable[Service], family: Family) -> dict[ServicePortName, ServicePortInfo]:
     out: dict[ServicePortName, ServicePortInfo] = {}
     for svc in services:
         out.update(ports_of_service(svc, family))
     return out
 
 
-def ports_of_service(svc: Service, family: str) -> dict[ServicePortName, ServicePortInfo]:
+def ports_of_service(svc: Service, family: Family) -> dict[ServicePortName, ServicePortInfo]:
     """One Service's ports on this IP family; none for headless and ExternalName Services."""
-    cluster_ip = next((ip for ip in svc.cluster_ips if family_of(ip) == family), None)
+    version = _version(family)
+    cluster_ip = next((ip for ip in svc.cluster_ips if ip.version == version), None)
     if cluster_ip is None or svc.type == "ExternalName":
         return {}  # headless, ExternalName, or not of this family
     # Upstream's ExternallyAccessible / ExternalPolicyLocal (pkg/api/v1/service): the external
@@ -164,7 +162,7 @@ def ports_of_service(svc: Service, family: str) -> dict[ServicePortName, Service
     # NeedsHealthCheck: only a LoadBalancer's balancer probes the health check node port.
     needs_health_check = svc.type == "LoadBalancer" and external_local
     lb_vips = tuple(
-        i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and family_of(i.ip) == family
+        i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and i.ip.version == version
     )
     out: dict[ServicePortName, ServicePortInfo] = {}
     for port in svc.ports:
@@ -175,9 +173,9 @@ def ports_of_service(svc: Service, family: str) -> dict[ServicePortName, Service
             port=port.port,
             protocol=port.protocol,
             node_port=port.node_port,
-            external_ips=tuple(ip for ip in svc.external_ips if family_of(ip) == family),
+            external_ips=tuple(ip for ip in svc.external_ips if ip.version == version),
             load_balancer_vips=lb_vips,
-            load_balancer_source_ranges=tuple(c for c in svc.load_balancer_source_ranges if family_of(c) == family),
+            load_balancer_source_ranges=tuple(c for c in svc.load_balancer_source_ranges if c.version == version),
             health_check_node_port=svc.health_check_node_port if needs_health_check else 0,
             client_ip_affinity=svc.session_affinity == "ClientIP",
             sticky_max_age_seconds=svc.affinity_timeout_seconds,
@@ -188,9 +186,19 @@ def ports_of_service(svc: Service, family: str) -> dict[ServicePortName, Service
     return out
 
 
-def endpoints_map(slices: Iterable[EndpointSlice], family: str, node_name: str) -> dict[ServicePortName, list[EndpointInfo]]:
+_by_address = attrgetter("address")
+
+
+def _version(family: Family) -> int:
+    # The loops below run per endpoint (100k at 10k services): comparing `ip.version` with an
+    # int is several times cheaper than asking the Family enum of every address.
+    return 6 if family == Family.IPV6 else 4  # `==`: callers may still hand in the plain string
+
+
+def endpoints_map(slices: Iterable[EndpointSlice], family: Family, node_name: str) -> dict[ServicePortName, list[EndpointInfo]]:
     """Endpoints per service port: deduplicated by ip:port across slices, sorted as upstream does."""
     by_port: dict[ServicePortName, dict[str, EndpointInfo]] = {}
+    version = _version(family)
     for eps in slices:
         if eps.address_type != family:
             continue
@@ -199,11 +207,12 @@ def endpoints_map(slices: Iterable[EndpointSlice], family: str, node_name: str) 
             bucket = by_port.setdefault(name, {})
             for ep in eps.endpoints:
                 ip = ep.addresses[0]
-                if family_of(ip) != family:
+                if ip.version != version:
                     continue
                 is_local = bool(node_name) and ep.node_name == node_name
                 info = EndpointInfo(
-                    ip=str(ip),
+                    # str() of an IPv4Address is pure Python; inet_ntop gives the same text at a third of the cost.
+                    ip=inet_ntop(AF_INET, ip.packed) if version == 4 else str(ip),
                     port=port.port,
                     is_local=is_local,
                     ready=ep.ready,
@@ -215,10 +224,10 @@ def endpoints_map(slices: Iterable[EndpointSlice], family: str, node_name: str) 
                 # Overlapping slices may list an endpoint twice; a local copy wins.
                 if info.address not in bucket or is_local:
                     bucket[info.address] = info
-    return {name: sorted(eps.values(), key=lambda e: e.address) for name, eps in by_port.items() if eps}
+    return {name: sorted(eps.values(), key=_by_address) for name, eps in by_port.items() if eps}
 
 
-def build_view(services: Iterable[Service], slices: Iterable[EndpointSlice], family: str, node_name: str) -> NodeView:
+def build_view(services: Iterable[Service], slices: Iterable[EndpointSlice], family: Family, node_name: str) -> NodeView:
     ports = service_ports(services, family)
     return NodeView(ports, renamed({name: name for name in ports}, endpoints_map(slices, family, node_name)))
 

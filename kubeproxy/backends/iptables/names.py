@@ -54,6 +54,12 @@ def firewall_chain(service_port_name: str, protocol: str) -> str:
     return "KUBE-FW-" + port_proto_hash(service_port_name, protocol)
 
 
+def chains_of(service_port_name: str, protocol: str) -> tuple[str, str, str, str]:
+    """(KUBE-SVC-, KUBE-SVL-, KUBE-EXT-, KUBE-FW-) names of one service port: one hash for the four."""
+    h = port_proto_hash(service_port_name, protocol)
+    return "KUBE-SVC-" + h, "KUBE-SVL-" + h, "KUBE-EXT-" + h, "KUBE-FW-" + h
+
+
 def endpoint_chain(service_port_name: str, protocol: str, endpoint: str) -> str:
     """KUBE-SEP-: masquerade hairpin traffic and DNAT to one endpoint."""
     return "KUBE-SEP-" + _base32_16(hashlib.sha256((service_port_name + protocol + endpoint).encode()).digest())
