@@ -41,19 +41,19 @@ from kubeproxy.backends import conntrack, registry
 from kubeproxy.backends.base import Backend, SyncError, SyncReport
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables.apply import nfacct_packets
-from kubeproxy.backends.iptables.options import iptables_options
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
+from kubeproxy.proxy.meta import DUAL_STACK_MODES, PROC_IPV6, FamilyLane, kernel_lacks
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import IPV6, NodeView, ServiceKey
+from kubeproxy.proxy.model import NodeView, ServiceKey
+from kubeproxy.proxy.options import Family, NodeOptions, node_options
 from kubeproxy.proxy.programming import TriggerTimes, latencies, slice_key, trigger_time
 from kubeproxy.proxy.quarantine import Held, Quarantine, isolate, substitute
 from kubeproxy.proxy.runner import BoundedFrequencyRunner
 from kubeproxy.proxy.view import ViewBuilder
-from kubeproxy.render import primary_family
+from kubeproxy.render import node_families
 from kubeproxy.sources.events import WatchEvent
 
 log = logging.getLogger("kubeproxy.proxy")
@@ -96,12 +96,14 @@ class LiveProxy:
     runner: BoundedFrequencyRunner = field(init=False)
     conntrack_cleaner: conntrack.Reconciler = field(init=False)
     view_builder: ViewBuilder = field(default_factory=ViewBuilder, init=False)
-    backend: Backend = field(init=False)
+    backend: Backend = field(init=False)  # the primary family's (lanes[0])
+    # One lane per IP family this node proxies, the primary first (see proxy/meta.py).
+    lanes: list[FamilyLane] = field(default_factory=list, init=False)
+    proc_ipv6: Path = PROC_IPV6  # absent: the kernel has no IPv6 (tests point it elsewhere)
+    _lacking: dict[Family, str] = field(default_factory=dict, init=False)  # families the kernel lacks, logged once
     _initialized: bool = field(default=False, init=False)
-    _family: str = field(default="IPv4", init=False)
     _triggers: TriggerTimes = field(init=False)  # for the network-programming metric
-    quarantine: Quarantine = field(default_factory=Quarantine, init=False)
-    _last_good: NodeView | None = field(default=None, init=False)  # the view the kernel last accepted
+    quarantine: Quarantine = field(default_factory=Quarantine, init=False)  # the primary family's
     _pending_services: int = field(default=0, init=False)
     _pending_endpoints: int = field(default=0, init=False)
     syncs: int = field(default=0, init=False)  # successful syncs
@@ -126,7 +128,18 @@ class LiveProxy:
             retry_interval=self.cfg.sync_period,
             name=f"{self.cfg.mode}-sync",
         )
-        self.backend = registry.create(
+        self.backend = self._new_backend()
+        self.lanes = [
+            FamilyLane(Family.IPV4, self.backend, self.tracker, self.service_health, self.view_builder, self.quarantine)
+        ]
+        # A mode with state of its own (the userspace relay) shows it in /metrics and /healthz.
+        seen = registry.observers(self.cfg.mode, lambda: [(lane.family, lane.backend) for lane in self.lanes])
+        if seen is not None:
+            self.metrics.registry.register(seen.collector)
+            self.health.details[seen.health_key] = seen.health
+
+    def _new_backend(self) -> Backend:
+        return registry.create(
             self.cfg.mode, run=self.run_cmd, sync_period=self.cfg.sync_period, variant=self.iptables_variant,
             cfg=self.cfg,
         )
@@ -165,115 +178,219 @@ class LiveProxy:
                     self.health.sync_node(deleting=node.deleting, taints=node.taints)
         self.metrics.service_changes_pending.set(self._pending_services)
         self.metrics.endpoint_changes_pending.set(self._pending_endpoints)
-        self.health.queued_update(self._family)
-        self.metrics.last_queued_timestamp.set(self.wall_clock())
+        now = self.wall_clock()
+        for lane in self.lanes:
+            self.health.queued_update(lane.family)
+            self.metrics.ip_family = lane.family
+            self.metrics.last_queued_timestamp.set(now)
         if self._initialized:
             self.runner.run()
 
     # -- sync
 
-    def _view(self) -> tuple[NodeView, IptablesOptions]:
+    async def _active_lanes(self) -> list[FamilyLane]:
+        """The lanes of the families this node proxies now, the primary first; creates the
+        second lane when the node turns dual-stack. A family the kernel lacks is logged once and
+        left out, and so is a second family in a mode that programs one family only."""
         node = self.state.nodes.get(self.node_name)
-        family = primary_family(self.cfg, node)
-        opts = iptables_options(
+        families = node_families(self.cfg, node)
+        primary = self.lanes[0]
+        primary.backend, primary.quarantine = self.backend, self.quarantine  # tests may swap them
+        if primary.family != families[0]:
+            # The node's primary address changed family (or became known). A second lane of
+            # that family already holds its tables, listeners and quarantine: the two lanes
+            # trade those (the primary lane keeps the tracker that sees the events).
+            log.info(kv("Primary IP family", ipFamily=families[0]))
+            second = next((lane for lane in self.lanes[1:] if lane.family == families[0]), None)
+            if second is None:
+                primary.family = families[0]
+            else:
+                for attr in _LANE_STATE:
+                    mine, theirs = getattr(primary, attr), getattr(second, attr)
+                    setattr(primary, attr, theirs)
+                    setattr(second, attr, mine)
+                second.tracker.request_full_sync()
+                self.backend, self.quarantine = primary.backend, primary.quarantine
+                self.view_builder, self.service_health = primary.view_builder, primary.service_health
+            primary.tracker.request_full_sync()
+        self.backend.family = families[0]
+        active = [primary]
+        for family in families[1:]:
+            found = next((lane for lane in self.lanes[1:] if lane.family == family), None)
+            if found is None:
+                found = await self._new_lane(family, families[0])
+            if found is not None:
+                active.append(found)
+        # The primary lane's tracker sees every event; the others learn what it saw.
+        pending = self.tracker.pending()
+        for lane in active[1:]:
+            if pending is None:
+                lane.tracker.request_full_sync()
+            else:
+                lane.tracker.touch(pending)
+        return active
+
+    async def _new_lane(self, family: Family, primary: Family) -> FamilyLane | None:
+        """A lane for the second family, or None (logged once) if this node cannot run one."""
+        reason = self._lacking.get(family)
+        if reason is None and self.cfg.mode not in DUAL_STACK_MODES:
+            reason = f"proxy mode {self.cfg.mode} programs one IP family"
+        if reason is None:
+            reason = await asyncio.to_thread(
+                kernel_lacks, family, self.cfg.mode, self.run_cmd, variant=self.iptables_variant, proc_ipv6=self.proc_ipv6
+            )
+        if reason is not None:
+            if family not in self._lacking:
+                log.warning(kv("Not proxying an IP family, the other keeps working", ipFamily=family, reason=reason))
+                self._lacking[family] = reason
+            return None
+        log.info(kv("kube-proxy running in dual-stack mode", primaryIPFamily=primary))
+        backend = self._new_backend()
+        backend.family = family
+        lane = FamilyLane(
+            family, backend, ChangeTracker(self.node_name),
+            # Its own listeners (on this family's addresses), one connection budget for all.
+            ServiceHealthServers(
+                self.health, node_name=self.node_name, budget=self.service_health.budget, errors=self.service_health.errors,
+            ),
+        )  # fmt: skip
+        self.lanes.append(lane)
+        return lane
+
+    def _view(self, lane: FamilyLane) -> tuple[NodeView, NodeOptions]:
+        node = self.state.nodes.get(self.node_name)
+        opts = node_options(
             self.cfg,
-            family=family,
+            family=lane.family,
             hostname=self.node_name,
             node=node,
-            nfacct_counters=self.backend.nfacct_counters,
+            nfacct_counters=lane.backend.nfacct_counters,
             conntrack_tcp_liberal=_tcp_liberal(),
         )
-        self.backend.ipv6 = family == IPV6
-        self.metrics.ip_family = family
-        self._family = family
-        self.service_health.set_bind_ips(_health_check_ips(opts))
+        lane.backend.family = lane.family
+        lane.opts = opts
+        lane.service_health.set_bind_ips(_health_check_ips(opts))
         # Only the services touched since the last sync are recomputed (2.8 s → ms at 10k).
-        view = self.view_builder.update(self.state, self.tracker.pending(), family=family, node_name=opts.node_name)
+        view = lane.view_builder.update(self.state, lane.tracker.pending(), family=lane.family, node_name=opts.node_name)
         return view, opts
 
     async def sync(self) -> None:
-        """One sync, called by the runner only."""
+        """One sync of every family, called by the runner only. A family whose rules fail
+        is retried (in full) after minSyncPeriod; the other's are programmed all the same."""
         if not self._initialized:
             log.debug("not syncing: the source has not delivered its initial state yet")
             return
-        started = time.perf_counter()
-        view, opts = self._view()
-        changes = self.tracker.take(view)
-        self.last_changes = changes
+        lanes = await self._active_lanes()
         triggers = self._triggers.take()
         self._pending_services = self._pending_endpoints = 0
-        log.info(kv(f"Syncing {self.cfg.mode} rules", full=changes.full, services=len(changes.services)))
-        for key in self.quarantine.release(changes.services):
-            log.info(kv("Quarantined service changed, trying it again", service=f"{key[0]}/{key[1]}"))
-        self._show_quarantine()
-        try:
-            report, view = await asyncio.to_thread(self._apply, view, opts, changes)
-        except (SyncError, OSError) as exc:
-            # What the failed sync consumed is lost: the retry rewrites everything.
-            self.tracker.request_full_sync()
-            self._count_failure(exc, changes)
-            self.runner.retry_after(self.cfg.min_sync_period)
+        failed = False
+        for lane in lanes:
+            failed = not await self._sync_lane(lane, triggers) or failed
+        self.last_changes = self.lanes[0].last_changes
+        self.last_report = self.lanes[0].last_report
+        if failed:
             self.failed_syncs += 1
-            self._show_quarantine()
-            await self._finished()
-            return
-        elapsed = time.perf_counter() - started
-        self._record(report, elapsed, triggers)
-        # NodePort conntrack cleanup touches only flows to where this sync's rules accept NodePorts.
-        await self._after_sync(view, changes, conntrack.NodePorts.of(opts, self.cfg.mode))
-        log.info(kv("SyncProxyRules complete", elapsed=f"{elapsed * 1000:.1f}ms", full=report.full))
+            self.runner.retry_after(self.cfg.min_sync_period)
+        else:
+            self.syncs += 1
         await self._finished()
 
-    def _apply(self, view: NodeView, opts: IptablesOptions, changes: Changes) -> tuple[SyncReport, NodeView]:
+    async def _sync_lane(self, lane: FamilyLane, triggers: dict[ServiceKey, list[float]]) -> bool:
+        started = time.perf_counter()
+        self.metrics.ip_family = lane.family
+        view, opts = self._view(lane)
+        changes = lane.tracker.take(view)
+        lane.last_changes = changes
+        log.info(kv(f"Syncing {self.cfg.mode} rules", ipFamily=lane.family, full=changes.full, services=len(changes.services)))
+        for key in lane.quarantine.release(changes.services):
+            log.info(kv("Quarantined service changed, trying it again", service=f"{key[0]}/{key[1]}", ipFamily=lane.family))
+        self._show_quarantine()
+        try:
+            report, view = await asyncio.to_thread(self._apply, lane, view, opts, changes)
+        except (SyncError, OSError) as exc:
+            # What the failed sync consumed is lost: the retry rewrites everything.
+            lane.tracker.request_full_sync()
+            self._count_refusals(lane, changes)
+            self._count_failure(lane, exc, changes)
+            self._show_quarantine()
+            return False
+        self._count_refusals(lane, changes)
+        self._show_quarantine()
+        elapsed = time.perf_counter() - started
+        self.metrics.ip_family = lane.family
+        self._record(lane, report, elapsed, triggers)
+        # NodePort conntrack cleanup touches only flows to where this sync's rules accept NodePorts.
+        await self._after_sync(lane, view, changes, conntrack.NodePorts.of(opts, self.cfg.mode))
+        log.info(kv("SyncProxyRules complete", ipFamily=lane.family, elapsed=f"{elapsed * 1000:.1f}ms", full=report.full))
+        return True
+
+    def _apply(self, lane: FamilyLane, view: NodeView, opts: NodeOptions, changes: Changes) -> tuple[SyncReport, NodeView]:
         """Program `view`; if the kernel refuses it, quarantine the Services it refuses and program the rest.
 
         Runs in the worker thread. Returns the report and the view actually programmed (held
         Services as the kernel last accepted them). Raises the kernel's error when no Service
         is to blame (the check fails even with every candidate set aside).
         """
-        programmed = self.quarantine.apply(view)
+        backend, quarantine = lane.backend, lane.quarantine
+        if not lane.prepared and lane is not self.lanes[0]:
+            backend.prepare()  # the primary's is prepared by `prepare`, before the first sync
+        lane.prepared = True
+        programmed = quarantine.apply(view)
         try:
-            return self.backend.sync(programmed, opts, changes.changed_services), self._accepted(programmed)
+            return backend.sync(programmed, opts, changes.changed_services), self._accepted(lane, programmed)
         except SyncError as exc:
             refused = exc
         # A failed partial sync names its suspects; after a failed full sync every Service is one.
         suspects = sorted(view.by_service if changes.full else changes.services)
-        suspects = [key for key in suspects if key not in self.quarantine]
-        last_good = self._last_good
+        suspects = [key for key in suspects if key not in quarantine]
+        last_good = lane.last_good
         log.warning(kv("Rules refused, looking for the services that cause it", suspects=len(suspects), err=refused))
 
         def passes(aside: frozenset[ServiceKey]) -> bool:
             trial = substitute(programmed, {key: Held.of(key, "", last_good) for key in aside})
-            return self.backend.check(trial, opts) is None
+            return backend.check(trial, opts) is None
 
         culprits = isolate(suspects, passes)
         if not culprits:
             raise refused  # counted by the caller, as any failed sync
-        self._count_failure(refused, changes)
+        # Counted by the caller, on the event loop: the metrics' family label is not thread-safe.
+        lane.refusals.append(refused)
         reason = str(refused).strip()
         for key in culprits:
-            self.quarantine.hold(key, reason, last_good)
+            quarantine.hold(key, reason, last_good)
             log.warning(
                 kv(
                     "Service quarantined: the kernel refuses its rules; it keeps its last accepted rules until it changes",
                     service=f"{key[0]}/{key[1]}",
+                    ipFamily=lane.family,
                     err=reason,
                 )
             )
-        self._show_quarantine()
-        programmed = self.quarantine.apply(view)
-        return self.backend.sync(programmed, opts, None), self._accepted(programmed)
+        programmed = quarantine.apply(view)
+        return backend.sync(programmed, opts, None), self._accepted(lane, programmed)
 
-    def _accepted(self, view: NodeView) -> NodeView:
-        self._last_good = view
+    @staticmethod
+    def _accepted(lane: FamilyLane, view: NodeView) -> NodeView:
+        lane.last_good = view
         return view
 
     def _show_quarantine(self) -> None:
-        self.metrics.quarantined_services.set(len(self.quarantine))
-        self.health.quarantined = tuple(self.quarantine.names())
+        names: dict[str, None] = {}
+        for lane in self.lanes:
+            self.metrics.ip_family = lane.family
+            self.metrics.quarantined_services.set(len(lane.quarantine))
+            names.update(dict.fromkeys(lane.quarantine.names()))
+        self.health.quarantined = tuple(names)
 
-    def _count_failure(self, exc: Exception, changes: Changes) -> None:
-        self.backend.record_failure(self.metrics, exc, partial=not changes.full)
+    def _count_failure(self, lane: FamilyLane, exc: Exception, changes: Changes) -> None:
+        self.metrics.ip_family = lane.family  # on the event loop only: the label is shared state
+        lane.backend.record_failure(self.metrics, exc, partial=not changes.full)
+
+    def _count_refusals(self, lane: FamilyLane, changes: Changes) -> None:
+        """The refusals the worker thread worked around by quarantining: each a failed restore."""
+        refusals, lane.refusals = lane.refusals, []
+        for exc in refusals:
+            self._count_failure(lane, exc, changes)
 
     async def wait_for_syncs(self, count: int) -> None:
         """Until `count` syncs (successful or failed) have finished: for tests and benchmarks."""
@@ -291,10 +408,10 @@ class LiveProxy:
         async with cond:
             cond.notify_all()
 
-    def _record(self, report: SyncReport, elapsed: float, triggers: dict[ServiceKey, list[float]]) -> None:
-        self.syncs += 1
-        self.last_report = report
+    def _record(self, lane: FamilyLane, report: SyncReport, elapsed: float, triggers: dict[ServiceKey, list[float]]) -> None:
+        lane.last_report = report
         m = self.metrics
+        m.ip_family = lane.family
         m.sync_duration.observe(elapsed)
         (m.sync_full_duration if report.full else m.sync_partial_duration).observe(elapsed)
         now = self.wall_clock()
@@ -309,34 +426,46 @@ class LiveProxy:
             m.network_programming_duration.observe(latency)
         source = self.source
         if source is None or source.connected:
-            self.health.updated(self._family)
+            self.health.updated(lane.family)
         else:
             # The rules are in place but may be stale: leave the queued update pending, so
             # /healthz fails once the outage outlasts the health timeout.
-            self.health.queued_update(self._family)
+            self.health.queued_update(lane.family)
 
-    async def _after_sync(self, view: NodeView, changes: Changes, node_ports: conntrack.NodePorts) -> None:
+    async def _after_sync(self, lane: FamilyLane, view: NodeView, changes: Changes, node_ports: conntrack.NodePorts) -> None:
         ports = {}
         local: dict[tuple[str, str], int] = {}
         for name, info in view.services.items():
             if info.health_check_node_port:
                 ports[name.service] = info.health_check_node_port
                 local[name.service] = sum(1 for ep in view.endpoints.get(name, []) if ep.is_local and ep.ready)
-        await self.service_health.sync_services(ports)
-        self.service_health.sync_endpoints(local)
+        # Each family's listeners, on its addresses, count its own local endpoints (as upstream).
+        await lane.service_health.sync_services(ports)
+        lane.service_health.sync_endpoints(local)
         if conntrack.cleanup_required(changes):
             started = time.perf_counter()
-            deleted = await asyncio.to_thread(self.conntrack_cleaner.reconcile, view, self._family, node_ports)
+            deleted = await asyncio.to_thread(self.conntrack_cleaner.reconcile, view, lane.family, node_ports)
+            self.metrics.ip_family = lane.family
             self.metrics.conntrack_reconciler_sync_duration.observe(time.perf_counter() - started)
             self.metrics.conntrack_reconciler_deleted_entries_total.inc(deleted)
             if deleted:
-                log.info(kv("Deleted stale UDP conntrack entries", count=deleted))
+                log.info(kv("Deleted stale UDP conntrack entries", ipFamily=lane.family, count=deleted))
 
     # -- running
 
     def prepare(self) -> None:
         """Kernel set-up before the first sync (the backend's: canary chains, nfacct counters, ...)."""
         self.backend.prepare()
+
+    async def _start_servers(self, starters: list[tuple[str, str, Callable[[str], Awaitable[asyncio.AbstractServer]]]]) -> None:
+        for what, bind, start in starters:
+            if not bind:  # an empty address disables the server, as upstream
+                continue
+            try:
+                self.servers[what] = await start(bind)
+            except OSError as exc:
+                # Upstream keeps proxying without the server; so do we, loudly.
+                log.error(kv("Failed to start server", address=bind, err=exc))
 
     def _nfacct_packets(self, name: str) -> int | None:
         return nfacct_packets(name, self.run_cmd) if name in self.backend.nfacct_counters else None
@@ -346,7 +475,7 @@ class LiveProxy:
         self.source = source
         self.prepare()
         # As upstream: a proxy that never manages a first sync must not look healthy forever.
-        self.health.updated(self._family)
+        self.health.updated(self.lanes[0].family)
         # One connection budget (sized from RLIMIT_NOFILE) for every HTTP server of this proxy.
         budget, errors = self.service_health.budget, self.service_health.errors
         starters: list[tuple[str, str, Callable[[str], Awaitable[asyncio.AbstractServer]]]] = [
@@ -355,26 +484,35 @@ class LiveProxy:
             ("metrics", self.cfg.metrics_bind_address,
              lambda b: serve_metrics(self.metrics, b, self.cfg.mode, budget=budget, errors=errors)),
         ]  # fmt: skip
-        for what, bind, start in starters:
-            if not bind:  # an empty address disables the server, as upstream
-                continue
-            try:
-                self.servers[what] = await start(bind)
-            except OSError as exc:
-                # Upstream keeps proxying without the server; so do we, loudly.
-                log.error(kv("Failed to start server", address=bind, err=exc))
+        await self._start_servers(starters)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(source.run(), name="source")
                 group.create_task(self.runner.loop(), name="sync-runner")
+                if self.cfg.snat_watch_interval > 0:  # opt-in: a sample dumps conntrack (proxy/snat_watch.py)
+                    from kubeproxy.proxy.snat_watch import SnatWatch
+
+                    watch = SnatWatch(lambda: [ln.last_good for ln in self.lanes if ln.last_good], self.metrics.registry,
+                                      self.cfg.snat_watch_interval, self.cfg.snat_watch_threshold,
+                                      self.cfg.snat_watch_max_entries, self.cfg.masquerade_all, self.run_cmd)
+                    group.create_task(watch.run(), name="snat-watch")
                 await source.wait_synced()
                 self._initialized = True
                 log.info(kv("Initial state received, syncing"))
+                if len(node_families(self.cfg, self.state.nodes.get(self.node_name))) > 1:
+                    # Go's listener on 0.0.0.0 takes IPv6 too; ours takes one family: add `::`.
+                    await self._start_servers([(f"{what} IPv6", v6, start) for what, bind, start in starters
+                                               if (v6 := _ipv6_wildcard(bind))])
                 self.runner.run()
         finally:
             for server in self.servers.values():
                 server.close()
-            await self.service_health.close()
+            for lane in self.lanes:
+                await lane.service_health.close()
+
+
+# What a lane holds of its family's kernel state (everything but the change tracker).
+_LANE_STATE = ("family", "backend", "view_builder", "quarantine", "service_health", "last_good", "prepared")
 
 
 def _tcp_liberal() -> bool:
@@ -396,9 +534,15 @@ async def run_until_signalled(proxy: LiveProxy, source: Source) -> None:
     log.info(kv("Exiting, leaving the rules in place"))
 
 
-def _health_check_ips(opts: IptablesOptions) -> tuple[str, ...]:
+def _ipv6_wildcard(bind: str) -> str | None:
+    """`[::]:port` for a bind address on every IPv4 address (`0.0.0.0:port`), else None."""
+    host, sep, port = bind.rpartition(":")
+    return f"[::]:{port}" if sep and host == "0.0.0.0" else None
+
+
+def _health_check_ips(opts: NodeOptions) -> tuple[str, ...]:
     """Where health-check node ports listen, as upstream: on the node's addresses that
     --nodeport-addresses selects, or on every address of the family when it selects all."""
     if opts.nodeport_match_all:
-        return ("::",) if opts.family == IPV6 else ("0.0.0.0",)
+        return ("::",) if opts.family == Family.IPV6 else ("0.0.0.0",)
     return opts.nodeport_ips

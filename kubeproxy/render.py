@@ -12,8 +12,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.backends.iptables.options import iptables_options, node_ips
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS, IptablesOptions, Rendered, render
+from kubeproxy.backends.iptables.render import Rendered, render
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.manifests import RawObject, manifest_files, parse_documents, read_text
@@ -21,7 +20,8 @@ from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.cluster.validation import ParseOptions
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import IPV4, NodeView, build_view, family_of
+from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.options import NFACCT_COUNTERS, Family, NodeOptions, node_ips, node_options
 
 
 @dataclass
@@ -102,15 +102,29 @@ def choose_node(state: ClusterState, cfg: ProxyConfig) -> tuple[str, Node | None
     return choice.name, choice.node
 
 
-def primary_family(cfg: ProxyConfig, node: Node | None) -> str:
+def primary_family(cfg: ProxyConfig, node: Node | None) -> Family:
     ips = node_ips(cfg, node)
-    return family_of(ipaddress.ip_address(ips[0])) if ips else IPV4
+    return Family.of(ipaddress.ip_address(ips[0])) if ips else Family.IPV4
+
+
+def node_families(cfg: ProxyConfig, node: Node | None) -> tuple[Family, ...]:
+    """The families this node proxies, the primary first: the other one too when the node has
+    an address of it (--node-ip, the Node's addresses) or --cluster-cidr lists a CIDR of it.
+
+    Upstream goes dual-stack whenever the kernel supports both families; we also ask for a sign
+    that the cluster uses the second one, so that a single-stack node's rules stay as they were.
+    """
+    primary = primary_family(cfg, node)
+    seen = {Family.of(ipaddress.ip_address(ip)) for ip in node_ips(cfg, node)}
+    seen.update(Family.of(ipaddress.ip_network(cidr, strict=False)) for cidr in cfg.cluster_cidr)
+    second = Family.IPV4 if primary.ipv6 else Family.IPV6
+    return (primary, second) if second in seen else (primary,)
 
 
 @dataclass(frozen=True)
 class NodeRendering:
     view: NodeView
-    options: IptablesOptions
+    options: NodeOptions
     rendered: Rendered
 
 
@@ -120,10 +134,12 @@ def render_iptables(
     *,
     nfacct_counters: Collection[str] = NFACCT_COUNTERS,
     conntrack_tcp_liberal: bool = False,
+    family: Family | None = None,
 ) -> NodeRendering:
+    """One family's rules (default: the node's primary family; see `node_families` for all)."""
     hostname, node = choose_node(state, cfg)
-    family = primary_family(cfg, node)
-    opts = iptables_options(
+    family = family or primary_family(cfg, node)
+    opts = node_options(
         cfg,
         family=family,
         hostname=hostname,

@@ -22,7 +22,8 @@ from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
 from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import netns as L
-from kubeproxy.proxy.model import IPV4, build_view
+from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.options import Family
 from tests.nftables.helpers import NODE, options
 from tests.nftables.test_incremental import random_service
 
@@ -101,7 +102,7 @@ def check(c: Case) -> int:
     Raises AssertionError (with the case) when anything breaks.
     """
     state, warnings = build_state(c.objects)  # must not raise
-    view = build_view(state.services.values(), state.slices.values(), IPV4, NODE)
+    view = build_view(state.services.values(), state.slices.values(), Family.IPV4, NODE)
     opts = options()
     ipt = render_iptables(view, opts).text
     nft = render_nft(view, opts).text()

@@ -37,11 +37,11 @@ from kubeproxy.backends.conntrack import (
     stale_filters,
 )
 from kubeproxy.backends.conntrack.fake import FakeConntrack
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.cluster.objects import parse_endpoint_slice, parse_service
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
-from kubeproxy.proxy.model import IPV4, IPV6, NodeView, ServicePortName, build_view
+from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
+from kubeproxy.proxy.options import Family, NodeOptions
 
 # -- upstream's fixture: one service with TCP, UDP and SCTP ports on the same numbers
 
@@ -94,7 +94,7 @@ def slice_obj(service: str = "cleanup-test", protocols: Sequence[str] = ("TCP", 
     }
 
 
-def view_of(services: list[dict[str, Any]], slices: list[dict[str, Any]], family: str = IPV4) -> NodeView:
+def view_of(services: list[dict[str, Any]], slices: list[dict[str, Any]], family: str = Family.IPV4) -> NodeView:
     return build_view([parse_service(s) for s in services], [parse_endpoint_slice(e) for e in slices], family, "test-worker")
 
 
@@ -169,7 +169,7 @@ def test_upstream_clean_stale_entries_pure() -> None:
 def test_upstream_clean_stale_entries_through_conntrack() -> None:
     before, after = upstream_table()
     ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(before))
-    deleted = reconcile(upstream_view(), IPV4, ct)
+    deleted = reconcile(upstream_view(), Family.IPV4, ct)
     udp_before = [line for line in before if line.startswith("udp ")]
     assert sorted(ct.table) == sorted(after)
     assert deleted == len(before) - len(after) == len(udp_before) - len([x for x in after if x.startswith("udp ")])
@@ -194,10 +194,10 @@ def test_upstream_performance_one_delete_for_many_stale_entries() -> None:
         else:
             expected_left += 1
     ct = FakeConntrack(local=list(LOCAL_ROUTES), table=table)
-    assert reconcile(view, IPV4, ct) == expected_deleted
+    assert reconcile(view, Family.IPV4, ct) == expected_deleted
     assert len(ct.table) == expected_left
     assert [c[1] for c in ct.calls] == ["-L", "-D"]
-    assert ct.calls[1][2:] == Filter(SVC_PORT, DELETED_EP, EP_PORT, EXTERNAL_IP).argv(IPV4)
+    assert ct.calls[1][2:] == Filter(SVC_PORT, DELETED_EP, EP_PORT, EXTERNAL_IP).argv(Family.IPV4)
 
 
 def test_upstream_service_without_endpoints_keeps_its_entries() -> None:
@@ -206,7 +206,7 @@ def test_upstream_service_without_endpoints_keeps_its_entries() -> None:
     line = Lines()
     table = [line("udp", EXTERNAL_IP, SVC_PORT, SERVING_EP, EP_PORT), line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT)]
     ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(table))
-    assert reconcile(view, IPV4, ct) == 0
+    assert reconcile(view, Family.IPV4, ct) == 0
     assert ct.table == table
     assert [c[1] for c in ct.calls] == ["-L"]
 
@@ -216,17 +216,17 @@ def test_upstream_service_without_endpoints_keeps_its_entries() -> None:
     [
         (
             Filter(53, "10.244.0.3", 5353, "10.96.0.10"),
-            IPV4,
+            Family.IPV4,
             "-p udp -f ipv4 --orig-dst 10.96.0.10 --orig-port-dst 53 --reply-src 10.244.0.3 --reply-port-src 5353",
         ),
         (
             Filter(8000, "4001:ab8::2", 9090, "2001:db8:1::2"),
-            IPV6,
+            Family.IPV6,
             "-p udp -f ipv6 --orig-dst 2001:db8:1::2 --orig-port-dst 8000 --reply-src 4001:ab8::2 --reply-port-src 9090",
         ),
         (
             Filter(30053, "2001:db8:1::2", 53, "2001:db8::1"),  # a NodePort: the node address too
-            IPV6,
+            Family.IPV6,
             "-p udp -f ipv6 --orig-dst 2001:db8::1 --orig-port-dst 30053 --reply-src 2001:db8:1::2 --reply-port-src 53",
         ),
     ],
@@ -247,7 +247,7 @@ def test_ipv6_addresses_compare_in_canonical_form() -> None:
     eps = slice_obj(protocols=["UDP"])
     eps["addressType"] = "IPv6"
     eps["endpoints"] = [{"addresses": ["fd00:244::4"], "conditions": {"serving": True}}]
-    view = view_of([svc], [eps], IPV6)
+    view = view_of([svc], [eps], Family.IPV6)
     text = (
         "udp      17 29 src=fd00::99 dst=fd00:96:0:0::10 sport=40000 dport=8000 src=fd00:244:0::4 dst=fd00::99 "
         "sport=9090 dport=40000 [ASSURED] mark=0 use=1\n"
@@ -288,7 +288,7 @@ def test_node_port_53_leaves_the_nodes_own_dns_flows_alone() -> None:
     node's DNS flows was 'stale' (its reply does not come from a serving endpoint)."""
     table, keep = dns_flows()
     ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(table))
-    assert reconcile(dns_node_port_view(), IPV4, ct) == 2
+    assert reconcile(dns_node_port_view(), Family.IPV4, ct) == 2
     assert sorted(ct.table) == sorted(keep)
     deletes = [c for c in ct.calls if c[1] == "-D"]
     assert deletes and all(c[c.index("--orig-dst") + 1] == NODE_IP for c in deletes)
@@ -313,11 +313,11 @@ def test_node_port_destinations_follow_the_options() -> None:
 
 
 def test_node_ports_of_options_as_each_mode_renders_them() -> None:
-    base = dict(node_name="n", node_ip=NODE_IP, node_labels={}, family=IPV4)
-    opts = IptablesOptions(**base, localhost_nodeports=True)  # type: ignore[arg-type]
+    base = dict(node_name="n", node_ip=NODE_IP, node_labels={}, family=Family.IPV4)
+    opts = NodeOptions(**base, localhost_nodeports=True)  # type: ignore[arg-type]
     assert NodePorts.of(opts, "iptables") == NodePorts((), True, True)
     assert NodePorts.of(opts, "nftables") == NodePorts((), True, False)  # no localhost NodePorts in nft
-    selected = IptablesOptions(
+    selected = NodeOptions(
         **base,  # type: ignore[arg-type]
         localhost_nodeports=False,
         nodeport_ips=(NODE_IP, "127.0.0.1"),
@@ -337,10 +337,10 @@ def test_resolve_keeps_single_addresses_and_prefixes_normalised() -> None:
 def test_local_addresses_are_asked_only_when_needed() -> None:
     no_node_port = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
     ct = FakeConntrack(local=list(LOCAL_ROUTES), table=[])
-    assert node_port_destinations(no_node_port, IPV4, NodePorts(), ct) == NodePortDestinations()
-    assert node_port_destinations(dns_node_port_view(), IPV4, NodePorts(ips=(NODE_IP,), all_local=False), ct) == NODE
+    assert node_port_destinations(no_node_port, Family.IPV4, NodePorts(), ct) == NodePortDestinations()
+    assert node_port_destinations(dns_node_port_view(), Family.IPV4, NodePorts(ips=(NODE_IP,), all_local=False), ct) == NODE
     assert ct.calls == []
-    assert node_port_destinations(dns_node_port_view(), IPV4, NodePorts(), ct) == NODE
+    assert node_port_destinations(dns_node_port_view(), Family.IPV4, NodePorts(), ct) == NODE
     assert [c[0] for c in ct.calls] == ["ip"]
 
 
@@ -353,11 +353,11 @@ def test_unknown_local_addresses_leave_node_port_flows_alone(failure: Any, caplo
     listed = (0, "".join(f"{x}\n" for x in table), "")
     with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
         run = runner(listed, failure)
-        assert reconcile(dns_node_port_view(), IPV4, run) == 0
+        assert reconcile(dns_node_port_view(), Family.IPV4, run) == 0
     assert [c[0] for c in run.calls] == ["conntrack", "ip"]  # listed, asked, deleted nothing
     assert "NodePort conntrack entries are left alone" in caplog.text
     with pytest.raises(Exception, match="route show"):
-        local_routes(IPV4, runner(failure))
+        local_routes(Family.IPV4, runner(failure))
 
 
 def test_shared_frontend_keeps_flows_to_either_services_endpoints() -> None:
@@ -460,14 +460,14 @@ def runner(*results: tuple[int, str, str] | BaseException) -> Any:
 
 def test_delete_nothing_matched_is_not_an_error() -> None:
     run = runner((1, "", "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n"))
-    assert delete(Filter(53, "10.244.1.1", 5300, "10.96.0.10"), IPV4, run) == 0
-    assert run.calls == [["conntrack", "-D", *Filter(53, "10.244.1.1", 5300, "10.96.0.10").argv(IPV4)]]
+    assert delete(Filter(53, "10.244.1.1", 5300, "10.96.0.10"), Family.IPV4, run) == 0
+    assert run.calls == [["conntrack", "-D", *Filter(53, "10.244.1.1", 5300, "10.96.0.10").argv(Family.IPV4)]]
 
 
 def test_delete_other_failure_is_an_error() -> None:
     run = runner((1, "", "conntrack v1.4.7 (conntrack-tools): Operation failed: invalid parameters\n"))
     with pytest.raises(ConntrackError, match="invalid parameters"):
-        delete(Filter(53, "10.244.1.1", 5300, "10.96.0.10"), IPV4, run)
+        delete(Filter(53, "10.244.1.1", 5300, "10.96.0.10"), Family.IPV4, run)
 
 
 def test_failed_delete_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
@@ -480,7 +480,7 @@ def test_failed_delete_is_logged_and_the_others_still_run(caplog: pytest.LogCapt
     )
     view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
     with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
-        assert reconcile(view, IPV4, run) == 1
+        assert reconcile(view, Family.IPV4, run) == 1
     assert len(run.calls) == 3
     assert any("Failed to clear all conntrack entries" in r.getMessage() for r in caplog.records)
 
@@ -489,10 +489,10 @@ def test_listing_failure_raises_from_clean_stale_entries_and_is_logged_by_reconc
     view = upstream_view()
     refused = (1, "", "conntrack v1.4.7 (conntrack-tools): Operation not permitted\n")
     with pytest.raises(ConntrackError, match="Operation not permitted"):
-        clean_stale_entries(view, IPV4, runner(refused))
+        clean_stale_entries(view, Family.IPV4, runner(refused))
     with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
-        assert reconcile(view, IPV4, runner(refused)) == 0
-        assert Reconciler(runner(refused)).reconcile(view, IPV4) == 0
+        assert reconcile(view, Family.IPV4, runner(refused)) == 0
+        assert Reconciler(runner(refused)).reconcile(view, Family.IPV4) == 0
     assert caplog.text.count("Failed to list conntrack entries") == 2
 
 
@@ -506,18 +506,18 @@ def test_listing_failure_raises_from_clean_stale_entries_and_is_logged_by_reconc
 def test_missing_conntrack_is_reported_once(missing: Any, caplog: pytest.LogCaptureFixture) -> None:
     view = upstream_view()
     with pytest.raises(ConntrackMissing):
-        clean_stale_entries(view, IPV4, runner(missing))
+        clean_stale_entries(view, Family.IPV4, runner(missing))
     rec = Reconciler(runner(missing, missing, missing))
     with caplog.at_level(logging.DEBUG, logger="kubeproxy.conntrack"):
-        assert [rec.reconcile(view, IPV4) for _ in range(3)] == [0, 0, 0]
+        assert [rec.reconcile(view, Family.IPV4) for _ in range(3)] == [0, 0, 0]
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "conntrack: not found" in warnings[0].getMessage()
 
 
 def test_real_missing_binary_on_the_host() -> None:
     with pytest.raises(ConntrackMissing, match="conntrack-not-installed-here: not found"):
-        clean_stale_entries(upstream_view(), IPV4, binary="conntrack-not-installed-here")
-    assert reconcile(upstream_view(), IPV4, binary="conntrack-not-installed-here") == 0
+        clean_stale_entries(upstream_view(), Family.IPV4, binary="conntrack-not-installed-here")
+    assert reconcile(upstream_view(), Family.IPV4, binary="conntrack-not-installed-here") == 0
 
 
 def test_bad_family_names_the_choices() -> None:
@@ -540,7 +540,7 @@ def test_cleanup_required_with_the_change_tracker() -> None:
     state, tracker = ClusterState(), ChangeTracker(node_name="test-worker")
 
     def take() -> Changes:
-        return tracker.take(build_view(state.services.values(), state.slices.values(), IPV4, "test-worker"))
+        return tracker.take(build_view(state.services.values(), state.slices.values(), Family.IPV4, "test-worker"))
 
     udp = service_obj(ports=[("test-udp", "UDP", 0)])
     eps = slice_obj(protocols=["UDP"])

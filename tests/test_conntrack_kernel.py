@@ -21,7 +21,8 @@ import pytest
 
 from kubeproxy.backends.conntrack import NodePorts, Reconciler, list_flows, reconcile
 from kubeproxy.lab.netns import NetNS, link, netns
-from kubeproxy.proxy.model import IPV4, IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import Family
 
 pytestmark = pytest.mark.root
 
@@ -77,11 +78,13 @@ class Addrs:
 
 
 ADDRS = {
-    IPV4: Addrs(
-        IPV4, "10.0.0.2", "10.0.0.1", 24, "10.244.1.1", "10.244.2.2", "10.244.3.3", "10.96.0.10", "10.96.0.20", "10.96.0.0/16"
+    Family.IPV4: Addrs(
+        Family.IPV4, "10.0.0.2", "10.0.0.1", 24, "10.244.1.1", "10.244.2.2", "10.244.3.3",
+        "10.96.0.10", "10.96.0.20", "10.96.0.0/16",
     ),
-    IPV6: Addrs(
-        IPV6, "fd00::2", "fd00::1", 64, "fd00:244::1", "fd00:244::2", "fd00:244::3", "fd00:96::10", "fd00:96::20", "fd00:96::/64"
+    Family.IPV6: Addrs(
+        Family.IPV6, "fd00::2", "fd00::1", 64, "fd00:244::1", "fd00:244::2", "fd00:244::3",
+        "fd00:96::10", "fd00:96::20", "fd00:96::/64",
     ),
 }
 
@@ -102,21 +105,21 @@ def nat_rules(a: Addrs, pod_x: str) -> str:
 
 
 def load(node: NetNS, a: Addrs, pod_x: str) -> None:
-    node.run(["ip6tables-restore" if a.family == IPV6 else "iptables-restore"], input=nat_rules(a, pod_x))
+    node.run(["ip6tables-restore" if a.family == Family.IPV6 else "iptables-restore"], input=nat_rules(a, pod_x))
 
 
 @contextmanager
 def bed(family: str) -> Iterator[tuple[NetNS, NetNS, Addrs]]:
     a = ADDRS[family]
     with netns("kpct") as client, netns("kpct") as node:
-        v4 = ADDRS[IPV4]
+        v4 = ADDRS[Family.IPV4]
         link(client, "eth0", f"{v4.client}/{v4.prefix}", node, "eth0", f"{v4.node}/{v4.prefix}")
-        if family == IPV6:
+        if family == Family.IPV6:
             # No duplicate address detection: it would hold the addresses back for a second.
             for ns, ip in ((client, a.client), (node, a.node)):
                 ns.run(["ip", "-6", "addr", "add", f"{ip}/{a.prefix}", "dev", "eth0", "nodad"])
         client.run(["ip", "route", "add", a.vip_net, "via", a.node])
-        host_len = 128 if family == IPV6 else 32
+        host_len = 128 if family == Family.IPV6 else 32
         for pod in (a.pod_a, a.pod_b, a.pod_c):
             node.run(["ip", "addr", "add", f"{pod}/{host_len}", "dev", "lo"])
         server = node.popen(
@@ -146,7 +149,7 @@ def view_after_switch(a: Addrs) -> NodeView:
     )
 
 
-@pytest.mark.parametrize("family", [IPV4, IPV6])
+@pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
 def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: str) -> None:
     with bed(family) as (client, node, a):
         # Flows from fixed source ports: X by cluster IP, X by NodePort, Y.
@@ -184,7 +187,7 @@ def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: s
         assert Reconciler(node.run).reconcile(view_after_switch(a), family) == 0
 
 
-@pytest.mark.parametrize("family", [IPV4, IPV6])
+@pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
 @pytest.mark.parametrize("selected", [False, True], ids=["all-local", "nodeport-addresses"])
 def test_node_port_cleanup_only_touches_flows_to_the_nodes_node_port_addresses(family: str, selected: bool) -> None:
     """Issue 11, item 7: the node's own flow to another host on the NodePort's port number was

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters, restore
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
 from kubeproxy.cli import main
+from kubeproxy.proxy.options import NFACCT_COUNTERS
 from tests.rules_invariants import parse
 from tests.test_render_golden import GOLDEN, SCENARIOS
 from tests.test_upstream_fixtures import FIXTURES, render_fixture

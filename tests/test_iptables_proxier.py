@@ -16,9 +16,9 @@ from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import NFACCT_COUNTERS
 
 DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))

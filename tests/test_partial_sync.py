@@ -20,8 +20,6 @@ import yaml
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
 from kubeproxy.backends.iptables.render import (
     LARGE_CLUSTER_ENDPOINTS,
-    NFACCT_COUNTERS,
-    IptablesOptions,
     Rendered,
     render,
 )
@@ -29,6 +27,7 @@ from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.model import EndpointInfo, NodeView, build_view
+from kubeproxy.proxy.options import NFACCT_COUNTERS, NodeOptions
 from tests.iptables_canonical import diff
 from tests.rules_invariants import check_invariants
 from tests.rules_invariants import parse as parse_rules
@@ -89,7 +88,7 @@ def _jump_target(rule: str) -> str:
     return parts[parts.index("-j") + 1] if "-j" in parts else ""
 
 
-def step_options(case: Path) -> IptablesOptions:
+def step_options(case: Path) -> NodeOptions:
     """The options of upstream's repeated-sync test (no Node object in it)."""
     return fixture_options(case)
 
@@ -109,7 +108,7 @@ def load_objects(case: Path) -> dict[ObjKey, Mapping[str, Any]]:
 class Proxy:
     """Just enough of a proxier to drive the tracker and renderer step by step."""
 
-    opts: IptablesOptions
+    opts: NodeOptions
     kernel: Any  # FakeKernel or the namespace-backed one below
     state: ClusterState = field(default_factory=ClusterState)
     tracker: ChangeTracker = field(default_factory=ChangeTracker)

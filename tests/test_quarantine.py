@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kubeproxy.proxy.model import IPV4
+from kubeproxy.proxy.options import Family
 from kubeproxy.proxy.quarantine import Held, Quarantine, isolate
 from tests.nftables.helpers import endpoint, port, service, slice_, view
 
@@ -56,8 +56,8 @@ def _cluster(web_ips: list[str]) -> list[dict]:
 
 
 def test_a_held_service_keeps_its_last_accepted_version() -> None:
-    accepted = view(_cluster(["10.0.0.1"]), IPV4)
-    refused = view(_cluster(["10.0.0.1", "10.0.0.66"]), IPV4)
+    accepted = view(_cluster(["10.0.0.1"]), Family.IPV4)
+    refused = view(_cluster(["10.0.0.1", "10.0.0.66"]), Family.IPV4)
     q = Quarantine()
     q.hold(("ns", "web"), "nft said no", accepted)
     assert ("ns", "web") in q and q.names() == ["ns/web"]
@@ -69,7 +69,7 @@ def test_a_held_service_keeps_its_last_accepted_version() -> None:
 
 
 def test_a_service_never_accepted_is_left_out_and_a_change_releases_it() -> None:
-    now = view(_cluster(["10.0.0.1"]), IPV4)
+    now = view(_cluster(["10.0.0.1"]), Family.IPV4)
     q = Quarantine()
     q.hold(("ns", "web"), "refused", None)
     assert {n.service for n in q.apply(now).services} == {("ns", "db")}
@@ -79,7 +79,7 @@ def test_a_service_never_accepted_is_left_out_and_a_change_releases_it() -> None
 
 
 def test_held_of_copies_only_that_services_ports() -> None:
-    v = view(_cluster(["10.0.0.1"]), IPV4)
+    v = view(_cluster(["10.0.0.1"]), Family.IPV4)
     held = Held.of(("ns", "db"), "x", v)
     assert {n.service for n in held.services} == {("ns", "db")}
     assert {n.service for n in held.endpoints} == {("ns", "db")}

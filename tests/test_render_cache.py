@@ -21,12 +21,13 @@ from hypothesis import strategies as st
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables import render as render_module
 from kubeproxy.backends.iptables.cache import RenderCache
-from kubeproxy.backends.iptables.render import IptablesOptions, Rendered, render
+from kubeproxy.backends.iptables.render import Rendered, render
 from kubeproxy.cli import build_config, main
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.proxy.view import ViewBuilder
 from tests.iptables_canonical import diff
 from tests.test_partial_sync import BOGUS_CHAIN, BOGUS_RULE, STEPS, FakeKernel, Proxy, RestoreRefused, replay, step_options
@@ -181,7 +182,7 @@ def render_steps(draw: st.DrawFn) -> tuple[str, Any]:
     return kind, draw(sync_plans) if kind == "sync" else None
 
 
-def variant(opts: IptablesOptions, name: str) -> IptablesOptions:
+def variant(opts: NodeOptions, name: str) -> NodeOptions:
     if name == "masquerade_all":
         return dataclasses.replace(opts, masquerade_all=True)
     if name == "zone":
@@ -191,7 +192,7 @@ def variant(opts: IptablesOptions, name: str) -> IptablesOptions:
     return opts
 
 
-BASE = IptablesOptions(node_name="n1", node_ip="192.0.2.10", local_detector=LocalDetector("ClusterCIDR", ("10.1.0.0/16",)))
+BASE = NodeOptions(node_name="n1", node_ip="192.0.2.10", local_detector=LocalDetector("ClusterCIDR", ("10.1.0.0/16",)))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubeproxy.backends.iptables.options import iptables_options
-from kubeproxy.backends.iptables.render import IptablesOptions, render
+from kubeproxy.backends.iptables.render import render
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.options import NodeOptions, node_options
 from tests.iptables_canonical import diff
 from tests.rules_invariants import check_invariants, parse
 
@@ -32,8 +32,8 @@ CASES = sorted(p.name for p in FIXTURES.iterdir() if _is_full_sync(p))
 PARTIAL_SYNC_CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.rules").exists() and not _is_full_sync(p))
 
 
-def fixture_options(case: Path, node: Node | None = None) -> IptablesOptions:
-    """IptablesOptions for a fixture's options.yaml, through the same path the CLI takes."""
+def fixture_options(case: Path, node: Node | None = None) -> NodeOptions:
+    """NodeOptions for a fixture's options.yaml, through the same path the CLI takes."""
     raw = yaml.safe_load((case / "options.yaml").read_text())
     if raw["node_pod_cidr"]:
         pod_cidr = ipaddress.ip_network(raw["node_pod_cidr"])
@@ -51,7 +51,7 @@ def fixture_options(case: Path, node: Node | None = None) -> IptablesOptions:
         nodeport_addresses=tuple(raw["nodeport_addresses"]),
         random_fully=raw["random_fully"],
     )
-    opts = iptables_options(
+    opts = node_options(
         cfg,
         family=raw["ip_family"],
         hostname=raw["node_name"],

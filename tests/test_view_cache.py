@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from kubeproxy.cluster.objects import LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
-from kubeproxy.proxy.model import IPV4, IPV6, NodeView, build_view
+from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.options import Family
 from kubeproxy.proxy.view import ViewBuilder
 
 # Small pools, weighted so that slices usually match a Service's namespace, name and ports.
@@ -113,7 +114,7 @@ def nodes(draw: st.DrawFn) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": draw(st.sampled_from(NODES)), "labels": labels}}
 
 
-SYNC_TARGETS = ((IPV4, "n1"), (IPV4, "n1"), (IPV4, "n1"), (IPV6, "n1"), (IPV4, "n2"))
+SYNC_TARGETS = ((Family.IPV4, "n1"), (Family.IPV4, "n1"), (Family.IPV4, "n1"), (Family.IPV6, "n1"), (Family.IPV4, "n2"))
 
 
 @st.composite
@@ -173,7 +174,7 @@ def test_incremental_view_equals_full_build(scenario: list[tuple[str, Any]]) -> 
     builder = ViewBuilder()
     previous: tuple[NodeView, str, str] | None = None
     seed = [("apply", obj) for obj in seed_objects()]
-    for kind, arg in [*seed, ("sync", (IPV4, "n1")), *scenario, ("sync", (IPV4, "n1"))]:
+    for kind, arg in [*seed, ("sync", (Family.IPV4, "n1")), *scenario, ("sync", (Family.IPV4, "n1"))]:
         if kind in ("apply", "delete"):
             apply_step(state, tracker, kind, arg)
             apply_step(ref_state, ref_tracker, kind, arg)
@@ -247,15 +248,15 @@ def test_update_recomputes_only_touched_services_and_keeps_the_rest() -> None:
     for name, ip in (("s1", "10.96.0.1"), ("s2", "10.96.0.2")):
         tracker.apply(state, service_obj(name, ip))
         tracker.apply(state, slice_obj(f"{name}-1", name, ["10.1.0.1", "10.1.0.2"]))
-    first = builder.update(state, tracker.pending(), family=IPV4, node_name="n1")
+    first = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
     assert tracker.pending() is None  # the first sync is a full one: nothing to reuse yet
     tracker.take(first)
 
     tracker.apply(state, slice_obj("s1-1", "s1", ["10.1.0.1", "10.1.0.3"]))
     assert tracker.pending() == {("a", "s1")}
     assert tracker.pending() == {("a", "s1")}  # a peek: nothing consumed
-    second = builder.update(state, tracker.pending(), family=IPV4, node_name="n1")
-    assert second == fresh_view(state, IPV4, "n1")
+    second = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
+    assert second == fresh_view(state, Family.IPV4, "n1")
     s1, s2 = (n for n in sorted(second.services) if n.name in ("s1", "s2"))
     assert second.endpoints[s2] is first.endpoints[s2] and second.services[s2] is first.services[s2]
     assert second.endpoints[s1] is not first.endpoints[s1]
@@ -269,7 +270,7 @@ def test_family_or_node_change_rebuilds() -> None:
     state, builder = ClusterState(), ViewBuilder()
     state.apply(service_obj("s1", "10.96.0.1"))
     state.apply(slice_obj("s1-1", "s1", ["10.1.0.1"], node="n2"))
-    assert builder.update(state, None, family=IPV4, node_name="n1") == fresh_view(state, IPV4, "n1")
+    assert builder.update(state, None, family=Family.IPV4, node_name="n1") == fresh_view(state, Family.IPV4, "n1")
     # Nothing touched, but the node name decides which endpoints are local.
-    assert builder.update(state, frozenset(), family=IPV4, node_name="n2") == fresh_view(state, IPV4, "n2")
-    assert builder.update(state, frozenset(), family=IPV6, node_name="n2") == fresh_view(state, IPV6, "n2")
+    assert builder.update(state, frozenset(), family=Family.IPV4, node_name="n2") == fresh_view(state, Family.IPV4, "n2")
+    assert builder.update(state, frozenset(), family=Family.IPV6, node_name="n2") == fresh_view(state, Family.IPV6, "n2")

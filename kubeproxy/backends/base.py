@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from kubeproxy.backends.iptables.render import IptablesOptions
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.proxy.config import ProxyConfig
     from kubeproxy.proxy.metrics import ProxyMetrics
     from kubeproxy.proxy.model import NodeView
+    from kubeproxy.proxy.options import Family, NodeOptions
 
 
 class SyncError(RuntimeError):
@@ -74,15 +74,17 @@ class OfflineRenderer(Protocol):
 
 
 class Backend(Protocol):
-    ipv6: bool
+    # The IP family this instance programs; a dual-stack node runs one instance per family
+    # (proxy/meta.py), and the live loop sets it before every sync.
+    family: Family
     # nfacct counters the rules may use, once `prepare` has created them (iptables mode only).
     nfacct_counters: tuple[str, ...]
 
     def prepare(self) -> None: ...
 
-    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport: ...
+    def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport: ...
 
-    def check(self, view: NodeView, opts: IptablesOptions) -> str | None: ...
+    def check(self, view: NodeView, opts: NodeOptions) -> str | None: ...
 
     def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None: ...
 

@@ -11,11 +11,10 @@ import subprocess
 from dataclasses import dataclass
 
 from kubeproxy import __version__
-from kubeproxy.backends.iptables.options import local_detector, node_ips
 from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, unused_settings
 from kubeproxy.proxy.features import gates_without_effect
-from kubeproxy.proxy.model import IPV4, family_of
+from kubeproxy.proxy.options import Family, local_detector, node_ips
 
 # Upstream's texts, so that searches for them find our logs too.
 NO_NODE_IP = "Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag"
@@ -46,7 +45,7 @@ def node_facts(cfg: ProxyConfig, node: Node | None) -> NodeFacts:
     else:
         ips_from = "nowhere"
         warnings.append(NO_NODE_IP)
-    family = family_of(ipaddress.ip_address(ips[0])) if ips else IPV4
+    family = Family.of(ipaddress.ip_address(ips[0])) if ips else Family.IPV4
     try:
         detector = local_detector(cfg, node, family)
     except ConfigError as exc:

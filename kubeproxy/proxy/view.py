@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.model import NodeView, ServiceKey, ServicePortName, build_view, endpoints_map, ports_of_service, renamed
+from kubeproxy.proxy.options import Family
 
 V = TypeVar("V")
 
@@ -29,7 +30,7 @@ class ViewBuilder:
         self._view: NodeView | None = None
         self._line = ("", "")  # the family and node name of `_view`
 
-    def update(self, state: ClusterState, touched: Collection[ServiceKey] | None, *, family: str, node_name: str) -> NodeView:
+    def update(self, state: ClusterState, touched: Collection[ServiceKey] | None, *, family: Family, node_name: str) -> NodeView:
         """The view of `state` for this family and node.
 
         touched: the Services whose objects (the Service, or any slice labelled for it before or
@@ -47,7 +48,9 @@ class ViewBuilder:
         return view
 
 
-def _patched(previous: NodeView, state: ClusterState, touched: Collection[ServiceKey], family: str, node_name: str) -> NodeView:
+def _patched(
+    previous: NodeView, state: ClusterState, touched: Collection[ServiceKey], family: Family, node_name: str
+) -> NodeView:
     services = dict(previous.services)
     endpoints = dict(previous.endpoints)
     index = dict(previous.by_service)

@@ -7,10 +7,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import IPV4, IPV6, NodeView, build_view
+from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.options import Family, NodeOptions
 
 NODE = "test-node"
 
@@ -59,17 +59,17 @@ def slice_(
     }
 
 
-def view(objects: Iterable[Mapping[str, Any]], family: str = IPV4, node: str = NODE) -> NodeView:
+def view(objects: Iterable[Mapping[str, Any]], family: str = Family.IPV4, node: str = NODE) -> NodeView:
     state, warnings = build_state(objects)
     assert not warnings, warnings
     return build_view(state.services.values(), state.slices.values(), family, node)
 
 
-def options(**changes: Any) -> IptablesOptions:
-    base = IptablesOptions(
+def options(**changes: Any) -> NodeOptions:
+    base = NodeOptions(
         node_name=NODE,
         node_ip="192.168.0.2",
-        family=IPV4,
+        family=Family.IPV4,
         masquerade_mark="0x4000",
         local_detector=LocalDetector("ClusterCIDR", ("10.0.0.0/8",)),
         localhost_nodeports=False,
@@ -78,8 +78,9 @@ def options(**changes: Any) -> IptablesOptions:
     return dataclasses.replace(base, **changes)
 
 
-def options6(**changes: Any) -> IptablesOptions:
-    return options(family=IPV6, node_ip="2001:db8::1", local_detector=LocalDetector("ClusterCIDR", ("fd00:10::/64",)), **changes)
+def options6(**changes: Any) -> NodeOptions:
+    detector = LocalDetector("ClusterCIDR", ("fd00:10::/64",))
+    return options(family=Family.IPV6, node_ip="2001:db8::1", local_detector=detector, **changes)
 
 
 def canonical(listing_json: str, table: str = "kube-proxy") -> dict[str, Any]:

@@ -21,7 +21,7 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.lab import netns as L
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import IPV6
+from kubeproxy.proxy.options import Family
 from tests.netfilter.kernel_bed import PROBE, bed
 from tests.nftables.helpers import NODE, canonical, endpoint, options, options6, port, service, slice_, view
 from tests.nftables.test_incremental import random_service
@@ -75,7 +75,7 @@ def test_full_rendering_loads_with_nft_f(netns: L.NetNS, case: str) -> None:
             service("ns3", "dns", "fd00:172:30::10", port("dns", 53, "UDP"),
                     annotations={"kubeproxy.io/udp-conntrack-timeout": "7s"}),
         ]  # fmt: skip
-        r = render(view(objs, family=IPV6), options6(), service_cidrs=["fd00:172:30::/112"])
+        r = render(view(objs, family=Family.IPV6), options6(), service_cidrs=["fd00:172:30::/112"])
     else:
         opts = {
             "ipv4": options(),

@@ -10,7 +10,8 @@ from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import IPV6, ServicePortName
+from kubeproxy.proxy.model import ServicePortName
+from kubeproxy.proxy.options import Family
 from tests.nftables.helpers import NODE, endpoint, options, options6, port, service, slice_, view
 
 
@@ -346,7 +347,7 @@ def test_ipv6() -> None:
         service("ns1", "svc1", "fd00:172:30::41", port("p80", 80, nodePort=3001), type="NodePort"),
         slice_("ns1", "svc1", [endpoint("fd00:10:180::1"), endpoint("fd00:10:180::2:1")], ("p80", 80, "TCP"), family="IPv6"),
     ]
-    r = render(view(objs, family=IPV6), options6())
+    r = render(view(objs, family=Family.IPV6), options6())
     assert r.family == "ip6" and r.table == "ip6 kube-proxy"
     assert values(r, "cluster-endpoints-2")["fd00:172:30::41 . tcp . 80 . 1"] == "fd00:10:180::2:1 . 80"
     assert rules(r, "cluster-endpoints-2") == [
@@ -361,7 +362,7 @@ def test_ipv6_affinity_endpoint_dnat_has_brackets() -> None:
         service("ns1", "svc1", "fd00:172:30::41", port("p80", 80), sessionAffinity="ClientIP"),
         slice_("ns1", "svc1", [endpoint("fd00:10:180::1")], ("p80", 80, "TCP"), family="IPv6"),
     ]
-    r = render(view(objs, family=IPV6), options6())
+    r = render(view(objs, family=Family.IPV6), options6())
     ep = "endpoint-ZVRFLKHO-ns1/svc1/tcp/p80__fd00.10.180..1/80"  # upstream's name
     assert rules(r, ep)[-1] == "meta l4proto tcp dnat to [fd00:10:180::1]:80"
 

@@ -26,7 +26,6 @@ import pytest
 import yaml
 
 from kubeproxy.backends.iptables.jumps import with_jumps
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.cluster.manifests import load_manifests
@@ -40,6 +39,7 @@ from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import Outcome, trace
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.options import NodeOptions
 from tests.netfilter.kernel_bed import assert_kernel_agrees, bed, observed_key
 
 pytestmark = pytest.mark.root
@@ -56,11 +56,11 @@ FLOWS = [
 ]
 
 
-def fixture_options(raw: dict[str, Any]) -> IptablesOptions:
+def fixture_options(raw: dict[str, Any]) -> NodeOptions:
     """Upstream's fake nftables proxier: mark 0x4000, --nodeport-addresses resolved to `nodeport_ips`."""
     family = raw["ip_family"]
     detector = LocalDetector("ClusterCIDR", (raw["local_detector"],)) if raw["local_detector"] else LocalDetector()
-    return IptablesOptions(
+    return NodeOptions(
         node_name=raw["node_name"],
         node_ip=raw["node_ip"],
         family=family,

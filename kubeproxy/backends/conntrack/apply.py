@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
 from kubeproxy.backends.conntrack.stale import ALL_LOCAL_NODE_PORTS, UDP, Filter, NodePortDestinations, NodePorts, stale_filters
 from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.proxy.model import IPV4, IPV6, NodeView
+from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import Family
 
 log = logging.getLogger("kubeproxy.conntrack")
 
@@ -50,9 +51,9 @@ def _call(run: Runner, argv: Sequence[str], timeout: float) -> subprocess.Comple
 
 
 def _family_flag(family: str) -> str:
-    if family not in (IPV4, IPV6):
-        raise ValueError(f"IP family must be {IPV4} or {IPV6}, not {family!r}")
-    return "ipv6" if family == IPV6 else "ipv4"
+    if family not in (Family.IPV4, Family.IPV6):
+        raise ValueError(f"IP family must be {Family.IPV4} or {Family.IPV6}, not {family!r}")
+    return "ipv6" if family == Family.IPV6 else "ipv4"
 
 
 def list_flows(family: str, run: Runner = local_run, *, binary: str = "conntrack", timeout: float = 60) -> list[Flow]:

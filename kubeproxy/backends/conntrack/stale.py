@@ -44,9 +44,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kubeproxy.backends.conntrack.flows import Flow
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.proxy.changes import Changes
-from kubeproxy.proxy.model import IPV6, NodeView
+from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.conntrack")
 
@@ -93,7 +93,7 @@ class NodePorts:
     loopback: bool = False
 
     @classmethod
-    def of(cls, opts: IptablesOptions, mode: str) -> NodePorts:
+    def of(cls, opts: NodeOptions, mode: str) -> NodePorts:
         """The NodePort addresses of this sync's options, as the `mode` renderer uses them."""
         # iptables accepts NodePorts on 127.0.0.0/8 (route_localnet) when localhost NodePorts are
         # on (opts says so only for IPv4); nftables never does.
@@ -163,7 +163,7 @@ class Filter:
 
     def argv(self, family: str) -> list[str]:
         """The conntrack options (after `-D`) that select exactly these entries."""
-        argv = ["-p", "udp", "-f", "ipv6" if family == IPV6 else "ipv4", "--orig-dst", self.orig_dst]
+        argv = ["-p", "udp", "-f", "ipv6" if family == Family.IPV6 else "ipv4", "--orig-dst", self.orig_dst]
         argv += ["--orig-port-dst", str(self.orig_dport)]
         argv += ["--reply-src", self.reply_src, "--reply-port-src", str(self.reply_sport)]
         return argv

@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import NodeOptions
 
 if TYPE_CHECKING:
-    from kubeproxy.backends.iptables.render import IptablesOptions, ServiceRules
+    from kubeproxy.backends.iptables.render import ServiceRules
 
 
 class _Memo(NamedTuple):
@@ -48,7 +49,7 @@ class RenderCache:
     _INSERTS = 256
 
     def __init__(self) -> None:
-        self._key: tuple[IptablesOptions, bool] | None = None
+        self._key: tuple[NodeOptions, bool] | None = None
         self._ports: list[ServicePortName] = []  # the last render's service ports, sorted
         self._memos: list[_Memo] = []  # their memos, in the same order
         self.reused = 0  # service ports taken from the cache by the last render
@@ -57,7 +58,7 @@ class RenderCache:
     def rules(
         self,
         view: NodeView,
-        key: tuple[IptablesOptions, bool],
+        key: tuple[NodeOptions, bool],
         render_one: Callable[[ServicePortInfo, list[EndpointInfo]], ServiceRules],
     ) -> tuple[list[ServicePortName], list[ServiceRules]]:
         """Every service port of `view` in name order, and its rules, rendered where needed.

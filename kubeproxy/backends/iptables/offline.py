@@ -1,22 +1,34 @@
-"""`kubeproxy render --proxy-mode iptables`: the iptables-restore input of a full sync."""
+"""`kubeproxy render --proxy-mode iptables`: the iptables-restore input of a full sync.
+
+A dual-stack node (kubeproxy.render.node_families) gets the ip6tables-restore input after the
+IPv4 one, under a `# ip6tables-restore` line, as the live proxy feeds each to its own tool.
+"""
 
 from __future__ import annotations
 
 from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.iptables.jumps import with_jumps
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
 
 
 def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:
-    from kubeproxy.render import render_iptables  # the shared loader imports this package
+    from kubeproxy.render import choose_node, node_families, render_iptables  # the shared loader imports this package
 
-    result = render_iptables(
-        state,
-        cfg,
-        nfacct_counters=NFACCT_COUNTERS if options.nfacct else (),
-        conntrack_tcp_liberal=options.conntrack_tcp_liberal,
-    )
-    text = result.rendered.text
-    return OfflineText(with_jumps(text) if options.with_jumps else text)
+    families = node_families(cfg, choose_node(state, cfg)[1])
+    sections: list[str] = []
+    for family in families:
+        result = render_iptables(
+            state,
+            cfg,
+            nfacct_counters=NFACCT_COUNTERS if options.nfacct else (),
+            conntrack_tcp_liberal=options.conntrack_tcp_liberal,
+            family=family,
+        )
+        text = with_jumps(result.rendered.text) if options.with_jumps else result.rendered.text
+        if len(families) > 1:
+            tool = "ip6tables-restore" if family == Family.IPV6 else "iptables-restore"
+            text = f"# {tool} ({family})\n{text}"
+        sections.append(text)
+    return OfflineText("".join(sections))

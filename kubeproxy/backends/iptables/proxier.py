@@ -40,14 +40,13 @@ from kubeproxy.backends.iptables.render import (
     KUBE_PROXY_CANARY,
     KUBE_PROXY_FIREWALL,
     KUBE_SERVICES,
-    NFACCT_COUNTERS,
-    IptablesOptions,
     Rendered,
     is_large_cluster,
     render,
 )
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import IPV6, NodeView
+from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import NFACCT_COUNTERS, Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.iptables")
 
@@ -94,7 +93,7 @@ def chains_in_save(text: str) -> set[str]:
 class IptablesProxier:
     """One IP family's iptables rules on this node; `sync` is called by the runner only."""
 
-    ipv6: bool = False
+    family: Family = Family.IPV4
     run: Runner = local_run
     # "legacy" or "nft" to pick iptables-legacy / iptables-nft explicitly; "" is the system's.
     variant: str = ""
@@ -106,8 +105,8 @@ class IptablesProxier:
     _cache: RenderCache = field(default_factory=RenderCache, init=False)
 
     @property
-    def family(self) -> str:
-        return IPV6 if self.ipv6 else "IPv4"
+    def ipv6(self) -> bool:
+        return self.family.ipv6
 
     def _binary(self, tool: str = "") -> str:
         return ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "") + tool
@@ -142,7 +141,7 @@ class IptablesProxier:
             if not self._iptables("-t", table, "-S", KUBE_PROXY_CANARY):
                 self._iptables("-t", table, "-N", KUBE_PROXY_CANARY)
 
-    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport:
+    def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport:
         """Program the rules for `view`. `changed_services` None: a full sync."""
         if not self.canary_present():
             log.info("KUBE-PROXY-CANARY is gone: the tables were flushed, doing a full sync")
@@ -171,7 +170,7 @@ class IptablesProxier:
             self._last_stale_cleanup = self.clock()
         return SyncReport(full, rendered, rendered_at - started, done - rendered_at, added)
 
-    def check(self, view: NodeView, opts: IptablesOptions) -> str | None:
+    def check(self, view: NodeView, opts: NodeOptions) -> str | None:
         """What iptables-restore says of a full sync to `view`, tested (`--test`) but not committed.
 
         None if it takes it. The kernel keeps its rules; the live proxy's quarantine uses this to

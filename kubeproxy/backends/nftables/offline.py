@@ -1,6 +1,7 @@
 """The nftables rendering of a cluster state without a kernel: for `kubeproxy render --proxy-mode nftables`.
 
-Makes the same choice of node, IP family and options as the iptables mode (kubeproxy.render).
+Makes the same choice of node, IP families and options as the iptables mode (kubeproxy.render):
+a dual-stack node gets both tables, `ip kube-proxy` and `ip6 kube-proxy`, in one `nft -f` input.
 """
 
 from __future__ import annotations
@@ -8,33 +9,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kubeproxy.backends.base import OfflineOptions, OfflineText
-from kubeproxy.backends.iptables.options import iptables_options
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView, build_view
-from kubeproxy.render import choose_node, primary_family
+from kubeproxy.proxy.options import Family, NodeOptions, node_options
+from kubeproxy.render import choose_node, node_families, primary_family
 
 
 @dataclass(frozen=True)
 class NftNodeRendering:
     view: NodeView
-    options: IptablesOptions
+    options: NodeOptions
     rendering: NftRendering
 
 
-def render_nftables(state: ClusterState, cfg: ProxyConfig, *, service_cidrs: tuple[str, ...] = ()) -> NftNodeRendering:
-    """Raises ConfigError (from the options) like render_iptables."""
+def render_nftables(
+    state: ClusterState, cfg: ProxyConfig, *, service_cidrs: tuple[str, ...] = (), family: Family | None = None
+) -> NftNodeRendering:
+    """One family's table (default: the primary family's). Raises ConfigError (from the options)
+    like render_iptables."""
     hostname, node = choose_node(state, cfg)
-    family = primary_family(cfg, node)
-    opts = iptables_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=())
+    family = family or primary_family(cfg, node)
+    opts = node_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=())
     view = build_view(state.services.values(), state.slices.values(), family, opts.node_name)
     return NftNodeRendering(view, opts, render(view, opts, service_cidrs=service_cidrs))
 
 
 def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:
-    """`kubeproxy render --proxy-mode nftables`: the `nft -f` input of the `kube-proxy` table."""
-    rendering = render_nftables(state, cfg).rendering
-    return OfflineText(rendering.text(), tuple(rendering.warnings))
+    """`kubeproxy render --proxy-mode nftables`: the `nft -f` input of the `kube-proxy` table(s)."""
+    texts: list[str] = []
+    warnings: list[str] = []
+    for family in node_families(cfg, choose_node(state, cfg)[1]):
+        rendering = render_nftables(state, cfg, family=family).rendering
+        texts.append(rendering.text())
+        warnings.extend(w for w in rendering.warnings if w not in warnings)
+    return OfflineText("".join(texts), tuple(warnings))

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.nftables")
 
@@ -49,7 +49,7 @@ class NftSyncReport:
 class NftablesProxier:
     """One IP family's `kube-proxy` table; `sync` is called by the runner only."""
 
-    ipv6: bool = False
+    family: Family = Family.IPV4
     run: Runner = local_run
     sync_period: float = 30.0
     clock: Callable[[], float] = time.monotonic
@@ -59,10 +59,6 @@ class NftablesProxier:
     _checked_at: float = field(default=float("-inf"), init=False)
     _warned: frozenset[str] = field(default=frozenset(), init=False)
 
-    @property
-    def family(self) -> str:
-        return "ip6" if self.ipv6 else "ip"
-
     def prepare(self) -> None:
         """Nothing to set up before the first sync: the table carries its own base chains."""
 
@@ -71,11 +67,11 @@ class NftablesProxier:
         metrics.nftables_sync_failures_total.inc()
 
     def _current_applier(self) -> NftApplier:
-        if self._applier is None or self._applier.family != self.family:
-            self._applier, self._previous = NftApplier(self.family, self.run), None
+        if self._applier is None or self._applier.family != self.family.nft:
+            self._applier, self._previous = NftApplier(self.family.nft, self.run), None
         return self._applier
 
-    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> NftSyncReport:
+    def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> NftSyncReport:
         applier = self._current_applier()
         full = changed_services is None
         now = self.clock()
@@ -100,7 +96,7 @@ class NftablesProxier:
             self._checked_at = now  # the table was just written whole
         return NftSyncReport(full or result.mode == "full", rendering, result, rendered)
 
-    def check(self, view: NodeView, opts: IptablesOptions) -> str | None:
+    def check(self, view: NodeView, opts: NodeOptions) -> str | None:
         """What nft says of a full sync to `view`, checked (`nft -c`) but not applied; None if it takes it."""
         return self._current_applier().check(render(view, opts))
 

@@ -82,13 +82,13 @@ from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
 from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftSet, Rule
 from kubeproxy.backends.nftables.rendering import Book, Builder, Fragment, NftRendering, SharedObjects
 from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.proxy.topology import categorize
 
 # Base chains: upstream's names, types and priorities since kubernetes PR #132456 (1.34, also
@@ -144,7 +144,7 @@ DROP = "drop"
 class _Options:
     """Everything besides the view that the rendering depends on (compared between renders)."""
 
-    opts: IptablesOptions
+    opts: NodeOptions
     service_cidrs: tuple[str, ...]
 
 
@@ -155,9 +155,9 @@ class _Ctx:
         opts = o.opts
         self.o = o
         self.opts = opts
-        self.v6 = opts.family == IPV6
-        self.family = "ip6" if self.v6 else "ip"
-        self.ipx = "ip6" if self.v6 else "ip"
+        self.v6 = opts.family.ipv6
+        self.family = opts.family.nft
+        self.ipx = opts.family.nft  # the address match keyword: `ip daddr`, `ip6 daddr`
         self.addr_type = "ipv6_addr" if self.v6 else "ipv4_addr"
         self.no_localhost = "ip6 daddr != ::1" if self.v6 else "ip daddr != 127.0.0.0/8"
         self.node_ip = ipaddress.ip_address(opts.node_ip) if opts.node_ip else None
@@ -186,7 +186,7 @@ class _Ctx:
 
 def render(
     view: NodeView,
-    opts: IptablesOptions,
+    opts: NodeOptions,
     *,
     service_cidrs: Sequence[str] = (),
     previous: NftRendering | None = None,

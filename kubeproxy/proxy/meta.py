@@ -1,0 +1,92 @@
+"""Both IP families from one proxy: upstream's meta-proxier, in the live loop's terms.
+
+Upstream runs one proxier per family and hands each the Services and EndpointSlices of its
+family. Here the cluster state is shared and each family's node view already holds only that
+family's addresses (`build_view(..., family)`), so dispatching by family is building one view
+per family. What must be separate per family is everything that remembers the previous sync:
+the backend (its tables: `iptables`/`ip6tables`, `ip`/`ip6 kube-proxy`), the change tracker's
+last view, the view builder, the quarantine and its last accepted view, and the health-check
+listeners (bound to that family's addresses, counting that family's local endpoints). That is a
+`FamilyLane`; `LiveProxy` syncs every lane in turn, and a lane that fails leaves the other's
+rules and health alone.
+
+Which families a node runs (`node_families`, in kubeproxy.render so that `kubeproxy render`
+makes the same choice): the primary one (of the first node IP), plus the other when the node has
+an address of it or --cluster-cidr lists a CIDR of it. A family the kernel lacks
+(`kernel_lacks`) is logged once and left out; the other keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubeproxy.backends.base import Backend, SyncReport
+from kubeproxy.backends.exec import Runner
+from kubeproxy.proxy.changes import Changes, ChangeTracker
+from kubeproxy.proxy.health import ServiceHealthServers
+from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.proxy.quarantine import Quarantine
+from kubeproxy.proxy.view import ViewBuilder
+
+log = logging.getLogger("kubeproxy.proxy")
+
+# Modes whose backend programs one family per instance, so that two instances make a
+# dual-stack node. IPVS's two instances share the IPVS table and kube-ipvs0: each reads and
+# changes only its own family's virtual servers and addresses there, and names its IPv6 ipsets
+# KUBE-6-... (upstream's NewIPSet). Userspace: each family has its own listeners (IPv6 ones
+# with IPV6_V6ONLY on `::`), relay thread, ip6tables redirects and state file.
+DUAL_STACK_MODES = frozenset({"iptables", "nftables", "ipvs", "userspace"})
+
+PROC_IPV6 = Path("/proc/sys/net/ipv6")
+
+
+@dataclass
+class FamilyLane:
+    """What one family's syncs remember; see the module docstring."""
+
+    family: Family
+    backend: Backend
+    tracker: ChangeTracker
+    service_health: ServiceHealthServers
+    view_builder: ViewBuilder = field(default_factory=ViewBuilder)
+    quarantine: Quarantine = field(default_factory=Quarantine)
+    last_good: NodeView | None = None  # the view the kernel last accepted
+    last_report: SyncReport | None = None
+    last_changes: Changes | None = None
+    opts: NodeOptions | None = None  # of the last sync
+    # Refusals the quarantine worked around in the worker thread, counted by the loop after it.
+    refusals: list[Exception] = field(default_factory=list)
+    prepared: bool = False
+
+
+def other(family: Family) -> Family:
+    return Family.IPV4 if family.ipv6 else Family.IPV6
+
+
+def kernel_lacks(family: Family, mode: str, run: Runner, *, variant: str = "", proc_ipv6: Path = PROC_IPV6) -> str | None:
+    """Why this node's kernel cannot carry `family`'s rules in `mode`, or None if it can.
+
+    As upstream's platform check: IPv4 is assumed; IPv6 needs the kernel's IPv6 stack and the
+    mode's tool for it (ip6tables with a nat table; nft accepting an `ip6` table, checked
+    with `nft -c`, which changes nothing).
+    """
+    if not family.ipv6:
+        return None
+    if not proc_ipv6.exists():
+        return f"{proc_ipv6} is absent: the kernel has no IPv6"
+    if mode == "nftables":
+        argv, stdin = ["nft", "-c", "-f", "-"], "add table ip6 kube-proxy\n"
+    elif mode in ("iptables", "ipvs", "userspace"):
+        argv, stdin = ["ip6tables" + (f"-{variant}" if variant else ""), "-w", "-t", "nat", "-S", "POSTROUTING"], None
+    else:
+        return None
+    try:
+        proc = run(argv, input=stdin, check=False)
+    except OSError as exc:  # the tool is not installed
+        return f"{argv[0]}: {exc.strerror or exc}"
+    if proc.returncode != 0:
+        return f"`{' '.join(argv)}` failed: {(proc.stderr or '').strip() or f'exit status {proc.returncode}'}"
+    return None

@@ -1,0 +1,162 @@
+"""What every backend needs to know about this node, for one IP family.
+
+`Family` is the one way to name an IP family: its value is the Kubernetes spelling
+(`"IPv4"`, as in `ipFamilies` and EndpointSlice `addressType`), and it knows the spellings the
+kernel tools use. `NodeOptions` is built from the configuration and the Node object by
+`node_options`; the renderers of every mode read it and nothing else about the node.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kubeproxy.cluster.fields import IPAddress, IPNetwork
+from kubeproxy.cluster.objects import Node
+from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, parse_node_ips
+
+
+class Family(StrEnum):
+    IPV4 = "IPv4"
+    IPV6 = "IPv6"
+
+    @classmethod
+    def of(cls, ip: IPAddress | IPNetwork) -> Family:
+        return cls.IPV4 if ip.version == 4 else cls.IPV6
+
+    @property
+    def ipv6(self) -> bool:
+        return self is Family.IPV6
+
+    @property
+    def nft(self) -> str:
+        """The nftables family of our table: `ip kube-proxy` or `ip6 kube-proxy`."""
+        return "ip6" if self.ipv6 else "ip"
+
+    @property
+    def loopback(self) -> str:
+        return "::1" if self.ipv6 else "127.0.0.1"
+
+    @property
+    def any_address(self) -> str:
+        return "::" if self.ipv6 else "0.0.0.0"
+
+
+# nfacct counters upstream attaches to two rules, when the kernel has them.
+NFACCT_CT_INVALID = "ct_state_invalid_dropped_pkts"
+NFACCT_LOCALHOST_NODEPORT = "localhost_nps_accepted_pkts"
+NFACCT_COUNTERS = (NFACCT_CT_INVALID, NFACCT_LOCALHOST_NODEPORT)
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """Everything about the node and configuration that changes the rules, in every mode."""
+
+    node_name: str = ""
+    node_ip: str = ""
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    family: Family = Family.IPV4
+    masquerade_all: bool = False
+    masquerade_mark: str = "0x00004000"
+    local_detector: LocalDetector = field(default_factory=LocalDetector)
+    localhost_nodeports: bool = True
+    # Empty: NodePorts on every local address. Otherwise the node's addresses that match
+    # --nodeport-addresses, resolved by the caller (the renderers do not read interfaces).
+    nodeport_ips: tuple[str, ...] = ()
+    nodeport_match_all: bool = True
+    random_fully: bool = False
+    nfacct_counters: Collection[str] = NFACCT_COUNTERS
+    conntrack_tcp_liberal: bool = False
+    prefer_same_node: bool = True
+
+    def __post_init__(self) -> None:
+        # Accept the Kubernetes spelling ("IPv6") from callers that have a plain string.
+        object.__setattr__(self, "family", Family(self.family))
+
+    @property
+    def localhost_nodeports_enabled(self) -> bool:
+        # route_localnet, which localhost NodePorts rely on, exists for IPv4 only.
+        return self.localhost_nodeports and not self.family.ipv6
+
+
+def node_name(cfg: ProxyConfig, default_hostname: str) -> str:
+    return (cfg.hostname_override or default_hostname).strip().lower()
+
+
+def node_ips(cfg: ProxyConfig, node: Node | None) -> list[str]:
+    """--node-ip first (one address or a dual-stack pair, the primary first), then the Node
+    object's addresses (InternalIP before ExternalIP)."""
+    ips = list(parse_node_ips(cfg.node_ip)) if cfg.node_ip else []
+    if node is not None:
+        ips.extend(str(ip) for ip in node.ips() if str(ip) not in ips)
+    return ips
+
+
+def local_detector(cfg: ProxyConfig, node: Node | None, family: Family) -> LocalDetector:
+    mode = cfg.detect_local_mode
+    if not mode:
+        # Upstream's default: ClusterCIDR when a cluster CIDR is given, else no detector.
+        mode = "ClusterCIDR" if cfg.cluster_cidr else ""
+    if mode == "ClusterCIDR":
+        cidrs = tuple(c for c in cfg.cluster_cidr if Family.of(ipaddress.ip_network(c, strict=False)) == family)
+        return LocalDetector(mode, cidrs) if cidrs else LocalDetector()
+    if mode == "NodeCIDR":
+        if node is None or not node.pod_cidrs:
+            raise ConfigError("--detect-local-mode=NodeCIDR needs the Node object with spec.podCIDR(s)")
+        cidrs = tuple(str(c) for c in node.pod_cidrs if Family.of(c) == family)
+        return LocalDetector(mode, cidrs) if cidrs else LocalDetector()
+    if mode == "BridgeInterface":
+        return LocalDetector(mode, (), cfg.bridge_interface)
+    if mode == "InterfaceNamePrefix":
+        return LocalDetector(mode, (), cfg.interface_name_prefix)
+    return LocalDetector()
+
+
+def node_options(
+    cfg: ProxyConfig,
+    *,
+    family: Family,
+    hostname: str,
+    node: Node | None,
+    nfacct_counters: Collection[str] = NFACCT_COUNTERS,
+    conntrack_tcp_liberal: bool = False,
+    local_ips: Sequence[str] = (),
+) -> NodeOptions:
+    family = Family(family)
+    ips = [ip for ip in node_ips(cfg, node) if Family.of(ipaddress.ip_address(ip)) == family]
+    cidrs: list[IPNetwork] = []
+    match_all = False
+    for raw in cfg.nodeport_addresses:
+        if raw == "primary":
+            cidrs.extend(ipaddress.ip_network(ip) for ip in ips[:1])
+            continue
+        net = ipaddress.ip_network(raw, strict=False)
+        if Family.of(net) != family:
+            continue
+        if net.prefixlen == 0:
+            match_all = True
+        cidrs.append(net)
+    match_all = match_all or not cidrs
+    contains_loopback = match_all or any(ipaddress.ip_address("127.0.0.1") in c for c in cidrs)
+    candidates = list(dict.fromkeys([*local_ips, *ips, family.loopback]))
+    nodeport_ips = () if match_all else tuple(
+        ip for ip in candidates if any(ipaddress.ip_address(ip) in c for c in cidrs)
+    )
+    return NodeOptions(
+        node_name=node_name(cfg, hostname),
+        node_ip=ips[0] if ips else "",
+        node_labels=dict(node.labels) if node else {},
+        family=family,
+        masquerade_all=cfg.masquerade_all,
+        masquerade_mark=cfg.masquerade_mark(),
+        local_detector=local_detector(cfg, node, family),
+        localhost_nodeports=cfg.localhost_nodeports and family == Family.IPV4 and contains_loopback,
+        nodeport_ips=nodeport_ips,
+        nodeport_match_all=match_all,
+        random_fully=cfg.random_fully,
+        nfacct_counters=tuple(nfacct_counters),
+        conntrack_tcp_liberal=conntrack_tcp_liberal,
+        prefer_same_node=cfg.feature_gates.get("PreferSameTrafficDistribution", True),
+    )
