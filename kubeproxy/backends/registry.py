@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.registry import Collector
 
 from kubeproxy.backends.base import Backend, OfflineRenderer
 from kubeproxy.backends.exec import Runner
@@ -11,7 +15,9 @@ from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.backends.ipvs.options import ipvs_options
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.nftables.proxier import NftablesProxier
+from kubeproxy.backends.userspace.factory import userspace as _userspace
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.options import Family
 
 
 def _iptables(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
@@ -31,6 +37,7 @@ BACKENDS: dict[str, Callable[[Runner, float, str, ProxyConfig | None], Backend]]
     "iptables": _iptables,
     "nftables": _nftables,
     "ipvs": _ipvs,
+    "userspace": _userspace,
 }
 
 
@@ -50,6 +57,7 @@ OFFLINE = {
     "iptables": "kubeproxy.backends.iptables.offline",
     "nftables": "kubeproxy.backends.nftables.offline",
     "ipvs": "kubeproxy.backends.ipvs.offline",
+    "userspace": "kubeproxy.backends.userspace.offline",
 }
 
 
@@ -61,3 +69,22 @@ def offline_renderer(mode: str) -> OfflineRenderer:
         raise ValueError(f"proxy mode {mode!r} has no offline renderer; there are {', '.join(OFFLINE)}") from None
     renderer: OfflineRenderer = module.render_text
     return renderer
+
+
+@dataclass(frozen=True)
+class ModeObservers:
+    """What a mode with in-process state of its own (the userspace relay) shows at scrape time:
+    a Prometheus collector for /metrics and a detail for /healthz, over the live loop's lanes."""
+
+    collector: Collector
+    health_key: str
+    health: Callable[[], Any]
+
+
+def observers(mode: str, lanes: Callable[[], Iterable[tuple[Family, object]]]) -> ModeObservers | None:
+    """`mode`'s observers (None for the kernel modes: the kernel holds their state)."""
+    if mode != "userspace":
+        return None
+    from kubeproxy.backends.userspace.metrics import RelayCollector, relay_health
+
+    return ModeObservers(RelayCollector(lanes), "userspaceRelay", lambda: relay_health(lanes))

@@ -27,7 +27,7 @@ BUILTIN = {
 }
 # Targets that are not chains: a jump to anything else must name an existing chain.
 TARGETS = frozenset(
-    {"ACCEPT", "DROP", "RETURN", "REJECT", "MASQUERADE", "DNAT", "SNAT", "MARK", "CONNMARK", "LOG", "NOTRACK", "CT"}
+    {"ACCEPT", "DROP", "RETURN", "REJECT", "MASQUERADE", "DNAT", "SNAT", "MARK", "CONNMARK", "LOG", "NOTRACK", "CT", "REDIRECT"}
 )
 
 

@@ -17,6 +17,11 @@ seed's shape; they differ only in what the node does to a query for the external
   12,900 queries/s, instead of about 2,150/s at the kernel's 30 s. The nftables mode masquerades
   `fully-random` (as upstream's does), where the iptables mode's MASQUERADE keeps a client's port
   when it is free; either way a flow holds one of the same 64,512 ports.
+- `userspace`: the same Service under `kubeproxy run --proxy-mode userspace` (seeds 003/004's
+  proxy): the external IP is redirected to the proxy's own UDP socket, and the proxy sends each
+  client's queries to BIND from a relay socket of its own. Nothing is masqueraded, but the
+  relay's source ports take SNAT's place: one per client address and port, held until it has
+  been idle for --udp-timeout (250 ms), not for the conntrack UDP timeout.
 """
 
 from __future__ import annotations
@@ -47,8 +52,9 @@ class Scenario:
 
     @property
     def masquerades_external(self) -> bool:
-        """Does the node SNAT the external IP's queries (the seed's problem)?"""
-        return self.external_traffic_policy == "Cluster" and not self.manual_dnat
+        """Does the node SNAT the external IP's queries (the seed's problem)? The userspace relay
+        does not: it sends from sockets of its own (see the module's docstring)."""
+        return self.external_traffic_policy == "Cluster" and not self.manual_dnat and self.proxy_mode != "userspace"
 
     @property
     def service_udp_timeout(self) -> int | None:
@@ -74,5 +80,6 @@ SCENARIOS: dict[str, Scenario] = {
             proxy_mode="nftables",
             annotations={UDP_CONNTRACK_TIMEOUT: NFT_CT_TIMEOUT},
         ),
+        Scenario("userspace", "kubeproxy run --proxy-mode userspace: the proxy relays each query itself", proxy_mode="userspace"),
     )
 }

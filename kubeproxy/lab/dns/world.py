@@ -103,7 +103,10 @@ class DnsWorld:
     def _start_proxy(self, timeout: float) -> None:
         c = self.cluster
         c.write_manifests(self.objects)
-        c.start_proxy("--proxy-mode", self.scenario.proxy_mode, "--cluster-cidr", CLUSTER_CIDR)
+        # The pods hang off unnumbered veths, where REDIRECT has no address to send to: the
+        # userspace relay listens on the node IP and its rules DNAT there (upstream's --bind-address).
+        bind = ("--bind-address", NODE_IP) if self.scenario.proxy_mode == "userspace" else ()
+        c.start_proxy("--proxy-mode", self.scenario.proxy_mode, "--cluster-cidr", CLUSTER_CIDR, *bind)
         deadline = time.monotonic() + timeout
         while not self.answers(EXTERNAL_IP):
             if c.proxy is not None and c.proxy.poll() is not None:

@@ -1,0 +1,1 @@
+"""The userspace proxy mode: listeners on the node relay each connection; iptables only redirects."""

@@ -1,0 +1,68 @@
+"""What a userspace-mode node does with each service port: its redirect rules and its relay.
+
+The redirect rules name the service port (upstream's comment `ns/name:port`) but not its
+endpoints: those live in the proxy's relay. The proxy writes them after every sync to its state
+file (backends/userspace/proxier.py: one file per network namespace, named by its inode), so
+the snapshot reads both, inside the node: a port "goes to" an endpoint when a redirect for the
+port is in the nat table and the relay balances it over that endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeproxy.backends.userspace.proxier import STATE_DIR, state_path
+from kubeproxy.backends.userspace.render import KUBE_PORTALS_CONTAINER
+
+Run = Any  # NetNS.run-like
+
+
+@dataclass
+class UserspaceRules:
+    nat: str
+    state: dict[str, Any]
+    mode: str = field(default="userspace", init=False)
+
+    @classmethod
+    def read(cls, run: Run) -> UserspaceRules:
+        link = str(run(["readlink", "/proc/self/ns/net"]).stdout).strip()
+        path = state_path(STATE_DIR, link[link.find("[") + 1 : link.rfind("]")])
+        proc = run(["cat", str(path)], check=False)
+        try:
+            state = json.loads(proc.stdout) if proc.returncode == 0 else {}
+        except json.JSONDecodeError:
+            state = {}  # caught between two writes cannot happen (rename), but a bad file must not crash a wait
+        return cls(str(run(["iptables-save", "-t", "nat"]).stdout), state)
+
+    @property
+    def text(self) -> str:
+        return self.nat + json.dumps(self.state, indent=1)
+
+    def _redirected(self, service_port: str) -> bool:
+        for line in self.nat.splitlines():
+            if line.startswith(f"-A {KUBE_PORTALS_CONTAINER} "):
+                words = shlex.split(line)
+                if words[words.index("--comment") + 1] == service_port:
+                    return True
+        return False
+
+    def _port(self, service_port: str) -> dict[str, Any] | None:
+        port: dict[str, Any] | None = self.state.get("ports", {}).get(service_port)
+        return port if port is not None and self._redirected(service_port) else None
+
+    def endpoints(self, service_port: str) -> set[str]:
+        port = self._port(service_port)
+        return set(port["endpoints"]) if port else set()
+
+    def rejects(self, service_port: str) -> bool:
+        """Redirected to a relay with no endpoint, which resets each connection."""
+        port = self._port(service_port)
+        return port is not None and not port["endpoints"]
+
+    def mentions(self, service: str) -> bool:
+        pattern = re.compile(re.escape(service) + r"(?![a-z0-9.-])")
+        return bool(pattern.search(self.nat)) or any(pattern.match(name) for name in self.state.get("ports", {}))
