@@ -84,7 +84,8 @@ def proxy_options(func: Any) -> Any:
         click.option("--config", "config_file", type=click.Path(dir_okay=False), help="KubeProxyConfiguration file."),
         click.option("--proxy-mode", type=click.Choice(PROXY_MODES), help="Which backend to use."),
         click.option("--hostname-override", help="This node's name (decides which endpoints are local)."),
-        click.option("--node-ip", help="This node's primary IP (otherwise taken from the Node object)."),
+        click.option("--node-ip", help="This node's IP, or a dual-stack pair 'IPv4,IPv6' (the first is the primary; "
+                     "otherwise taken from the Node object)."),
         click.option("--cluster-cidr", multiple=True, help="Pod CIDR(s) of the cluster, comma-separated."),
         click.option("--detect-local-mode", type=click.Choice(DETECT_LOCAL_MODES), help="How to tell pod traffic."),
         click.option("--pod-bridge-interface", help="Bridge of local pods (BridgeInterface mode)."),
@@ -229,14 +230,18 @@ def cleanup(ipv6: bool) -> None:
     """Remove the chains and jump rules kubeproxy installed, and nothing else.
 
     iptables mode: our chains and jumps (--ipv6: in ip6tables). nftables mode: the `kube-proxy`
-    tables of both families.
+    tables of both families. userspace mode: its KUBE-PORTALS-*/KUBE-NODEPORT-* chains and jumps.
 
     Chains shared with kubelet (KUBE-MARK-MASQ, KUBE-FIREWALL) go only if nothing else uses them.
     """
     from kubeproxy.backends.iptables.proxier import IptablesProxier
     from kubeproxy.backends.nftables.proxier import NftablesProxier
+    from kubeproxy.backends.userspace.proxier import UserspaceProxier
+    from kubeproxy.proxy.options import Family
 
-    removed = IptablesProxier(ipv6=ipv6).cleanup() + NftablesProxier().cleanup()
+    family = Family.IPV6 if ipv6 else Family.IPV4
+    removed = IptablesProxier(family=family).cleanup() + NftablesProxier().cleanup()
+    removed += UserspaceProxier(family=family).cleanup()  # the userspace mode's redirect chains
     for item in removed:
         click.echo(f"removed {item}")
     if not removed:
@@ -288,25 +293,40 @@ def demo(offline: bool, manifests: tuple[str, ...], hostname_override: str, clus
 @click.option("--state", "ct_state", default="NEW", show_default=True, help="Conntrack state of the packet.")
 @click.option("--mark", default="0", show_default=True, help="Packet mark on arrival.")
 @click.option("--physdev-in", default=None, help="Bridge port the packet came through (physdev).")
+@click.option("--physdev-out", default=None,
+              help="Bridge port a bridged packet leaves by (with --physdev-in; the packet is bridged, not routed).")
 @click.option("--local-ip", multiple=True, help="An address local to the node (repeatable).")
 @click.option("--iface", multiple=True, help="NAME=IP/PREFIX: an interface and its address (repeatable).")
 @click.option("--route", multiple=True, help="CIDR=IFACE[@GATEWAY] ('default' for 0.0.0.0/0; repeatable).")
 @click.option("--ipset", multiple=True, help="NAME=MEMBER: ipset contents (repeatable).")
+@click.option("--ipset-file", "ipset_file", default=None,
+              help="`ipset save` output: every set's members and type (added to --ipset).")
+@click.option("--ipvs", "ipvs_file", default=None,
+              help="`ipvsadm-save -n` or `ipvsadm -Ln` output: the IPVS virtual services (an IPVS-mode node).")
 @click.option("--affinity", multiple=True, help="NAME=IP: an entry of a `recent` list (repeatable).")
 @click.option("--live", is_flag=True, help="Read interfaces and routes from this host (read-only).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def trace_cmd(
     rules_path: str, fmt: str, proto: str, src: str, dst: str, in_iface: str | None, from_host: bool,
-    ct_state: str, mark: str, physdev_in: str | None, local_ip: tuple[str, ...], iface: tuple[str, ...],
-    route: tuple[str, ...], ipset: tuple[str, ...], affinity: tuple[str, ...], live: bool, as_json: bool,
+    ct_state: str, mark: str, physdev_in: str | None, physdev_out: str | None, local_ip: tuple[str, ...], iface: tuple[str, ...],
+    route: tuple[str, ...], ipset: tuple[str, ...], ipset_file: str | None, ipvs_file: str | None,
+    affinity: tuple[str, ...], live: bool, as_json: bool,
 ) -> None:
     """Follow a packet through an iptables or nftables dump: every outcome, with its probability."""
+    from kubeproxy.netfilter import ipvs as nf_ipvs
+
     if bool(in_iface) == from_host:
         raise click.UsageError("give exactly one of --in-iface IF or --from-host")
     try:
         text = sys.stdin.read() if rules_path == "-" else Path(rules_path).read_text(encoding="utf-8")
     except OSError as e:
         raise click.UsageError(f"--rules {rules_path}: {e.strerror}") from None
+    dumps: dict[str, str | None] = {}
+    for flag, path in (("--ipset-file", ipset_file), ("--ipvs", ipvs_file)):
+        try:
+            dumps[flag] = Path(path).read_text(encoding="utf-8") if path is not None else None
+        except OSError as e:
+            raise click.UsageError(f"{flag} {path}: {e.strerror}") from None
     try:
         ruleset = nf_detect.parse(text, fmt)
         node = Node.from_live() if live else Node.from_flags()
@@ -316,8 +336,9 @@ def trace_cmd(
         node.local_ips |= extra.local_ips
         node.routes = extra.routes + node.routes
         node.ipsets, node.recent = extra.ipsets, extra.recent
-        packet = make_packet(proto, src, dst, in_iface, ct_state, int(mark, 0), physdev_in)
-        result = nf_simulate.trace(ruleset, node, packet)
+        ipvs_state = nf_ipvs.load_into(node, dumps["--ipvs"], dumps["--ipset-file"])
+        packet = make_packet(proto, src, dst, in_iface, ct_state, int(mark, 0), physdev_in, physdev_out)
+        result = nf_simulate.trace(ruleset, node, packet, ipvs=ipvs_state)
     except (ParseError, NodeError, PacketError, nf_simulate.TraceError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

@@ -38,8 +38,8 @@ def mode_of(ruleset: Ruleset) -> str:
 
 def _node_ips(inp: DoctorInput, node_obj: object) -> list[str]:
     ips: list[str] = []
-    if inp.cfg.node_ip:
-        ips.append(str(inp.cfg.node_ip))
+    if inp.cfg.node_ip:  # one address or a dual-stack pair (validated with the configuration)
+        ips.extend(ip.strip() for ip in str(inp.cfg.node_ip).split(",") if ip.strip())
     for kind, ip in getattr(node_obj, "addresses", ()):
         if kind in ("InternalIP", "ExternalIP") and str(ip) not in ips:
             ips.append(str(ip))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
 
-PROXY_MODES = ("iptables", "nftables", "ipvs")
+PROXY_MODES = ("iptables", "nftables", "ipvs", "userspace")
 # Upstream's other modes: accepted by upstream's parser, refused here at start-up by name.
 UNBUILT_MODES = {
     "kernelspace": "kernelspace is upstream's Windows mode; kubeproxy runs on Linux only (iptables or nftables)",
@@ -103,6 +104,13 @@ class ProxyConfig:
     client_content_type: str = DEFAULT_CONTENT_TYPE
     client_accept_content_types: str = ""
     ipvs: dict[str, Any] = field(default_factory=dict)  # upstream's ipvs section, used in ipvs mode only
+    # Ours: the live SNAT gauge (proxy/snat_watch.py); 0 s leaves it off (a sample dumps conntrack).
+    snat_watch_interval: float = 0.0
+    snat_watch_threshold: float = 0.6  # share of the SNAT ports; the lab's health checks fail from 0.75
+    snat_watch_max_entries: int = 20_000
+    # Userspace mode only (upstream's portRange / udpIdleTimeout, from before v1.26).
+    port_range: str = ""  # --proxy-port-range: where relay listeners bind; "" any free port
+    udp_idle_timeout: float = 0.25  # --udp-timeout: a UDP relay flow idle this long is closed
     # Fields of the file that have no effect here, "field: why" (for the start-up warnings).
     unused_fields: tuple[str, ...] = ()
 
@@ -118,6 +126,25 @@ class ProxyConfig:
         # Upstream formats 1<<bit with Go's "%#08x": eight digits after the 0x.
         return f"0x{1 << self.masquerade_bit:08x}"
 
+
+def parse_node_ips(text: str) -> tuple[str, ...]:
+    """--node-ip: one address, or a dual-stack pair "IPv4,IPv6" / "IPv6,IPv4" (the first is the
+    primary), as kubelet's --node-ip and upstream kube-proxy's --node-ip-override take them.
+    ValueError says what is wrong."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > 2:
+        raise ValueError(f"{text!r}: at most two addresses, one per IP family")
+    ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for part in parts:
+        try:
+            ips.append(ipaddress.ip_address(part))
+        except ValueError:
+            raise ValueError(f"{part!r} is not a valid IP address") from None
+        if ips[-1].is_unspecified:
+            raise ValueError(f"{part!r}: the unspecified address is not a node IP")
+    if len(ips) == 2 and ips[0].version == ips[1].version:
+        raise ValueError(f"{text!r}: a pair must be one IPv4 and one IPv6 address")
+    return tuple(str(ip) for ip in ips)
 
 def validate(cfg: ProxyConfig) -> ProxyConfig:
     if cfg.mode in UNBUILT_MODES:
@@ -150,11 +177,20 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
             parse_port_range(cfg.service_node_port_range)
         except ValueError as exc:
             raise ConfigError(f"--service-node-port-range: {exc}") from None
+    if cfg.port_range:
+        from kubeproxy.backends.userspace.ports import parse_port_range as parse_proxy_port_range
+
+        try:
+            parse_proxy_port_range(cfg.port_range)
+        except ValueError as exc:
+            raise ConfigError(f"--proxy-port-range (portRange): {exc}") from None
+    if cfg.udp_idle_timeout <= 0:
+        raise ConfigError("--udp-timeout (udpIdleTimeout): must be greater than 0")
     if cfg.node_ip:
         try:
-            ipaddress.ip_address(cfg.node_ip)
-        except ValueError:
-            raise ConfigError(f"--node-ip: {cfg.node_ip!r} is not a valid IP address") from None
+            parse_node_ips(cfg.node_ip)
+        except ValueError as exc:
+            raise ConfigError(f"--node-ip: {exc}") from None
     if cfg.detect_local_mode == "ClusterCIDR" and not cfg.cluster_cidr:
         raise ConfigError("--detect-local-mode=ClusterCIDR needs --cluster-cidr")
     _validate_more(cfg)
@@ -182,6 +218,10 @@ def _validate_more(cfg: ProxyConfig) -> None:
         )
     if cfg.verbosity < 0:
         raise ConfigError(f"-v (logging.verbosity): {cfg.verbosity} must not be negative")
+    if cfg.snat_watch_interval < 0 or not 0 < cfg.snat_watch_threshold <= 1 or cfg.snat_watch_max_entries < 1:
+        raise ConfigError(f"--snat-watch={cfg.snat_watch_interval:g}s, --snat-watch-threshold={cfg.snat_watch_threshold:g}, "
+                          f"--snat-watch-max-entries={cfg.snat_watch_max_entries}: want an interval >= 0, "
+                          "a threshold in (0, 1] and at least one entry")
     ct = cfg.conntrack
     for name, number in (("conntrack.maxPerCore", ct.max_per_core), ("conntrack.min", ct.min)):
         if number is not None and number < 0:
@@ -414,6 +454,11 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
         changes["mode"] = doc.mode
     if doc.mode in UNBUILT_MODES:
         raise ConfigError(f"--config {path}: mode: {doc.mode}: {UNBUILT_MODES[doc.mode]}")
+    if doc.portRange:
+        changes["port_range"] = doc.portRange
+    udp_idle = _seconds(str(path), "udpIdleTimeout", doc.udpIdleTimeout)
+    if udp_idle:
+        changes["udp_idle_timeout"] = udp_idle
     if doc.hostnameOverride:
         changes["hostname_override"] = doc.hostnameOverride.strip().lower()
     if doc.clusterCIDR:
@@ -538,10 +583,10 @@ def _conntrack(path: str, section: _Conntrack, base: ConntrackConfig) -> Conntra
 
 def _unused_file_fields(doc: _KubeProxyConfiguration) -> list[str]:
     out = []
-    if doc.portRange:
-        out.append("portRange: used only by the userspace mode upstream removed; ignored")
-    if doc.udpIdleTimeout and parse_duration(doc.udpIdleTimeout):
-        out.append("udpIdleTimeout: used only by the userspace mode upstream removed; ignored")
+    if doc.portRange and doc.mode != "userspace":
+        out.append("portRange: used only by the userspace mode; ignored")
+    if doc.udpIdleTimeout and parse_duration(doc.udpIdleTimeout) and doc.mode != "userspace":
+        out.append("udpIdleTimeout: used only by the userspace mode; ignored")
     if doc.windowsRunAsService:
         out.append("windowsRunAsService: Windows only; ignored")
     if doc.logging and doc.logging.vmodule:
@@ -609,4 +654,17 @@ def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
         "showHiddenMetricsForVersion": cfg.show_hidden_metrics_for_version,
         "syncPeriod": go_duration(cfg.sync_period),
         "minSyncPeriod": go_duration(cfg.min_sync_period),
+        **_userspace_fields(cfg, go_duration),
     }
+
+
+def _userspace_fields(cfg: ProxyConfig, go_duration: Callable[[float | None], str | None]) -> dict[str, Any]:
+    """v1alpha1's userspace-mode fields (removed upstream with the mode in v1.26; the mode is here):
+    written for that mode or when set, so that another mode's file reads back without the
+    "used only by the userspace mode" warning."""
+    out: dict[str, Any] = {}
+    if cfg.mode == "userspace" or cfg.port_range:
+        out["portRange"] = cfg.port_range
+    if cfg.mode == "userspace" or cfg.udp_idle_timeout != ProxyConfig.udp_idle_timeout:
+        out["udpIdleTimeout"] = go_duration(cfg.udp_idle_timeout)
+    return out

@@ -27,6 +27,7 @@ from kubeproxy.proxy.config import (
     ConfigError,
     ProxyConfig,
     load_config_file,
+    parse_node_ips,
     validate,
 )
 
@@ -80,8 +81,8 @@ FLAGS: tuple[Flag, ...] = (
          effect="accepted; kubeproxy has no /debug/pprof and warns"),
     Flag("show-hidden-metrics-for-version", "string", f"The previous version for which you want to show hidden "
          f"metrics. {_IGNORED}", effect="accepted; no hidden metrics, warns"),
-    Flag("proxy-mode", "string", f"Which proxy mode to use: 'iptables' (default) or 'nftables' ('ipvs' is "
-         f"refused at start-up). {_IGNORED}"),
+    # {modes}: filled in by usage() from the backend registry, so that a new mode shows up by itself.
+    Flag("proxy-mode", "string", f"Which proxy mode to use: {{modes}} (default 'iptables'). {_IGNORED}"),
     Flag("iptables-masquerade-bit", "int", "The bit of the fwmark space to mark packets requiring SNAT with. "
          "Must be within the range [0, 31]."),
     Flag("masquerade-all", "bool", "SNAT all traffic sent via Service cluster IPs."),
@@ -150,11 +151,23 @@ FLAGS: tuple[Flag, ...] = (
          with_config=True, ours=True),
     Flag("iptables-variant", "string", "Drive iptables-legacy or iptables-nft explicitly: 'legacy' or 'nft' "
          "(default: the system's iptables).", with_config=True, ours=True),
-    Flag("node-ip", "ip", "This node's primary IP (otherwise --bind-address, then the Node object).",
-         with_config=True, ours=True),
+    Flag("node-ip", "ips", "This node's IP, or a dual-stack pair 'IPv4,IPv6' (the first is the primary; "
+         "otherwise --bind-address, then the Node object).", with_config=True, ours=True),
     Flag("service-node-port-range", "string", "The API server's node port range (default 30000-32767), "
          "checked for objects from --manifests.", with_config=True, ours=True),
     Flag("iptables-random-fully", "bool", "MASQUERADE with --random-fully.", with_config=True, ours=True),
+    Flag("snat-watch", "duration", "Sample the SNAT ports in use per masqueraded endpoint this often "
+         "(kubeproxy_snat_port_utilization); 0 (the default) disables it.", with_config=True, ours=True),
+    Flag("snat-watch-threshold", "float", "Warn when a Service's fullest endpoint holds this share of its SNAT "
+         "ports (default 0.6; the lab's health checks fail from 0.75).", with_config=True, ours=True),
+    Flag("snat-watch-max-entries", "int", "Read at most this many conntrack entries per sample (default 20000); "
+         "a larger table is sampled and the counts scaled.", with_config=True, ours=True),
+    # Upstream's userspace-mode flags (removed with the mode in v1.26; kubeproxy has the mode).
+    Flag("proxy-port-range", "string", "Range of host ports (beginPort-endPort, single port or beginPort+offset, "
+         "inclusive) that may be consumed in order to proxy service traffic. If unspecified, 0, or (0-0) then "
+         "ports will be randomly chosen (userspace mode only).", ours=True),
+    Flag("udp-timeout", "duration", "How long an idle UDP connection will be kept open (e.g. '250ms', '2s'). "
+         "Must be greater than 0. Only applicable for proxy-mode=userspace", ours=True),
 )
 
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
@@ -231,6 +244,11 @@ def _ip(text: str) -> str:
         raise ValueError(f'"{text}" is not a valid IP address') from None
 
 
+def _ips(text: str) -> str:
+    """One IP or a dual-stack pair (config.parse_node_ips), normalised, comma-separated."""
+    return ",".join(parse_node_ips(text))
+
+
 def _ipport(text: str) -> str:
     if text == "":
         return ""
@@ -258,6 +276,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "strings": _csv,
     "mapbool": _map_bool,
     "ip": _ip,
+    "ips": _ips,
     "ipport": _ipport,
     "level": lambda text: _go_int(text),
 }
@@ -383,6 +402,11 @@ def _apply(cfg: ProxyConfig, name: str, value: Any) -> ProxyConfig:
         "node-ip": "node_ip",
         "service-node-port-range": "service_node_port_range",
         "iptables-random-fully": "random_fully",
+        "snat-watch": "snat_watch_interval",
+        "snat-watch-threshold": "snat_watch_threshold",
+        "snat-watch-max-entries": "snat_watch_max_entries",
+        "proxy-port-range": "port_range",
+        "udp-timeout": "udp_idle_timeout",
     }
     if name in simple:
         return replace(cfg, **{simple[name]: value})
@@ -503,19 +527,24 @@ def _ip_or_unspecified(text: str) -> str:
 def usage(prog: str = "kube-proxy") -> str:
     """--help: upstream's flags, then kubeproxy's own; each with what kubeproxy does when it differs."""
     lines = [
-        "The Kubernetes network proxy runs on each node: it programs iptables or nftables",
-        "rules for Services, from the API server (or from --manifests files).",
+        "The Kubernetes network proxy runs on each node: it programs iptables, nftables",
+        "or IPVS rules for Services (or relays them itself: userspace), from the API",
+        "server (or from --manifests files).",
         "",
         f"Usage:\n  {prog} [flags]",
         "",
         "Flags:",
     ]
+    from kubeproxy.backends.registry import BACKENDS  # the backends import this package's config
+
+    modes = ", ".join(f"'{mode}'" for mode in BACKENDS)
     for flag in FLAGS:
         if flag.deprecated:
             continue
         name = f"-{flag.shorthand}, --{flag.name}" if flag.shorthand else f"    --{flag.name}"
         kind = "" if flag.kind == "bool" else f" {flag.kind}"
-        text = flag.help + (f" [kubeproxy: {flag.effect}]" if flag.effect else "") + (" [kubeproxy only]" if flag.ours else "")
+        effect = f" [kubeproxy: {flag.effect}]" if flag.effect else ""
+        text = flag.help.replace("{modes}", modes) + effect + (" [kubeproxy only]" if flag.ours else "")
         lines.append(f"  {name}{kind}")
         lines.extend(textwrap.wrap(text, width=80, initial_indent=" " * 8, subsequent_indent=" " * 8))
     return "\n".join(lines) + "\n"

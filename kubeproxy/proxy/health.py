@@ -84,6 +84,8 @@ class ProxyHealth:
         # Services whose rules the kernel refused (proxy/quarantine.py): shown, not unhealthy,
         # because every other Service is in sync.
         self.quarantined: tuple[str, ...] = ()
+        # More to show, read at each request (the userspace relay's state): key -> reader.
+        self.details: dict[str, Callable[[], object]] = {}
 
     def queued_update(self, family: str = DEFAULT_FAMILY) -> None:
         with self._lock:
@@ -125,16 +127,22 @@ class ProxyHealth:
     def healthz(self) -> Response:
         """/healthz: the proxy is healthy and the node is not going away."""
         status, eligible = self.status(), self.node_eligible
-        return _health_response(status, status.healthy and eligible, node_eligible=eligible, quarantined=self.quarantined)
+        return _health_response(status, status.healthy and eligible, node_eligible=eligible, quarantined=self.quarantined,
+                                details=self._details())
 
     def livez(self) -> Response:
         """/livez: the proxy is healthy, whatever happens to the node."""
         status = self.status()
-        return _health_response(status, status.healthy, node_eligible=None, quarantined=self.quarantined)
+        return _health_response(status, status.healthy, node_eligible=None, quarantined=self.quarantined,
+                                details=self._details())
+
+    def _details(self) -> dict[str, object]:
+        return {key: read() for key, read in self.details.items()}
 
 
 def _health_response(
-    status: HealthStatus, ok: bool, *, node_eligible: bool | None, quarantined: tuple[str, ...] = ()
+    status: HealthStatus, ok: bool, *, node_eligible: bool | None, quarantined: tuple[str, ...] = (),
+    details: Mapping[str, object] | None = None,
 ) -> Response:
     # Upstream reports lastUpdated as "now" while healthy, for compatibility with releases whose
     # lastUpdated was the last sync-loop run.
@@ -151,6 +159,7 @@ def _health_response(
         }
     if quarantined:
         doc["quarantinedServices"] = list(quarantined)
+    doc.update(details or {})
     return Response(200 if ok else 503, JSON_HEADERS, json.dumps(doc, separators=(",", ":")).encode())
 
 

@@ -10,18 +10,18 @@ from dataclasses import replace
 import pytest
 
 from kubeproxy.backends.fake_node import FakeNode
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.ipvs.apply import IpvsUnavailable
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import NodeOptions
 from tests.test_live import _service
 from tests.test_live_fake import CFG, Source
 
 NAME = ServicePortName("default", "web", "http", "TCP")
 SVC = ServicePortInfo(NAME, ipaddress.ip_address("10.96.10.10"), 80, "TCP", node_port=30080)
-OPTS = IptablesOptions(node_name="node", node_ip="192.168.0.2")
+OPTS = NodeOptions(node_name="node", node_ip="192.168.0.2")
 VS = VirtualServer("TCP", "10.96.10.10", 80)
 
 

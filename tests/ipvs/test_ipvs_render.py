@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.ipvs.apply import IpvsUnavailable, check_kernel, diff_ipvs, parse_connections, parse_ipvsadm_save
 from kubeproxy.backends.ipvs.render import IpvsOptions, RealServer, VirtualServer, ipvsadm_save_text, render
 from kubeproxy.cli import main
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import NodeOptions
 
 DEMO = Path(__file__).parents[2] / "kubeproxy" / "examples" / "demo.yaml"
 NODE_IP = "100.101.102.103"  # upstream's test node address
@@ -28,7 +28,7 @@ def _view(**svc_fields: object) -> NodeView:
     return NodeView({name: svc}, {name: [EndpointInfo("10.180.0.1", 80)]})
 
 
-OPTS = IptablesOptions(node_name="testHostname", node_ip=NODE_IP)
+OPTS = NodeOptions(node_name="testHostname", node_ip=NODE_IP)
 IPVS = IpvsOptions(node_addresses=(NODE_IP,))
 
 

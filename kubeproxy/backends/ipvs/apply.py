@@ -28,7 +28,9 @@ from kubeproxy.backends.ipvs.render import (
     RealServer,
     VirtualServer,
     create_line,
+    set_name,
 )
+from kubeproxy.proxy.options import Family
 
 _PROTO_OPT = {"-t": "TCP", "--tcp-service": "TCP", "-u": "UDP", "--udp-service": "UDP", "--sctp-service": "SCTP"}
 # ipvsadm prints scheduler flags by their aliases; we keep upstream's generic names.
@@ -106,6 +108,11 @@ class IpvsOps:
     deleted_reals: int = 0
 
 
+def graceful_termination_needed(protocol: str) -> bool:
+    """Upstream's IsRsGracefulTerminationNeeded: only TCP real servers wait for their connections."""
+    return protocol.upper() not in ("UDP", "SCTP")
+
+
 def diff_ipvs(
     want: Mapping[VirtualServer, Iterable[RealServer]],
     have: Mapping[VirtualServer, Iterable[RealServer]],
@@ -116,9 +123,12 @@ def diff_ipvs(
 ) -> IpvsOps:
     """The operations taking `have` to `want` (upstream's syncService, syncEndpoint, cleanLegacyService).
 
-    A real server that is no longer wanted is not deleted at once: its weight goes to 0 so that no
-    new connection picks it, and it is deleted in a later sync once it has no connections left
-    (upstream's graceful termination manager). Virtual servers inside --ipvs-exclude-cidrs, or of
+    A TCP real server that is no longer wanted is not deleted at once: its weight goes to 0 so that
+    no new connection picks it, and it is deleted in a later sync once it has no connections left
+    (upstream's graceful termination manager). UDP and SCTP real servers are deleted at once, as
+    upstream does (IsRsGracefulTerminationNeeded): IPVS counts their flows as InActConn until the
+    udp timeout, so waiting would keep a dead pod in the table for minutes; with
+    expire_nodest_conn=1 the kernel drops their entries on the next packet. Virtual servers inside --ipvs-exclude-cidrs, or of
     the other IP family, are someone else's and are left alone.
     """
     excluded = [ipaddress.ip_network(c, strict=False) for c in exclude_cidrs]
@@ -148,7 +158,7 @@ def diff_ipvs(
                 lines.append(f"-e {arg} -r {_hp(*rkey)} -m -w {reals[rkey].weight}")
         for rkey in sorted(cur_reals.keys() - reals.keys()):
             active, inactive = connections.get((vs.protocol, vs.address, vs.port, *rkey), (0, 0))
-            if active + inactive == 0:
+            if not graceful_termination_needed(vs.protocol) or active + inactive == 0:
                 lines.append(f"-d {arg} -r {_hp(*rkey)}")
                 n_del_rs += 1
             elif cur_reals[rkey].weight != 0:
@@ -190,17 +200,21 @@ def parse_ipset_save(text: str) -> dict[str, set[str]]:
     return sets
 
 
-def diff_ipsets(want: Mapping[str, frozenset[str]], have: Mapping[str, set[str]], family: str) -> list[str]:
-    """`ipset restore` lines taking `have` to `want`: creates for missing sets, then dels and adds."""
+def diff_ipsets(want: Mapping[str, frozenset[str]], have: Mapping[str, set[str]], family: Family) -> list[str]:
+    """`ipset restore` lines taking `have` to `want`: creates for missing sets, then dels and adds.
+
+    `want` is keyed by the names in SETS, `have` by the kernel's names: `family`'s sets only are
+    touched (KUBE-6-... for IPv6, set_name), so the other family's lane keeps its own."""
     out: list[str] = []
     for spec in SETS:
-        if spec.name not in have:
+        if set_name(spec.name, family) not in have:
             out.append(create_line(spec, family))
     for spec in SETS:
-        cur = have.get(spec.name, set())
+        name = set_name(spec.name, family)
+        cur = have.get(name, set())
         target = want.get(spec.name, frozenset())
-        out.extend(f"del {spec.name} {e}" for e in sorted(cur - target))
-        out.extend(f"add {spec.name} {e}" for e in sorted(target - cur))
+        out.extend(f"del {name} {e}" for e in sorted(cur - target))
+        out.extend(f"add {name} {e}" for e in sorted(target - cur))
     return out
 
 
@@ -233,7 +247,7 @@ class Applier:
         if proc.returncode != 0:
             raise SyncError(f"ipvsadm -R failed: {proc.stderr.strip()}")
 
-    def apply_ipsets(self, want: Mapping[str, frozenset[str]], family: str) -> int:
+    def apply_ipsets(self, want: Mapping[str, frozenset[str]], family: Family) -> int:
         have = parse_ipset_save(self.run(["ipset", "save"], check=True).stdout)
         lines = diff_ipsets(want, have, family)
         if lines:

@@ -26,18 +26,27 @@ class _Refused(Exception):
     pass
 
 
-def _valid_entry(set_type: str, entry: str) -> bool:
-    """Whether `entry` parses as the set type's element (ip / port / proto:port / net parts)."""
+def _inet(addr: str) -> str:
+    """`ip -o addr`'s family word and address, as the kernel lists it (kube-ipvs0 holds both families)."""
+    return f"inet6 {addr}/128" if ":" in addr else f"inet {addr}/32"
+
+
+def _valid_entry(set_type: str, entry: str, family: str = "inet") -> bool:
+    """Whether `entry` parses as the set type's element (ip / port / proto:port / net parts),
+    its addresses of the set's family (`family inet6` sets take IPv6 only, as the kernel's)."""
     parts = entry.split(",")
     kinds = set_type.split(":", 1)[1].split(",")
     if len(parts) != len(kinds):
         return False
+    version = 6 if family == "inet6" else 4
     try:
         for kind, part in zip(kinds, parts, strict=True):
             if kind == "ip":
-                ipaddress.ip_address(part)
+                if ipaddress.ip_address(part).version != version:
+                    return False
             elif kind == "net":
-                ipaddress.ip_network(part, strict=False)
+                if ipaddress.ip_network(part, strict=False).version != version:
+                    return False
             elif kind == "port":
                 port = part.rsplit(":", 1)[-1]
                 if not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -55,6 +64,7 @@ class FakeIpvs:
     # (proto, vaddr, vport, raddr, rport) -> (active, inactive): tests set these to hold a real server busy.
     connections: dict[tuple[str, str, int, str, int], tuple[int, int]] = field(default_factory=dict)
     sets: dict[str, tuple[str, set[str]]] = field(default_factory=dict)  # name -> (type, entries)
+    families: dict[str, str] = field(default_factory=dict)  # name -> "inet" / "inet6" (hash sets)
     dummy: set[str] | None = None  # kube-ipvs0's addresses; None: no such link
     local_addresses: list[tuple[str, str]] = field(default_factory=lambda: [("lo", "127.0.0.1"), ("eth0", "192.168.0.2")])
     has_ipvs: bool = True
@@ -187,12 +197,14 @@ class FakeIpvs:
                 out.extend(f"add {name} {e}" for e in sorted(entries))
             return "\n".join(out) + ("\n" if out else "")
         if args[:1] == ["destroy"]:
+            self.families.pop(args[1], None)
             if self.sets.pop(args[1], None) is None:
                 raise _Refused(f"ipset v7.17: The set with the given name does not exist: {args[1]}")
             return ""
         if args[:1] == ["restore"]:
             exist = "-exist" in args
             work = {k: (t, set(e)) for k, (t, e) in self.sets.items()}
+            families = dict(self.families)
             for n, line in enumerate(stdin.splitlines(), 1):
                 words = line.split()
                 if not words:
@@ -202,11 +214,13 @@ class FakeIpvs:
                         raise _Refused(f"ipset v7.17: Error in line {n}: Set cannot be created: "
                                        "set with the same name already exists")
                     work.setdefault(words[1], (words[2], set()))
+                    fam = words[words.index("family") + 1] if "family" in words else "inet"
+                    families.setdefault(words[1], fam)
                 elif words[0] in ("add", "del"):
                     if words[1] not in work:
                         raise _Refused(f"ipset v7.17: Error in line {n}: The set with the given name does not exist")
                     typ, entries = work[words[1]]
-                    if not _valid_entry(typ, words[2]):
+                    if not _valid_entry(typ, words[2], families.get(words[1], "inet")):
                         raise _Refused(f"ipset v7.17: Error in line {n}: Syntax error: '{words[2]}' is invalid for {typ}")
                     if words[0] == "add":
                         entries.add(words[2])
@@ -215,6 +229,7 @@ class FakeIpvs:
                 else:
                     raise _Refused(f"ipset v7.17: Error in line {n}: unknown command {words[0]}")
             self.sets = work  # restore is all or nothing in this fake; the kernel's stops at the error
+            self.families = {k: v for k, v in families.items() if k in work}
             return ""
         raise _Refused(f"ipset: unsupported in the fake: {args}")
 
@@ -223,9 +238,9 @@ class FakeIpvs:
             if args[3:] == ["dev", DUMMY_DEVICE]:
                 if self.dummy is None:
                     raise _Refused(f'Device "{DUMMY_DEVICE}" does not exist.')
-                return "".join(f"9: {DUMMY_DEVICE}    inet {a}/32 scope global {DUMMY_DEVICE}\n" for a in sorted(self.dummy))
+                return "".join(f"9: {DUMMY_DEVICE}    {_inet(a)} scope global {DUMMY_DEVICE}\n" for a in sorted(self.dummy))
             listed = [*self.local_addresses, *((DUMMY_DEVICE, a) for a in sorted(self.dummy or ()))]
-            return "".join(f"{i}: {dev}    inet {a}/32 scope global {dev}\n" for i, (dev, a) in enumerate(listed, 1))
+            return "".join(f"{i}: {dev}    {_inet(a)} scope global {dev}\n" for i, (dev, a) in enumerate(listed, 1))
         if args[:2] == ["link", "add"]:
             if self.dummy is not None:
                 raise _Refused("RTNETLINK answers: File exists")

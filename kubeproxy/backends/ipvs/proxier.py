@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.ipvs.apply import Applier, IpvsOps, check_kernel, diff_ipvs
 from kubeproxy.backends.ipvs.render import (
     DUMMY_DEVICE,
@@ -27,11 +26,12 @@ from kubeproxy.backends.ipvs.render import (
     IpvsOptions,
     IpvsRendered,
     create_line,
-    ipset_family,
     render,
+    set_name,
 )
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import IPV6, NodeView
+from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.ipvs")
 
@@ -74,12 +74,18 @@ class IpvsProxier:
     sync_period: float = 30.0
     variant: str = ""
     options: IpvsOptions = field(default_factory=IpvsOptions)
-    ipv6: bool = False
+    family: Family = Family.IPV4
     nfacct_counters: tuple[str, ...] = ()
     applier: Applier = field(init=False)
 
     def __post_init__(self) -> None:
-        self.applier = Applier(self.run, self.ipv6, self.variant)
+        self.applier = Applier(self.run, self.family.ipv6, self.variant)
+
+    @property
+    def ipv6(self) -> bool:
+        # The live loop sets `family` after construction: the applier follows it.
+        self.applier.ipv6 = self.family.ipv6
+        return self.family.ipv6
 
     def prepare(self) -> None:
         """Upstream's NewProxier and CanUseIPVSProxier: the modules, the sysctls, the timeouts."""
@@ -106,25 +112,25 @@ class IpvsProxier:
                     addrs.append(ip)
         return tuple(dict.fromkeys(addrs))
 
-    def _render(self, view: NodeView, opts: IptablesOptions) -> IpvsRendered:
+    def _render(self, view: NodeView, opts: NodeOptions) -> IpvsRendered:
         o = self.options
         ipvs = IpvsOptions(o.scheduler, o.strict_arp, o.exclude_cidrs, o.tcp_timeout, o.tcpfin_timeout,
                            o.udp_timeout, self.node_addresses())
         return render(view, opts, ipvs)
 
-    def sync(self, view: NodeView, opts: IptablesOptions, changed_services: frozenset[tuple[str, str]] | None) -> IpvsSyncReport:
+    def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> IpvsSyncReport:
         started = time.monotonic()
         rendered = self._render(view, opts)
-        ipset_lines = self.applier.apply_ipsets(rendered.sets, ipset_family(opts))
+        ipset_lines = self.applier.apply_ipsets(rendered.sets, opts.family)
         added, removed = self.applier.ensure_dummy(rendered.bind_addresses)
         loaded = self.applier.apply_iptables(rendered.iptables)
         have, conns = self.applier.read_ipvs()
         ops = diff_ipvs(rendered.services, have, conns, exclude_cidrs=self.options.exclude_cidrs,
-                        ipv6=opts.family == IPV6)
+                        ipv6=opts.family == Family.IPV6)
         self.applier.apply_ipvs(ops)
         return IpvsSyncReport(True, rendered, ops, ipset_lines, added + removed, loaded, time.monotonic() - started)
 
-    def check(self, view: NodeView, opts: IptablesOptions) -> str | None:
+    def check(self, view: NodeView, opts: NodeOptions) -> str | None:
         """Whether a sync to `view` would be taken: the iptables text (--test) and the set entries."""
         rendered = self._render(view, opts)
         problem = self.applier.check_iptables(rendered.iptables)
@@ -134,9 +140,10 @@ class IpvsProxier:
         lines: list[str] = []
         names: list[str] = []
         for i, spec in enumerate(SETS):
-            tmp = f"KUBE-CHECK-{i}"
+            # Per family, as the sets themselves: the other family's lane may check in turn.
+            tmp = set_name(f"KUBE-CHECK-{i}", opts.family)
             names.append(tmp)
-            lines.append(create_line(spec, ipset_family(opts), tmp))
+            lines.append(create_line(spec, opts.family, tmp))
             lines.extend(f"add {tmp} {e}" for e in sorted(rendered.sets[spec.name]))
         proc = self.run(["ipset", "restore", "-exist"], input="\n".join(lines) + "\n", check=False)
         for tmp in names:
@@ -166,8 +173,9 @@ class IpvsProxier:
                 if self.run([ipt, "-w", "-t", table, "-X", chain], check=False).returncode == 0:
                     removed.append(f"{table} {chain}")
         for set_spec in SETS:
-            if self.run(["ipset", "destroy", set_spec.name], check=False).returncode == 0:
-                removed.append(f"ipset {set_spec.name}")
+            name = set_name(set_spec.name, self.family)
+            if self.run(["ipset", "destroy", name], check=False).returncode == 0:
+                removed.append(f"ipset {name}")
         self.applier.last_iptables = None
         return removed
 

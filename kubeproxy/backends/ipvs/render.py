@@ -19,8 +19,9 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.iptables.render import IptablesOptions, local_detector_args
-from kubeproxy.proxy.model import IPV6, EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.backends.iptables.render import local_detector_args
+from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.topology import Categorized, categorize
 
 DUMMY_DEVICE = "kube-ipvs0"
@@ -64,6 +65,24 @@ SETS: tuple[SetSpec, ...] = (
     SetSpec("KUBE-IPVS-IPS", "hash:ip", "Addresses on the ipvs interface"),
 )
 SET_BY_NAME: Mapping[str, SetSpec] = {s.name: s for s in SETS}
+
+# Upstream's NewIPSet: on a dual-stack node both families' sets live in one kernel namespace of
+# set names, so an IPv6 set's "KUBE-" prefix becomes "KUBE-6-" (IPv4 names are left as they were,
+# for upgrades), cut to ipset's 31-character limit (KUBE-6-NODE-PORT-LOCAL-SCTP-HAS).
+IPV6_SET_PREFIX = "KUBE-6-"
+MAX_SET_NAME = 31
+
+
+def set_name(name: str, family: Family) -> str:
+    """The kernel's name of set `name` (as in SETS) for `family`.
+
+    Rendered entries stay keyed by the names in SETS (upstream's tests read them so, its fake
+    proxier never renames); only the text handed to ipset and iptables carries this name.
+    """
+    if family.ipv6 and name.startswith("KUBE-"):
+        return (IPV6_SET_PREFIX + name[len("KUBE-"):])[:MAX_SET_NAME]
+    return name
+
 
 # Upstream's ipsetWithIptablesChain: (set, table, from chain, target, match type, protocol).
 # The local NodePort sets come before the plain ones so that Local traffic RETURNs un-masqueraded.
@@ -170,7 +189,7 @@ def _entry_ip_port(ip: str, proto: str, port: int) -> str:
     return f"{ip},{proto}:{port}"
 
 
-def render(view: NodeView, opts: IptablesOptions, ipvs: IpvsOptions = IpvsOptions()) -> IpvsRendered:
+def render(view: NodeView, opts: NodeOptions, ipvs: IpvsOptions = IpvsOptions()) -> IpvsRendered:
     """Everything IPVS mode programs for `view`. Deterministic: same input, same output."""
     entries: dict[str, set[str]] = {s.name: set() for s in SETS}
     services: dict[VirtualServer, tuple[RealServer, ...]] = {}
@@ -274,8 +293,8 @@ def render(view: NodeView, opts: IptablesOptions, ipvs: IpvsOptions = IpvsOption
     )
 
 
-def _match(name: str, kind: str) -> str:
-    return f"-m set --match-set {name} {kind}"
+def _match(name: str, kind: str, family: Family) -> str:
+    return f"-m set --match-set {set_name(name, family)} {kind}"
 
 
 def _comment(name: str) -> str:
@@ -283,20 +302,21 @@ def _comment(name: str) -> str:
 
 
 def _iptables(
-    entries: Mapping[str, set[str]], opts: IptablesOptions, lb_no_node: Iterable[tuple[str, str, int]]
+    entries: Mapping[str, set[str]], opts: NodeOptions, lb_no_node: Iterable[tuple[str, str, int]]
 ) -> tuple[str, dict[str, int]]:
     """Upstream's writeIptablesRules: the same rules, in the same order, for the same sets."""
     nat: list[str] = []
     flt: list[str] = []
-    lo = "::1/128" if opts.family == IPV6 else "127.0.0.0/8"
+    fam = opts.family
+    lo = "::1/128" if fam.ipv6 else "127.0.0.0/8"
     nat.append(f"-A KUBE-SERVICES -s {lo} -j RETURN")
     for name, table, src, target, kind, proto in _SET_RULES:
         if not entries[name]:
             continue
         p = f"-p {proto} " if proto else ""
-        (flt if table == "filter" else nat).append(f"-A {src} {p}{_comment(name)} {_match(name, kind)} -j {target}")
+        (flt if table == "filter" else nat).append(f"-A {src} {p}{_comment(name)} {_match(name, kind, fam)} -j {target}")
     if entries["KUBE-CLUSTER-IP"]:
-        head = f"-A KUBE-SERVICES {_comment('KUBE-CLUSTER-IP')} -m set --match-set KUBE-CLUSTER-IP"
+        head = f"-A KUBE-SERVICES {_comment('KUBE-CLUSTER-IP')} -m set --match-set {set_name('KUBE-CLUSTER-IP', fam)}"
         if opts.masquerade_all:
             nat.append(f"{head} dst,dst -j KUBE-MARK-MASQ")
         elif opts.local_detector.mode:
@@ -311,11 +331,12 @@ def _iptables(
         nat.append(f"{args} -m addrtype --dst-type LOCAL -j ACCEPT")
 
     if entries["KUBE-EXTERNAL-IP"]:
-        args = f"-A KUBE-SERVICES {_comment('KUBE-EXTERNAL-IP')} {_match('KUBE-EXTERNAL-IP', 'dst,dst')}"
+        args = f"-A KUBE-SERVICES {_comment('KUBE-EXTERNAL-IP')} {_match('KUBE-EXTERNAL-IP', 'dst,dst', fam)}"
         nat.append(f"{args} -j KUBE-MARK-MASQ")
         external_ip_rules(args)
     if entries["KUBE-EXTERNAL-IP-LOCAL"]:
-        external_ip_rules(f"-A KUBE-SERVICES {_comment('KUBE-EXTERNAL-IP-LOCAL')} {_match('KUBE-EXTERNAL-IP-LOCAL', 'dst,dst')}")
+        local = _match("KUBE-EXTERNAL-IP-LOCAL", "dst,dst", fam)
+        external_ip_rules(f"-A KUBE-SERVICES {_comment('KUBE-EXTERNAL-IP-LOCAL')} {local}")
     nat.append("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT")
     nat.append("-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ")
     flt.append("-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
@@ -323,17 +344,17 @@ def _iptables(
         flt.append(f"-A KUBE-IPVS-OUT-FILTER -s {ip} -m ipvs --vaddr {ip} --vproto {proto} --vport {port} -j DROP")
     for name in ("KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER"):
         if entries[name]:
-            nat.append(f"-A KUBE-SERVICES {_match(name, 'dst,dst')} -j ACCEPT")
+            nat.append(f"-A KUBE-SERVICES {_match(name, 'dst,dst', fam)} -j ACCEPT")
     mark = opts.masquerade_mark
     flt.append(f'-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark {mark}/{mark} -j ACCEPT')
     flt.append('-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" '
                "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
     flt.append(f"-A KUBE-NODE-PORT {_comment('KUBE-HEALTH-CHECK-NODE-PORT')} "
-               f"{_match('KUBE-HEALTH-CHECK-NODE-PORT', 'dst')} -j ACCEPT")
+               f"{_match('KUBE-HEALTH-CHECK-NODE-PORT', 'dst', fam)} -j ACCEPT")
     for name in ("KUBE-LOAD-BALANCER", "KUBE-CLUSTER-IP", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL"):
-        flt.append(f"-A KUBE-IPVS-FILTER {_match(name, 'dst,dst')} -j RETURN")
-    flt.append(f"-A KUBE-IPVS-FILTER {_match('KUBE-HEALTH-CHECK-NODE-PORT', 'dst')} -j RETURN")
-    flt.append(f"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW {_match('KUBE-IPVS-IPS', 'dst')} -j REJECT")
+        flt.append(f"-A KUBE-IPVS-FILTER {_match(name, 'dst,dst', fam)} -j RETURN")
+    flt.append(f"-A KUBE-IPVS-FILTER {_match('KUBE-HEALTH-CHECK-NODE-PORT', 'dst', fam)} -j RETURN")
+    flt.append(f"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW {_match('KUBE-IPVS-IPS', 'dst', fam)} -j REJECT")
     nat.append(f"-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN")
     nat.append(f"-A KUBE-POSTROUTING -j MARK --xor-mark {mark}")
     masq = '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE'
@@ -344,23 +365,28 @@ def _iptables(
     return "\n".join(lines) + "\n", {"nat": len(nat), "filter": len(flt)}
 
 
-def ipset_family(opts: IptablesOptions) -> str:
-    return "inet6" if opts.family == IPV6 else "inet"
+def ipset_family(family: Family) -> str:
+    """ipset's word for the family of a hash set (`family inet6`)."""
+    return "inet6" if family.ipv6 else "inet"
 
 
-def create_line(spec: SetSpec, family: str, name: str | None = None) -> str:
-    """upstream's CreateSet arguments (hashsize 1024, maxelem 65536; bitmaps cover every port)."""
+def create_line(spec: SetSpec, family: Family, name: str | None = None) -> str:
+    """upstream's CreateSet arguments (hashsize 1024, maxelem 65536; bitmaps cover every port).
+
+    `name` defaults to the set's kernel name for `family` (set_name)."""
+    name = name or set_name(spec.name, family)
     if spec.type.startswith("bitmap:"):
-        return f"create {name or spec.name} {spec.type} range 0-65535 comment"
-    return f"create {name or spec.name} {spec.type} family {family} hashsize 1024 maxelem 65536 comment"
+        return f"create {name} {spec.type} range 0-65535 comment"
+    return f"create {name} {spec.type} family {ipset_family(family)} hashsize 1024 maxelem 65536 comment"
 
 
-def ipset_restore_text(rendered: IpvsRendered, opts: IptablesOptions) -> str:
+def ipset_restore_text(rendered: IpvsRendered, opts: NodeOptions) -> str:
     """A self-contained `ipset restore -exist` input: every set, then its entries."""
-    fam = ipset_family(opts)
+    fam = opts.family
     out = [create_line(spec, fam) for spec in SETS]
     for spec in SETS:
-        out.extend(f"add {spec.name} {e}" for e in sorted(rendered.sets[spec.name], key=_entry_sort))
+        name = set_name(spec.name, fam)
+        out.extend(f"add {name} {e}" for e in sorted(rendered.sets[spec.name], key=_entry_sort))
     return "\n".join(out) + "\n"
 
 
@@ -389,7 +415,7 @@ def _vs_sort(vs: VirtualServer) -> tuple[str, int, bytes, int]:
     return (vs.protocol, ip.version, ip.packed, vs.port)
 
 
-def render_text(rendered: IpvsRendered, opts: IptablesOptions) -> str:
+def render_text(rendered: IpvsRendered, opts: NodeOptions) -> str:
     """The three parts, each under a header a person can cut out and load."""
     return (
         "# ipset restore -exist\n" + ipset_restore_text(rendered, opts)
