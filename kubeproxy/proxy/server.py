@@ -101,6 +101,7 @@ def _write_config(cfg: ProxyConfig, path: str) -> int:
 
 def _cleanup() -> int:
     from kubeproxy.backends.iptables.proxier import IptablesProxier
+    from kubeproxy.backends.ipvs.proxier import IpvsProxier
     from kubeproxy.backends.nftables.proxier import NftablesProxier
     from kubeproxy.backends.userspace.proxier import UserspaceProxier
     from kubeproxy.proxy.options import Family
@@ -109,6 +110,7 @@ def _cleanup() -> int:
         removed = [item for family in Family for item in IptablesProxier(family=family).cleanup()]
         removed += NftablesProxier().cleanup()
         removed += [item for family in Family for item in UserspaceProxier(family=family).cleanup()]
+        removed += [item for family in Family for item in IpvsProxier(family=family).cleanup()]
     except (OSError, RuntimeError) as exc:
         log.error(kv("Cleanup failed", err=str(exc)))
         return 1

@@ -43,6 +43,7 @@ SYSCTLS: tuple[tuple[str, int], ...] = (
     ("net/ipv4/ip_forward", 1),
 )
 STRICT_ARP: tuple[tuple[str, int], ...] = (("net/ipv4/conf/all/arp_ignore", 1), ("net/ipv4/conf/all/arp_announce", 2))
+SHARED_MARK_CHAIN = "KUBE-MARK-MASQ"  # kubelet jumps to it too
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,13 @@ class IpvsProxier:
         """Upstream's cleanupLeftovers: the IPVS table, kube-ipvs0, our chains and jumps, our sets."""
         removed: list[str] = []
         ipt = ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "")
-        if self.run(["ipvsadm", "-C"], check=False).returncode == 0:
-            removed.append("ipvs table")
+        # `kubeproxy cleanup` runs on nodes of every mode: without ipvsadm or ipset there is no
+        # IPVS state of ours to remove, only the iptables part may be left.
+        try:
+            if self.run(["ipvsadm", "-C"], check=False).returncode == 0:
+                removed.append("ipvs table")
+        except FileNotFoundError:
+            pass
         if self.run(["ip", "link", "del", DUMMY_DEVICE], check=False).returncode == 0:
             removed.append(DUMMY_DEVICE)
         for j in JUMPS:
@@ -167,15 +173,26 @@ class IpvsProxier:
             while self.run([ipt, "-w", "-t", j.table, "-D", j.builtin, *args], check=False).returncode == 0:
                 removed.append(f"{j.table} {j.builtin} -> {j.target}")
         for table, chains in (("nat", NAT_CHAINS), ("filter", FILTER_CHAINS)):
-            for chain in chains:
+            # KUBE-MARK-MASQ is kubelet's too: flushed only once nothing but our chains used it.
+            own = [c for c in chains if c != SHARED_MARK_CHAIN]
+            for chain in own:
                 self.run([ipt, "-w", "-t", table, "-F", chain], check=False)
-            for chain in chains:
+            for chain in own:
                 if self.run([ipt, "-w", "-t", table, "-X", chain], check=False).returncode == 0:
                     removed.append(f"{table} {chain}")
-        for set_spec in SETS:
-            name = set_name(set_spec.name, self.family)
-            if self.run(["ipset", "destroy", name], check=False).returncode == 0:
-                removed.append(f"ipset {name}")
+            if SHARED_MARK_CHAIN in chains:
+                rules = self.run([ipt, "-w", "-t", table, "-S"], check=False).stdout
+                if f"-j {SHARED_MARK_CHAIN}" not in rules and f"-N {SHARED_MARK_CHAIN}" in rules:
+                    self.run([ipt, "-w", "-t", table, "-F", SHARED_MARK_CHAIN], check=False)
+                    if self.run([ipt, "-w", "-t", table, "-X", SHARED_MARK_CHAIN], check=False).returncode == 0:
+                        removed.append(f"{table} {SHARED_MARK_CHAIN}")
+        try:
+            for set_spec in SETS:
+                name = set_name(set_spec.name, self.family)
+                if self.run(["ipset", "destroy", name], check=False).returncode == 0:
+                    removed.append(f"ipset {name}")
+        except FileNotFoundError:
+            pass  # no ipset tool, so no sets of ours
         self.applier.last_iptables = None
         return removed
 
