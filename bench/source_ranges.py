@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubeproxy.backends.nftables.render import render  # noqa: E402
 from kubeproxy.lab import netns as L  # noqa: E402
-from tests.nftables.helpers import NODE, endpoint, options, port, service, slice_, view  # noqa: E402
+from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view  # noqa: E402
 
 
 def ranges(n: int) -> list[str]:

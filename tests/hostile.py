@@ -24,8 +24,8 @@ from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import netns as L
 from kubeproxy.proxy.model import build_view
 from kubeproxy.proxy.options import Family
-from tests.nftables.helpers import NODE, options
-from tests.nftables.test_incremental import random_service
+from tests.backends.nftables.helpers import NODE, options
+from tests.backends.nftables.test_incremental import random_service
 
 STRINGS = [
     'a"\n-A INPUT -j ACCEPT\n#', "x\nCOMMIT\n*filter\n-A INPUT -j DROP", "sp ace", "}; flush ruleset #", "-A", "COMMIT",

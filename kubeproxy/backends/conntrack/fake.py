@@ -2,7 +2,7 @@
 
 `FakeConntrack` is a `Runner` that behaves like conntrack-tools 1.4.7 on a table of `-L`
 lines (UDP only, as the reconciler asks), and like `ip -j route show table local type local` on
-a list of local route destinations. tests/test_conntrack_kernel.py runs the reconciler against
+a list of local route destinations. tests/backends/conntrack/test_kernel.py runs the reconciler against
 a real conntrack table, which keeps it honest.
 """
 

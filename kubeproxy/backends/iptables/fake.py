@@ -6,7 +6,7 @@ understands what the iptables backend runs: `iptables[-legacy|-nft] -w -t T -S/-
 table; a jump to a missing chain, or deleting a chain still jumped to, fails the whole table
 as the kernel does), the ip6tables forms, and `nfacct add/get`. Rules are kept as the text they
 were given (our renderer writes them in iptables-save's canonical form, MARK's --or-mark aside),
-so `-S` and `iptables-save` print them back as the kernel would. tests/test_iptables_proxier.py runs the same
+so `-S` and `iptables-save` print them back as the kernel would. tests/backends/iptables/test_proxier.py runs the same
 scenarios on this and on a real kernel in a namespace, which keeps it honest.
 """
 

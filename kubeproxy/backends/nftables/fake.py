@@ -13,7 +13,7 @@ parses the text we write (knftables' style: `add table/chain/rule/set/map/elemen
 - a comment of more than 128 characters; a table, chain or set added again with another
   definition (hook, priority, type).
 
-Elements and rules are kept as text, as they were written. tests/nftables/test_fake.py runs the
+Elements and rules are kept as text, as they were written. tests/backends/nftables/test_fake.py runs the
 same applier scenarios on this and on a real kernel in a namespace, which keeps it honest.
 """
 

@@ -16,10 +16,11 @@ from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import build_view
 from kubeproxy.proxy.options import NodeOptions, node_options
-from tests.iptables_canonical import diff
+from tests.backends.iptables.canonical import diff
+from tests.paths import TESTS
 from tests.rules_invariants import check_invariants, parse
 
-FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
+FIXTURES = TESTS / "fixtures" / "upstream"
 
 def _is_full_sync(case: Path) -> bool:
     # Steps of upstream's repeated-sync test after the first are partial syncs (only changed

@@ -17,10 +17,11 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.model import ServicePortName, build_view
-from tests.nftables.helpers import NODE, options
+from tests.backends.nftables.helpers import NODE, options
+from tests.paths import TESTS
 
 HERE = Path(__file__).parent / "fixtures" / "overall"
-OBJECTS = Path(__file__).parents[1] / "fixtures" / "upstream" / "test_overall_iptables_rules" / "objects.yaml"
+OBJECTS = TESTS / "fixtures" / "upstream" / "test_overall_iptables_rules" / "objects.yaml"
 _ELEMENT = re.compile(r'^add element ip kube-proxy (\S+) \{ (.*?)(?: comment "([^"]*)")?(?: : (.*))? \}$')
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from kubeproxy.proxy.options import Family
 from kubeproxy.proxy.quarantine import Held, Quarantine, isolate
-from tests.nftables.helpers import endpoint, port, service, slice_, view
+from tests.backends.nftables.helpers import endpoint, port, service, slice_, view
 
 
 def counting(bad: set[int]) -> tuple[list[frozenset[int]], object]:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cli import main
-from tests.test_upstream_fixtures import FIXTURES, render_fixture
+from tests.backends.iptables.test_upstream_fixtures import FIXTURES, render_fixture
 
 FLOWS = [
     pytest.param(

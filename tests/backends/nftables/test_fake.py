@@ -19,9 +19,9 @@ from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.proxier import NftablesProxier
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.lab import netns as L
-from tests.nftables.helpers import options, view
-from tests.nftables.test_incremental import random_service
-from tests.nftables.test_kernel import FEATURES
+from tests.backends.nftables.helpers import options, view
+from tests.backends.nftables.test_incremental import random_service
+from tests.backends.nftables.test_kernel import FEATURES
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

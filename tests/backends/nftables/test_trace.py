@@ -17,9 +17,9 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.netfilter import nft_json
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
+from tests.backends.nftables.helpers import options, view
+from tests.backends.nftables.test_kernel import NODE_OPTIONS, NODE_VIEW
 from tests.netfilter.kernel_bed import assert_kernel_agrees, bed
-from tests.nftables.helpers import options, view
-from tests.nftables.test_kernel import NODE_OPTIONS, NODE_VIEW
 
 pytestmark = pytest.mark.root
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.render import load
-
-DEMO = Path(__file__).parents[2] / "kubeproxy" / "examples" / "demo.yaml"
+from tests.paths import DEMO
 
 
 def test_demo_renders() -> None:

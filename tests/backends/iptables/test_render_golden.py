@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import os
 import shlex
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kubeproxy.cli import main
+from tests.paths import TESTS
 from tests.rules_invariants import check_invariants
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = TESTS / "golden"
 SCENARIOS = sorted(p.stem for p in GOLDEN.glob("*.yaml"))
 
 

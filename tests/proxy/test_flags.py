@@ -19,8 +19,8 @@ import yaml
 from kubeproxy.proxy import flags
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file
 from kubeproxy.proxy.flags import FLAGS, FlagError, Invocation, go_duration, parse, resolve
+from tests.paths import REPO as ROOT
 
-ROOT = Path(__file__).parents[1]
 BIN = Path(sys.executable).parent
 KUBE_PROXY = BIN / "kube-proxy"
 DEMO = ROOT / "kubeproxy" / "examples" / "demo.yaml"

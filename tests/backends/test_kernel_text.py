@@ -17,7 +17,7 @@ from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
 from kubeproxy.lab import netns as L
 from kubeproxy.proxy.model import NodeView, ServicePortName
-from tests.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
+from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
 HOSTILE = [
     'a"\n-A INPUT -j ACCEPT\n#',

@@ -10,8 +10,7 @@ from click.testing import CliRunner
 
 from kubeproxy.cli import build_config, main
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, parse_duration
-
-DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
+from tests.paths import DEMO
 
 KUBEADM_STYLE = """
 apiVersion: kubeproxy.config.k8s.io/v1alpha1

@@ -4,7 +4,7 @@ Random edit sequences (Services and EndpointSlices added, changed, relabelled, d
 by label or rejected as invalid; Node changes; syncs for either family and node) go through a
 ChangeTracker into one ClusterState; at every sync the builder's view, fed the tracker's pending
 set, is compared with a fresh `build_view`, and the tracker's changes with those of a tracker
-fed fresh views. The strategies are shared with tests/test_render_cache.py.
+fed fresh views. The strategies are shared with tests/backends/iptables/test_render_cache.py.
 """
 
 from __future__ import annotations

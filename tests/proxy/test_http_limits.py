@@ -13,15 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz
 from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, HttpServer, Limits, Response, serve
 from kubeproxy.proxy.metrics import ProxyMetrics
-
-ROOT = Path(__file__).parents[1]
+from tests.paths import REPO as ROOT
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:

@@ -7,7 +7,6 @@ kernel in a namespace (root), which keeps the fake honest.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +18,8 @@ from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS
+from tests.paths import DEMO
 
-DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
 
 # Rules and chains someone else owns: a sync must keep them, cleanup must leave them.

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
+from tests.paths import TESTS
+
+FIXTURES = TESTS / "fixtures" / "upstream"
 TRACER_ONLY = FIXTURES / "tracer_only"
 
 OPTION_KEYS = {

@@ -5,7 +5,7 @@ tests/fixtures/upstream_nftables/ holds the scenarios of upstream's nftables mod
 the expected outcome of each flow; see the README there). Each scenario is rendered by our
 renderer, loaded by nft into a throwaway namespace (nft_json.parse_text: the kernel's own reading
 of our text) and every flow is traced through it by kubeproxy.netfilter, the same tracer the
-iptables flows go through (tests/test_upstream_flows.py).
+iptables flows go through (tests/backends/iptables/test_upstream_flows.py).
 
 Upstream's tracer always walks the prerouting path, even for a packet whose source is a node
 address; ours walks the path the kernel takes: a packet from a node address leaves the node
@@ -41,10 +41,11 @@ from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import NodeView, build_view
 from kubeproxy.proxy.options import NodeOptions
 from tests.netfilter.kernel_bed import assert_kernel_agrees, bed, observed_key
+from tests.paths import TESTS
 
 pytestmark = pytest.mark.root
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "upstream_nftables"
+FIXTURES = TESTS / "fixtures" / "upstream_nftables"
 # The fake proxier's network interfaces: lo, and eth0 with these addresses.
 NODE_IPS = ("192.168.0.2", "192.168.1.2", "192.168.99.11", "2001:db8::1", "2001:db8:1::2")
 

@@ -13,6 +13,7 @@ import pytest
 
 from kubeproxy.proxy.config import ConntrackConfig
 from kubeproxy.proxy.sysctls import conntrack_max
+from tests.paths import DEMO
 
 pytestmark = pytest.mark.root
 
@@ -111,7 +112,7 @@ def test_a_changed_config_file_ends_the_proxy(netns, tmp_path: Path) -> None:
     """Upstream exits when --config changes (the kubelet updates a ConfigMap volume in place), so
     that the pod restarts with the new configuration."""
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "demo.yaml").write_text((Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml").read_text())
+    (tmp_path / "m" / "demo.yaml").write_text((DEMO).read_text())
     config = tmp_path / "config.conf"
     config.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
                       "clusterCIDR: 10.244.0.0/16\noomScoreAdj: 0\n")

@@ -22,9 +22,9 @@ from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.lab import netns as L
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.options import Family
+from tests.backends.nftables.helpers import NODE, canonical, endpoint, options, options6, port, service, slice_, view
+from tests.backends.nftables.test_incremental import random_service
 from tests.netfilter.kernel_bed import PROBE, bed
-from tests.nftables.helpers import NODE, canonical, endpoint, options, options6, port, service, slice_, view
-from tests.nftables.test_incremental import random_service
 
 pytestmark = pytest.mark.root
 

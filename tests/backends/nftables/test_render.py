@@ -12,7 +12,7 @@ from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import ServicePortName
 from kubeproxy.proxy.options import Family
-from tests.nftables.helpers import NODE, endpoint, options, options6, port, service, slice_, view
+from tests.backends.nftables.helpers import NODE, endpoint, options, options6, port, service, slice_, view
 
 
 def values(r: NftRendering, set_name: str) -> dict[str, str | None]:

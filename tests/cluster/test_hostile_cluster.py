@@ -23,8 +23,8 @@ from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.lab import netns as L
-from tests.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
-from tests.nftables.test_incremental import random_service
+from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
+from tests.backends.nftables.test_incremental import random_service
 
 pytestmark = pytest.mark.root
 NS63, NAME63, PORT15 = "n" + "-x" * 31, "s" + "-y" * 31, "p" + "-q" * 7  # the longest valid names

@@ -29,10 +29,9 @@ from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import NodeView, build_view
 from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.proxy.view import ViewBuilder
-from tests.iptables_canonical import diff
-from tests.test_partial_sync import BOGUS_CHAIN, BOGUS_RULE, STEPS, FakeKernel, Proxy, RestoreRefused, replay, step_options
-from tests.test_render_golden import GOLDEN, SCENARIOS
-from tests.test_view_cache import (
+from tests.backends.iptables.canonical import diff
+from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS
+from tests.proxy.test_view_cache import (
     NAMESPACES,
     SERVICES,
     apply_step,
@@ -43,6 +42,7 @@ from tests.test_view_cache import (
     services,
     slice_obj,
 )
+from tests.test_partial_sync import BOGUS_CHAIN, BOGUS_RULE, STEPS, FakeKernel, Proxy, RestoreRefused, replay, step_options
 
 # -- upstream's repeated syncs
 

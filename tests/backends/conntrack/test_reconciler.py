@@ -4,7 +4,7 @@ cases (pkg/proxy/conntrack/cleanup_test.go), the deletion commands and their fai
 Reconcile runs against `FakeConntrack`, a runner that keeps a table of `conntrack -L` lines and
 implements `-L -p udp -f F` and `-D` with the tuple options by its own matching (not ours), so
 "what is left afterwards" is checked as upstream's fake netlink handler checks it. The real
-conntrack program's matching is covered by tests/test_conntrack_kernel.py.
+conntrack program's matching is covered by tests/backends/conntrack/test_kernel.py.
 """
 
 from __future__ import annotations

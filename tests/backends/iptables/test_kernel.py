@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters, restore
 from kubeproxy.cli import main
 from kubeproxy.proxy.options import NFACCT_COUNTERS
+from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS
+from tests.backends.iptables.test_upstream_fixtures import FIXTURES, render_fixture
+from tests.paths import DEMO
 from tests.rules_invariants import parse
-from tests.test_render_golden import GOLDEN, SCENARIOS
-from tests.test_upstream_fixtures import FIXTURES, render_fixture
 
 pytestmark = pytest.mark.root
-DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
 
 
 def _saved(ns, ipv6: bool) -> dict:

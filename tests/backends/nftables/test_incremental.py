@@ -10,7 +10,7 @@ import pytest
 from kubeproxy.backends.nftables.diff import ElementOp, chunks, create_plan, plan, weight
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
-from tests.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
+from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
 
 def same(a: NftRendering, b: NftRendering) -> None:
