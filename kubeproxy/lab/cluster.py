@@ -60,12 +60,12 @@ import yaml
 
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
 from kubeproxy.backends.iptables.jumps import with_jumps
-from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
 from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import netns as L
 from kubeproxy.lab import node_rules, objects
 from kubeproxy.lab.node_rules import NodeRules
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.options import NFACCT_COUNTERS
 from kubeproxy.render import render_iptables
 
 NODE_NAME = "node-1"
@@ -160,6 +160,8 @@ class MiniCluster:
     tcp_ports: tuple[int, ...]
     udp_ports: tuple[int, ...]
     proxy_mode: str = "iptables"  # the proxy's --proxy-mode, and so the rules the waits read
+    # Seconds a pod's probe may take to start: interpreter start-up, ~40x slower in the VM (tests/vm).
+    start_timeout: float = 15.0
     pods: dict[str, Pod] = field(default_factory=dict)
     proxy: subprocess.Popen[str] | None = None
     apiserver: subprocess.Popen[str] | None = None
@@ -184,17 +186,19 @@ class MiniCluster:
         tcp_ports: Sequence[int] = (8080,),
         udp_ports: Sequence[int] = (5353,),
         proxy_mode: str = "iptables",
+        start_timeout: float = 15.0,
     ) -> Iterator[MiniCluster]:
         """The node, the client and the pods, each pod serving `tcp_ports` and `udp_ports`;
         `start_proxy` runs the proxy in `proxy_mode`."""
-        if proxy_mode not in node_rules.MODES:
-            raise ClusterError(f"proxy_mode {proxy_mode!r}: want one of {', '.join(node_rules.MODES)}")
+        if proxy_mode not in node_rules.KNOWN_MODES:
+            raise ClusterError(f"proxy_mode {proxy_mode!r}: want one of {', '.join(node_rules.KNOWN_MODES)}")
         with ExitStack() as stack:
             workdir = Path(tempfile.mkdtemp(prefix="kp-cluster-"))
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
             node = stack.enter_context(L.netns("kpnode"))
             client = stack.enter_context(L.netns("kpcli"))
-            cluster = cls(node, client, workdir, tuple(tcp_ports), tuple(udp_ports), proxy_mode, _stack=stack)
+            cluster = cls(node, client, workdir, tuple(tcp_ports), tuple(udp_ports), proxy_mode,
+                          start_timeout=start_timeout, _stack=stack)
             (workdir / "manifests").mkdir()
             cluster._wire_node_and_client()
             # Pods are torn down after the proxy (ExitStack unwinds in reverse), the node and client last.
@@ -267,12 +271,12 @@ class MiniCluster:
             if ports
         ]
         for what, child in children:
-            _await_ready(what, child, timeout=15)
+            _await_ready(what, child, timeout=self.start_timeout)
 
     def serve(self, where: Source, proto: str, listens: Sequence[str]) -> None:
         """Start a probe receiver in any namespace of the bed (e.g. the node or the client) on `ip:port`s."""
         ns = where.ns if isinstance(where, Pod) else where
-        _await_ready(*self._start_probe(ns, proto, listens, ns.name), timeout=15)
+        _await_ready(*self._start_probe(ns, proto, listens, ns.name), timeout=self.start_timeout)
 
     def _start_probe(self, ns: L.NetNS, proto: str, listens: Sequence[str], label: str) -> tuple[str, subprocess.Popen[str]]:
         args = [arg for spec in listens for arg in ("--listen", spec)]
@@ -419,8 +423,8 @@ class MiniCluster:
             raise ClusterError("a proxy is running already; stop_proxy() first")
         if "--proxy-mode" in extra_args:
             mode = extra_args[extra_args.index("--proxy-mode") + 1 :][:1]
-            if not mode or mode[0] not in node_rules.MODES:
-                raise ClusterError(f"--proxy-mode {' '.join(mode)!r}: want one of {', '.join(node_rules.MODES)}")
+            if not mode or mode[0] not in node_rules.KNOWN_MODES:
+                raise ClusterError(f"--proxy-mode {' '.join(mode)!r}: want one of {', '.join(node_rules.KNOWN_MODES)}")
             self.proxy_mode = mode[0]
         else:
             extra_args = ("--proxy-mode", self.proxy_mode, *extra_args)

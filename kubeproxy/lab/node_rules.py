@@ -40,6 +40,8 @@ Key = tuple[str, ...]
 # `run(argv, check=...)` inside the node, returning a CompletedProcess (NetNS.run).
 Run = Callable[..., Any]
 MODES = ("iptables", "nftables")
+# ipvs needs a kernel with IPVS (the host's has none): its beds run in the VM (tests/vm), not in MODES.
+KNOWN_MODES = (*MODES, "ipvs", "userspace")
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,15 @@ def read(mode: str, run: Run, services: Iterable[JSON] = ()) -> NodeRules:
     if mode == "nftables":
         proc = run(["nft", "-j", "list", "table", "ip", TABLE], check=False)
         return NftRules(proc.stdout if proc.returncode == 0 else "", service_ports(services))
-    raise ValueError(f"proxy mode {mode!r}: want one of {', '.join(MODES)}")
+    if mode == "ipvs":
+        from kubeproxy.lab.ipvs_rules import IpvsRules  # imports this module's ServicePortKeys
+
+        return IpvsRules(str(run(["ipvsadm-save", "-n"]).stdout), service_ports(services))
+    if mode == "userspace":
+        from kubeproxy.lab.userspace_rules import UserspaceRules  # the proxy's state file and its redirects
+
+        return UserspaceRules.read(run)
+    raise ValueError(f"proxy mode {mode!r}: want one of {', '.join(KNOWN_MODES)}")
 
 
 def _names(service: str) -> re.Pattern[str]:

@@ -229,6 +229,11 @@ class VM:
                 console, _ = proc.communicate()
                 raise VMError(f"the VM did not power off within {timeout} s; console:\n"
                               f"{console.decode(errors='replace')[-3000:]}") from None
+            finally:
+                # Interrupted otherwise (Ctrl-C, pytest-timeout): no guest may outlive its batch.
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
             total = time.monotonic() - started
             started_file = results / "started"
             rc_file = results / "rc"

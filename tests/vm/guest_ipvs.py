@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 from kubeproxy.backends.exec import local_run
-from kubeproxy.backends.iptables.render import IptablesOptions
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import ipvsadm_save_text
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.options import NodeOptions
 
 ECHO = ServicePortName("default", "echo", "tcp", "TCP")
 ECHO_SVC = ServicePortInfo(ECHO, ipaddress.ip_address("10.96.20.20"), 90, "TCP")
@@ -30,7 +30,7 @@ def _ask(conn: socket.socket) -> str:
     return conn.recv(100).decode().strip()
 
 
-def graceful_termination(proxier: IpvsProxier, opts: IptablesOptions, web: dict) -> dict:
+def graceful_termination(proxier: IpvsProxier, opts: NodeOptions, web: dict) -> dict:
     """A long-lived connection to a removed endpoint keeps working; new ones go to the other pod."""
     servers = []
     for pod, ip in PODS.items():
@@ -77,7 +77,7 @@ def main() -> int:
     name = ServicePortName("default", "web", "http", "TCP")
     svc = ServicePortInfo(name, ipaddress.ip_address("10.96.10.10"), 80, "TCP", node_port=30080)
     view = NodeView({name: svc}, {name: [EndpointInfo("10.244.1.10", 8080, is_local=True)]})
-    opts = IptablesOptions(node_name="node", node_ip="192.168.0.2")
+    opts = NodeOptions(node_name="node", node_ip="192.168.0.2")
     proxier = IpvsProxier()
     proxier.prepare()
     first = proxier.sync(view, opts, None)

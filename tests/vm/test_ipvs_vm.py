@@ -20,7 +20,8 @@ from kubeproxy.lab import vm
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 
-pytestmark = pytest.mark.root
+# The first test waits for the boot (guest timeout 900 s below), beyond pytest-timeout's 300 s default.
+pytestmark = [pytest.mark.root, pytest.mark.timeout(1020)]
 
 
 HEADERS = ("# ipset restore -exist\n", "# iptables-restore --noflush\n", "# ipvsadm-restore (ipvsadm-save -n)\n",
