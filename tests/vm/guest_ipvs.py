@@ -19,6 +19,7 @@ from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import ipvsadm_save_text
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
+from tests.vm.guest_ipvs_trace import trace_check
 
 ECHO = ServicePortName("default", "echo", "tcp", "TCP")
 ECHO_SVC = ServicePortInfo(ECHO, ipaddress.ip_address("10.96.20.20"), 90, "TCP")
@@ -40,6 +41,8 @@ def graceful_termination(proxier: IpvsProxier, opts: NodeOptions, web: dict) -> 
         servers.append(proc)
     both = [EndpointInfo(ip, 9090) for ip in PODS.values()]
     proxier.sync(NodeView({**web["services"], ECHO: ECHO_SVC}, {**web["endpoints"], ECHO: both}), opts, None)
+    # While both pods serve: where does the tracer say the node's packet goes, and does the kernel agree?
+    traced = trace_check("10.96.20.20:90", {name: ip for name, ip in PODS.items()})
     long_lived = socket.create_connection(("10.96.20.20", 90), timeout=10)
     first = _ask(long_lived)
     kept = [e for e in both if e.ip != PODS[first]]
@@ -68,7 +71,7 @@ def graceful_termination(proxier: IpvsProxier, opts: NodeOptions, web: dict) -> 
     long_lived.close()
     for proc in servers:
         proc.kill()
-    return {"first": first, "still": still, "fresh": fresh, "removal_ops": list(removal.ipvs_ops.lines),
+    return {"trace": traced, "first": first, "still": still, "fresh": fresh, "removal_ops": list(removal.ipvs_ops.lines),
             "saved_after_removal": saved, "listed_after_removal": listed,
             "direct": direct, "conns": conns}
 

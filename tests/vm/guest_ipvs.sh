@@ -3,6 +3,7 @@
 # then checks a TCP connection through the ClusterIP (from the node) and the NodePort (from the client).
 set -eu
 REPO=$(cat repo_path)
+RES=$(pwd)
 for ns in node pod client; do ip netns add $ns; ip -n $ns link set lo up; done
 ip link add n0 netns node type veth peer name p0 netns pod
 ip link add n1 netns node type veth peer name c0 netns client
@@ -19,7 +20,7 @@ ip netns exec pod python3 -m http.server 8080 --bind 10.244.1.10 --directory /tm
 # Wait for the server by asking it (no fixed sleep): curl retries refused connections.
 ip netns exec pod curl -s --retry 60 --retry-connrefused --retry-delay 1 -o /dev/null http://10.244.1.10:8080/
 t0=$(date +%s)
-ip netns exec node "$REPO/.venv/bin/python" "$REPO/tests/vm/guest_ipvs.py"
+ip netns exec node env PYTHONPATH="$REPO" "$REPO/.venv/bin/python" "$REPO/tests/vm/guest_ipvs.py"
 echo "sync_seconds=$(( $(date +%s) - t0 ))"
 ip netns exec node curl -s -m 10 http://10.96.10.10/index.html > clusterip.out
 ip netns exec client curl -s -m 10 http://192.168.0.2:30080/index.html > nodeport.out
@@ -36,3 +37,5 @@ ip netns exec demo iptables-restore --noflush < demo.iptables
 ip netns exec demo ipvsadm-restore < demo.ipvs
 ip netns exec demo ipvsadm-save -n > demo_kernel.ipvs
 ip netns exec demo ipset save > demo_kernel.ipset
+# Dual-stack: one IpvsProxier per family side by side in namespaces of their own (ds-node, ds-pod).
+(cd "$REPO" && "$REPO/.venv/bin/python" -m tests.vm.guest_ipvs_dualstack) > "$RES/ipvs_dualstack.json" || true

@@ -98,3 +98,14 @@ def test_kernel_loads_the_rendered_demo_as_is(guest: vm.VMResult, demo: dict[str
     kernel_sets = parse_ipset_save(guest.files["demo_kernel.ipset"])
     rendered_sets = parse_ipset_save(demo["demo.ipset"])
     assert rendered_sets and all(kernel_sets[name] == entries for name, entries in rendered_sets.items())
+
+
+def test_the_tracer_agrees_with_the_kernel_on_an_ipvs_node(guest: vm.VMResult) -> None:
+    report = json.loads(guest.files["ipvs_sync.json"])["graceful"]["trace"]
+    assert report["ok"], report
+    assert report["traced"] == report["ipvs_table"] == sorted(["10.244.1.10", "10.244.2.10"])
+
+
+def test_dual_stack_lanes_share_the_kernel_each_touching_its_own(guest: vm.VMResult) -> None:
+    report = json.loads(guest.files["ipvs_dualstack.json"])
+    assert report["ok"], report

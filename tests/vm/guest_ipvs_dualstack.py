@@ -4,7 +4,7 @@ The host kernel has no IPVS, so tests/proxy/test_dualstack.py proves the dual-st
 the fake node only. This script asks the real kernel the same questions. In the guest of
 kubeproxy/lab/vm.py, from the repository root:
 
-    python -m tests.ipvs.vm_dualstack_check
+    python -m tests.vm.guest_ipvs_dualstack
 
 It makes two namespaces (`ds-node`, `ds-pod`, a veth pair with an IPv4 and an IPv6 address each),
 an echo pod answering "pod" on both families, then, inside `ds-node`, one IpvsProxier per family
@@ -21,7 +21,7 @@ guest_ipvs.sh (no edit of vm.py needed; `files` lands in the guest's working dir
 
     from kubeproxy.lab import vm
     script = 'RES=$(pwd); REPO=$(cat repo_path); cd "$REPO" && ' \
-             '"$REPO/.venv/bin/python" -m tests.ipvs.vm_dualstack_check > "$RES/ipvs_dualstack.json"'
+             '"$REPO/.venv/bin/python" -m tests.vm.guest_ipvs_dualstack > "$RES/ipvs_dualstack.json"'
     result = vm.VM(vm.build()).run(script, files={"repo_path": "/work/main"}, timeout=900)
 
 The exit status is the script's (0: every check passed); the report is ipvs_dualstack.json.
@@ -156,7 +156,7 @@ def main() -> int:
         echo = subprocess.Popen(["ip", "netns", "exec", POD_NS, sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
         assert echo.stdout is not None and echo.stdout.readline().strip() == "ready"  # listening: no sleep needed
         started = time.monotonic()
-        proc = subprocess.run(["ip", "netns", "exec", NODE_NS, sys.executable, "-m", "tests.ipvs.vm_dualstack_check",
+        proc = subprocess.run(["ip", "netns", "exec", NODE_NS, sys.executable, "-m", "tests.vm.guest_ipvs_dualstack",
                                "--inside"], capture_output=True, text=True, check=False, timeout=300)
         report = json.loads(proc.stdout) if proc.stdout.strip() else {"error": proc.stderr.strip()[-2000:]}
         report["seconds"] = round(time.monotonic() - started, 1)
