@@ -1,6 +1,6 @@
 """Upstream's IPVS proxier tests (pkg/proxy/ipvs/proxier_test.go) as golden fixtures for our render.
 
-Each tests/ipvs/fixtures/<case>/ holds the scenario's Services and EndpointSlices (objects.yaml)
+Each tests/backends/ipvs/fixtures/<case>/ holds the scenario's Services and EndpointSlices (objects.yaml)
 and, in case.yaml, the fake proxier's settings and what upstream asserts about the result: the
 whole IPVS table (in `ipvsadm-save -n` form) where upstream compares it whole, otherwise the
 number of virtual servers and the real servers of some; the entries of some ipsets; the

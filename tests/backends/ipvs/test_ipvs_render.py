@@ -16,8 +16,8 @@ from kubeproxy.backends.ipvs.render import IpvsOptions, RealServer, VirtualServe
 from kubeproxy.cli import main
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
+from tests.paths import DEMO
 
-DEMO = Path(__file__).parents[2] / "kubeproxy" / "examples" / "demo.yaml"
 NODE_IP = "100.101.102.103"  # upstream's test node address
 
 
