@@ -13,7 +13,12 @@ rather than as a different number. Stages:
 - api: the same objects as the two list responses an API server sends (ServiceList,
   EndpointSliceList) decoded by the API source's body decoder, then `build_state`;
 - process: `kubeproxy render` of the file in both modes as a whole process (python start-up,
-  imports, decode, render, print to /dev/null), next to `python -c pass` and the import alone.
+  imports, decode, render, print to /dev/null), next to `python -c pass` and the import alone,
+  with each process's peak RSS.
+
+`--baseline DIR` (another version's tree, e.g. `git archive HEAD | tar -x -C /tmp/base`) runs
+the same process rows with that tree's code interleaved with this one's, and prints the ratio;
+its own bench/decode.py gives its in-process rows first.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -62,12 +68,13 @@ def _cpu(children: bool) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def show(label: str, times: list[tuple[float, float]], budget: float | None = None) -> None:
+def show(label: str, times: list[tuple[float, float]], budget: float | None = None, rss_kib: int | None = None) -> None:
     wall, cpu = [t[0] for t in times], [t[1] for t in times]
     ratio = f"  best/budget {min(wall) / budget:.2f} (cpu {min(cpu) / budget:.2f})" if budget else ""
+    rss = f"  peak RSS {rss_kib / 1024:5.0f} MiB" if rss_kib else ""
     print(
-        f"{label:<48} wall best {min(wall):6.3f} median {statistics.median(wall):6.3f}"
-        f" | cpu best {min(cpu):6.3f} median {statistics.median(cpu):6.3f}{ratio}"
+        f"{label:<58} wall best {min(wall):6.3f} median {statistics.median(wall):6.3f}"
+        f" | cpu best {min(cpu):6.3f} median {statistics.median(cpu):6.3f}{ratio}{rss}"
     )
 
 
@@ -94,7 +101,15 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--no-process", action="store_true", help="skip the `kubeproxy render` processes")
+    parser.add_argument("--baseline", type=Path, help="another version's tree to compare with (see above)")
     args = parser.parse_args()
+    if args.baseline is not None:
+        print(f"baseline {args.baseline}, in-process stages (its own bench/decode.py):", flush=True)
+        bench = args.baseline / "bench" / "decode.py"
+        argv = [sys.executable, str(bench), "--services", str(args.services), "--endpoints", str(args.endpoints)]
+        subprocess.run([*argv, "--runs", str(args.runs), "--no-process"], check=True, cwd=args.baseline,
+                       env={**os.environ, "PYTHONPATH": str(args.baseline)})
+        print("this tree, in-process stages:")
 
     objs = cluster(args.services, args.endpoints)
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -123,19 +138,59 @@ def main() -> None:
         if args.no_process:
             return
         python = str(ROOT / ".venv" / "bin" / "python")
-        kubeproxy = str(ROOT / ".venv" / "bin" / "kubeproxy")
+        # The `kubeproxy` entry point's code, run from whichever tree PYTHONPATH names.
+        kubeproxy = [python, "-c", "import sys; from kubeproxy.cli import main; sys.argv[0] = 'kubeproxy'; main()"]
         common = ["--manifests", str(path), "--hostname-override", "node-0", "--cluster-cidr", "10.0.0.0/8"]
         commands = {
             "process: python -c pass": [python, "-c", "pass"],
             "process: import kubeproxy.cli": [python, "-c", "import kubeproxy.cli"],
-            "process: render --proxy-mode iptables (1.0 s)": [kubeproxy, "render", *common, "--proxy-mode", "iptables"],
-            "process: render --proxy-mode nftables (1.0 s)": [kubeproxy, "render", *common, "--proxy-mode", "nftables"],
+            "process: render --proxy-mode iptables (1.0 s)": [*kubeproxy, "render", *common, "--proxy-mode", "iptables"],
+            "process: render --proxy-mode nftables (1.0 s)": [*kubeproxy, "render", *common, "--proxy-mode", "nftables"],
         }
+        trees = {"": ROOT} if args.baseline is None else {"baseline ": args.baseline.resolve(), "this tree ": ROOT}
         for label, argv in commands.items():
-            def run(argv: list[str] = argv) -> None:
-                subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+            results: dict[str, list[tuple[float, float]]] = {}
+            rss: dict[str, int] = {}
+            for _ in range(args.runs):  # the trees alternate, so that both see the same neighbours
+                for name, tree in trees.items():
+                    wall, cpu, peak = run_process(argv, tree)
+                    results.setdefault(name, []).append((wall, cpu))
+                    rss[name] = max(rss.get(name, 0), peak)
+            for name in trees:
+                show(f"{name}{label}", results[name], 1.0 if "render" in label else None, rss[name])
+            if args.baseline is not None:
+                ratio = statistics.median(t[0] for t in results["this tree "]) / statistics.median(
+                    t[0] for t in results["baseline "]
+                )
+                memory = rss["this tree "] / rss["baseline "]
+                print(f"{'':<12}this tree / baseline, median wall: {ratio:.2f}x; peak RSS {memory:.2f}x")
 
-            show(label, timed(args.runs, run, children=True)[0], 1.0 if "render" in label else None)
+
+def run_process(argv: list[str], tree: Path) -> tuple[float, float, int]:
+    """(wall s, cpu s, peak RSS KiB) of one process running `argv` with `tree`'s kubeproxy."""
+    # The child's peak RSS is its VmHWM, which it writes to a file as it exits: ru_maxrss would
+    # start from this process's size at the fork (the generated objects, 300 MiB), not from zero.
+    with tempfile.NamedTemporaryFile("r") as hwm:
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONSTARTUP": "", "KP_BENCH_HWM": hwm.name}
+        wrapped = [argv[0], "-c", _HWM_AT_EXIT + (argv[2] if argv[1] == "-c" else ""), *argv[3:]]
+        start = time.perf_counter()
+        proc = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tree, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, not all children's
+        wall = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"{argv} in {tree} exited {os.waitstatus_to_exitcode(status)}")
+        peak = int(hwm.read().split()[1])
+    return wall, usage.ru_utime + usage.ru_stime, peak
+
+
+# Prepended to each child's `-c` program: at exit, its VmHWM line ("VmHWM:  123456 kB") to the file.
+_HWM_AT_EXIT = (
+    "import atexit, os\n"
+    "def _hwm():\n"
+    "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+    "    open(os.environ['KP_BENCH_HWM'], 'w').write(line)\n"
+    "atexit.register(_hwm)\n"
+)
 
 
 if __name__ == "__main__":

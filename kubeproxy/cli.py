@@ -15,11 +15,6 @@ import click
 from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.netfilter import detect as nf_detect
-from kubeproxy.netfilter import explain as nf_explain
-from kubeproxy.netfilter import simulate as nf_simulate
-from kubeproxy.netfilter.model import ParseError
-from kubeproxy.netfilter.node import Node, NodeError
-from kubeproxy.netfilter.packet import PacketError, make_packet
 from kubeproxy.proxy import logs
 from kubeproxy.proxy.config import (
     DETECT_LOCAL_MODES,
@@ -327,7 +322,13 @@ def trace_cmd(
     affinity: tuple[str, ...], live: bool, as_json: bool,
 ) -> None:
     """Follow a packet through an iptables or nftables dump: every outcome, with its probability."""
+    # Here, not at the top: the simulator is only for `trace`; `render` and `run` start without it.
+    from kubeproxy.netfilter import explain as nf_explain
     from kubeproxy.netfilter import ipvs as nf_ipvs
+    from kubeproxy.netfilter import simulate as nf_simulate
+    from kubeproxy.netfilter.model import ParseError
+    from kubeproxy.netfilter.node import Node, NodeError
+    from kubeproxy.netfilter.packet import PacketError, make_packet
 
     if bool(in_iface) == from_host:
         raise click.UsageError("give exactly one of --in-iface IF or --from-host")

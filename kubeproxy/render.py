@@ -15,9 +15,9 @@ from pathlib import Path
 from kubeproxy.backends.iptables.render import Rendered, render
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.cluster.manifests import RawObject, manifest_files, parse_documents, read_text
+from kubeproxy.cluster.manifests import manifest_files, parse_documents, read_text
 from kubeproxy.cluster.objects import Node
-from kubeproxy.cluster.state import ClusterState, build_state
+from kubeproxy.cluster.state import ClusterState
 from kubeproxy.cluster.validation import ParseOptions
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView, build_view
@@ -33,23 +33,26 @@ class Loaded:
 
 def load(paths: Iterable[str | Path], options: ParseOptions | None = None) -> Loaded:
     """Objects from files and folders, checked with `options`. A broken file is reported and skipped, not fatal."""
-    raws: list[RawObject] = []
     warnings: list[str] = []
+    object_warnings: list[str] = []
     try:
         files = manifest_files(paths)
     except ManifestError as exc:
         return Loaded(ClusterState(), [f"error: {exc}"])
-    # The raw dicts (a million containers at 10k services) are made and die (by reference count,
-    # at `del`) while the cyclic collector is paused: it never walks them, only the state's objects.
+    state = ClusterState(options=options or ParseOptions())
+    count = 0
+    # Each object goes into the state as it is read, and its raw dicts die then (by reference
+    # count): the raw dicts of a whole file and the typed objects are never all alive at once.
+    # The cyclic collector is paused meanwhile: it would walk the state's objects again and again.
     with paused_gc():
         for path in files:
             try:
-                raws.extend(parse_documents(read_text(path), str(path)))
+                for raw in parse_documents(read_text(path), str(path)):
+                    count += 1
+                    if warning := state.apply(raw.obj):
+                        object_warnings.append(warning)
             except ManifestError as exc:
                 warnings.append(f"error: {exc}")
-        count = len(raws)
-        state, object_warnings = build_state((r.obj for r in raws), options)
-        del raws
     return Loaded(state, warnings + object_warnings, count)
 
 

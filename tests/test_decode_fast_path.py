@@ -176,3 +176,168 @@ def test_file_source_keeps_objects_as_json_only_where_that_is_exact() -> None:
     assert [(e.type, e.obj) for e in events] == [("MODIFIED", {"a": 2})]
     gone = _diff({key: _stored({"a": 1})}, {}, {})
     assert [(e.type, e.obj) for e in gone] == [("DELETED", {"a": 1})]
+
+
+# --- The typed decoder of JSON manifests (cluster/schema.py) -----------------------------------
+
+RICH_SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {
+        "name": "web", "namespace": "default", "labels": {"app": "web"}, "annotations": {"a": "b"},
+        "uid": "u", "resourceVersion": "7", "generation": 2, "creationTimestamp": "2024-01-01T00:00:00Z",
+        "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "u", "controller": True}],
+    },
+    "spec": {
+        "type": "LoadBalancer", "clusterIP": "10.96.0.1", "clusterIPs": ["10.96.0.1"],
+        "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": 30080, "protocol": "TCP"}],
+        "selector": {"app": "web"}, "externalTrafficPolicy": "Local", "healthCheckNodePort": 30999,
+        "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}},
+        "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "allocateLoadBalancerNodePorts": True,
+        "loadBalancerSourceRanges": ["10.0.0.0/8"], "externalIPs": ["1.2.3.4"], "trafficDistribution": None,
+    },
+    "status": {"loadBalancer": {"ingress": [{"ip": "5.6.7.8", "ipMode": "VIP", "ports": [{"port": 80, "protocol": "TCP"}]}]}},
+}
+RICH_SLICE = {
+    "apiVersion": "discovery.k8s.io/v1",
+    "kind": "EndpointSlice",
+    "metadata": {"name": "web-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+    "addressType": "IPv4",
+    "endpoints": [
+        {"addresses": ["10.0.0.9"], "conditions": {"ready": True, "serving": None}, "nodeName": "n", "zone": "z",
+         "hints": {"forZones": [{"name": "z"}], "forNodes": [{"name": "n"}]}, "hostname": "h",
+         "targetRef": {"kind": "Pod", "namespace": "default", "name": "p", "uid": "u"}},
+    ],
+    "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"}],
+}
+RICH_NODE = {
+    "kind": "Node",
+    "metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n"}, "deletionTimestamp": "2024-01-01T00:00:00Z"},
+    "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"], "taints": [{"key": "k", "effect": "NoSchedule"}]},
+    "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]},
+}
+TYPED_DOCUMENTS = {
+    "service": RICH_SERVICE,
+    "slice": RICH_SLICE,
+    "node": RICH_NODE,
+    "list": {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "9", "continue": ""},
+             "items": [RICH_SERVICE, RICH_SLICE, RICH_NODE]},
+    "empty list": {"kind": "ServiceList", "items": None},
+    # Out of range, but the same integer either way: the general path names the field.
+    "huge port": {"kind": "Service", "spec": {"ports": [{"port": 123456789012345678901234567890}]}},
+}
+
+
+@pytest.mark.parametrize("doc", TYPED_DOCUMENTS.values(), ids=TYPED_DOCUMENTS.keys())
+def test_the_typed_decoder_gives_what_the_general_decoder_gives(doc: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from kubeproxy.cluster import manifests
+    from kubeproxy.cluster.schema import decode_typed
+
+    text = json.dumps(doc)
+    assert decode_typed(text) is not None, "these documents are within the schema: the fast path must take them"
+    typed = list(parse_documents(text, "f.json"))
+    monkeypatch.setattr(manifests, "decode_typed", lambda text: None)
+    general = list(parse_documents(text, "f.json"))
+    assert typed == general
+
+
+# Outside the schema (an unknown field, a value of another type, a duplicated field, not JSON):
+# None, so that the general decoder reads it and words any error, exactly as before.
+OUTSIDE_SCHEMA = [
+    '{"kind": "Service", "metadata": {"name": "a", "managedFields": [{"fieldsV1": {"f:x": {}}}]}}',
+    '{"kind": "Service", "spec": {"ports": [{"port": "80"}]}}',
+    '{"kind": "Service", "spec": {"ports": [{"port": 80.0}]}}',
+    '{"kind": "Service", "spec": {"ports": [{"port": true}]}}',
+    '{"kind": "Service", "metadata": {"labels": {"a": 5}}}',
+    '{"kind": "Service", "spec": {"x": ' + "[" * 500 + "]" * 500 + "}}",
+    '{"kind": "List", "items": [{"kind": "List", "items": []}]}',
+    '{"kind": "Service", "metadata": {"name": "\\ud800"}}',
+    '{"kind": "Service"} trailing',
+    "[]",
+]
+
+
+@pytest.mark.parametrize("text", OUTSIDE_SCHEMA, ids=[t[:40] for t in OUTSIDE_SCHEMA])
+def test_the_typed_decoder_leaves_everything_else_to_the_general_path(text: str) -> None:
+    from kubeproxy.cluster.schema import decode_typed
+
+    assert decode_typed(text) is None
+
+
+def test_a_wrong_type_in_one_object_still_names_that_object_and_keeps_the_others() -> None:
+    import json
+
+    from kubeproxy.cluster.state import build_state
+
+    bad = copy.deepcopy(RICH_SERVICE)
+    bad["metadata"]["name"] = "bad"
+    bad["spec"]["ports"][0]["port"] = "80"
+    text = json.dumps({"kind": "List", "items": [bad, RICH_SERVICE]})
+    state, warnings = build_state(r.obj for r in parse_documents(text, "f.json"))
+    assert list(state.services) == [("default", "web")]
+    assert warnings == ["skipping Service default/bad: spec.ports[0].port: expected an integer, got str '80'"]
+
+
+def _depth(kind: Any) -> int:
+    """How many maps and lists deep a value of msgspec type `kind` can be (recursion: a RecursionError)."""
+    import msgspec.inspect as mi
+
+    if isinstance(kind, mi.UnionType):
+        return max(_depth(t) for t in kind.types)
+    if isinstance(kind, (mi.ListType, mi.DictType)):
+        return 1 + _depth(kind.item_type if isinstance(kind, mi.ListType) else kind.value_type)
+    if isinstance(kind, mi.StructType):
+        return 1 + max(_depth(f.type) for f in kind.fields)
+    return 0
+
+
+def test_the_schema_bounds_the_depth_by_construction() -> None:
+    import msgspec.inspect as mi
+
+    from kubeproxy.cluster.manifests import MAX_DEPTH
+    from kubeproxy.cluster.schema import SCHEMA_DEPTH, Document
+
+    # The deepest value the typed decoder can return (a leaf inside SCHEMA_DEPTH containers),
+    # computed from the types: far below the limit the general path checks for.
+    assert _depth(mi.type_info(Document)) == SCHEMA_DEPTH < MAX_DEPTH
+
+
+def test_the_fast_endpoint_info_is_the_constructed_one() -> None:
+    from kubeproxy.proxy.model import EndpointInfo, _new_endpoint_info
+
+    hints = objects.Endpoint((ipaddress.ip_address("10.0.0.1"),), ready=False, serving=True, terminating=True,
+                             zone_hints=frozenset({"z"}), node_hints=frozenset({"n"}))
+    for ip in ("10.0.0.1", "2001:db8::1"):
+        fast = _new_endpoint_info(ip, 8080, True, hints)
+        made = EndpointInfo(ip=ip, port=8080, is_local=True, ready=False, serving=True, terminating=True,
+                            zone_hints=frozenset({"z"}), node_hints=frozenset({"n"}))
+        assert fast == made and fast.address == made.address and hash(fast) == hash(made)
+
+
+def test_render_leaves_the_collector_as_it_was(tmp_path: Any) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from kubeproxy.cli import main
+
+    path = tmp_path / "objs.json"
+    path.write_text(json.dumps({"kind": "List", "items": [RICH_SERVICE, RICH_SLICE]}))
+    assert gc.isenabled()
+    result = CliRunner().invoke(main, ["render", "--manifests", str(path), "--hostname-override", "n"])
+    assert result.exit_code == 0, result.output
+    assert "10.96.0.1" in result.output
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("text", ["0.0.0.0", "10.0.0.1", "255.255.255.255", "192.168.1.20"])
+def test_the_fast_ipv4_is_an_ordinary_ipv4_address(text: str) -> None:
+    import pickle
+    from socket import AF_INET, inet_pton
+
+    fast, made = objects._ipv4(inet_pton(AF_INET, text)), ipaddress.IPv4Address(text)
+    assert type(fast) is type(made) and fast == made and hash(fast) == hash(made)
+    assert (str(fast), repr(fast), fast.packed, fast.version) == (str(made), repr(made), made.packed, made.version)
+    assert pickle.loads(pickle.dumps(fast)) == made and fast in ipaddress.ip_network(f"{text}/32")

@@ -366,7 +366,10 @@ def _plain_endpoint(raw: Mapping[str, Any], node_names: set[str]) -> Endpoint | 
         return None
     try:
         # inet_pton: see `plain_ipv4` (inlined here, where it runs 100k times).
-        ips = tuple([IPv4Address(inet_pton(AF_INET, text)) for text in addresses])
+        if len(addresses) == 1:  # nearly every endpoint: no list to build
+            ips: tuple[IPAddress, ...] = (_ipv4(inet_pton(AF_INET, addresses[0])),)
+        else:
+            ips = tuple([_ipv4(inet_pton(AF_INET, text)) for text in addresses])
     except (OSError, ValueError, TypeError):  # not a str, not canonical IPv4, a NUL or a surrogate
         return None
     cond = raw.get("conditions")
@@ -423,6 +426,22 @@ def _endpoint_setters() -> Callable[[tuple[IPAddress, ...], bool, bool, bool, st
 
 
 _new_endpoint = _endpoint_setters()
+
+
+def _ipv4_maker() -> Callable[[bytes], IPv4Address]:
+    """`IPv4Address(packed)` for 4 bytes from inet_pton, built without its pure-Python __init__
+    (which checks the length and type we already know): a third less time, 100k times at start."""
+    set_ip, new, from_bytes = IPv4Address._ip.__set__, object.__new__, int.from_bytes  # type: ignore[attr-defined]
+
+    def make(packed: bytes) -> IPv4Address:
+        ip: IPv4Address = new(IPv4Address)
+        set_ip(ip, from_bytes(packed))
+        return ip
+
+    return make
+
+
+_ipv4 = _ipv4_maker()
 
 
 def _hints(hints: Fields, key: str, check: Callable[[str], str | None]) -> frozenset[str]:

@@ -6,7 +6,7 @@ abstractions (pkg/proxy) closely enough that every backend makes the same decisi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import attrgetter
@@ -14,7 +14,7 @@ from socket import AF_INET, inet_ntop
 from typing import TypeVar
 
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
-from kubeproxy.cluster.objects import EndpointSlice, Service
+from kubeproxy.cluster.objects import Endpoint, EndpointSlice, Service
 from kubeproxy.proxy.options import Family
 
 ServiceKey = tuple[str, str]  # (namespace, name) of a Service
@@ -210,21 +210,53 @@ def endpoints_map(slices: Iterable[EndpointSlice], family: Family, node_name: st
                 if ip.version != version:
                     continue
                 is_local = bool(node_name) and ep.node_name == node_name
-                info = EndpointInfo(
+                info = _new_endpoint_info(
                     # str() of an IPv4Address is pure Python; inet_ntop gives the same text at a third of the cost.
-                    ip=inet_ntop(AF_INET, ip.packed) if version == 4 else str(ip),
-                    port=port.port,
-                    is_local=is_local,
-                    ready=ep.ready,
-                    serving=ep.serving,
-                    terminating=ep.terminating,
-                    zone_hints=ep.zone_hints,
-                    node_hints=ep.node_hints,
+                    inet_ntop(AF_INET, ip.packed) if version == 4 else str(ip),
+                    port.port,
+                    is_local,
+                    ep,
                 )
                 # Overlapping slices may list an endpoint twice; a local copy wins.
                 if info.address not in bucket or is_local:
                     bucket[info.address] = info
     return {name: sorted(eps.values(), key=_by_address) for name, eps in by_port.items() if eps}
+
+
+def _endpoint_info_setters() -> Callable[[str, int, bool, Endpoint], EndpointInfo]:
+    """`EndpointInfo(ip, port, is_local, <ep's conditions and hints>)`, built faster.
+
+    A frozen dataclass's __init__ sets each field through `object.__setattr__`, then
+    __post_init__ once more: 2.9 us an endpoint, three quarters of a view's build at 10k x 10.
+    Setting the slots directly makes the same object in about a third of the time.
+    """
+    slot = {name: getattr(EndpointInfo, name).__set__ for name in EndpointInfo.__slots__}
+    expected = {"ip", "port", "is_local", "ready", "serving", "terminating", "zone_hints", "node_hints", "address"}
+    if set(slot) != expected:
+        raise TypeError("EndpointInfo's fields changed: _endpoint_info_setters must set every one")
+    set_ip, set_port, set_local, set_address = slot["ip"], slot["port"], slot["is_local"], slot["address"]
+    set_ready, set_serving, set_terminating = slot["ready"], slot["serving"], slot["terminating"]
+    set_zone_hints, set_node_hints = slot["zone_hints"], slot["node_hints"]
+    new = object.__new__
+
+    def make(ip: str, port: int, is_local: bool, ep: Endpoint) -> EndpointInfo:
+        info: EndpointInfo = new(EndpointInfo)
+        set_ip(info, ip)
+        set_port(info, port)
+        set_local(info, is_local)
+        set_ready(info, ep.ready)
+        set_serving(info, ep.serving)
+        set_terminating(info, ep.terminating)
+        set_zone_hints(info, ep.zone_hints)
+        set_node_hints(info, ep.node_hints)
+        # As EndpointInfo.__post_init__.
+        set_address(info, f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+        return info
+
+    return make
+
+
+_new_endpoint_info = _endpoint_info_setters()
 
 
 def build_view(services: Iterable[Service], slices: Iterable[EndpointSlice], family: Family, node_name: str) -> NodeView:

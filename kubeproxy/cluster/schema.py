@@ -1,0 +1,248 @@
+"""The fields of Services, EndpointSlices and Nodes as msgspec types: a typed JSON decoder of bounded depth.
+
+`decode_typed(text)` gives the document as structs, which `split_list` and `iter_plain` turn into
+exactly what `msgspec.json.decode(text)` gives (plain dicts, lists, strings, numbers; keys in the
+schema's order), or None when the text holds anything this schema does not describe: a field it
+does not list, a value of another type (a port written as "80", a label value as 5), another
+kind's fields. None sends the caller to the general decoder, which reads everything and words
+every error, so the typed path can never accept or refuse differently; it only skips work.
+
+Why: the general path must walk the decoded tree once to refuse documents nested deeper than
+MAX_DEPTH (0.13-0.16 s of 20k objects, bench/decode.py); a document this decoder accepts is
+nested at most `SCHEMA_DEPTH` levels by construction (every field has a fixed type, none refers
+back to an enclosing one: `Document.items` holds `Item`s, which have no `items`), so no walk is
+needed. Unknown fields are refused rather than skipped (`forbid_unknown_fields`) because a skipped
+field could hide a hostile nesting that the general path must still refuse with its message.
+
+The field list is upstream's core/v1 Service, Node and discovery/v1 EndpointSlice, plus the
+metadata kubectl prints, minus what cannot be typed with a bounded depth (`managedFields`): a
+file with those takes the general path, as it did before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+# Every field is optional (UNSET: absent, dropped by `to_builtins`), and null where JSON may hold
+# null; whether a value is *valid* is decided later by cluster.objects, the same way for both paths.
+
+
+class _Strict(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+Text = str | UnsetType | None
+Number = int | UnsetType | None
+Flag = bool | UnsetType | None
+Texts = list[str] | UnsetType | None
+TextMap = dict[str, str] | UnsetType | None
+
+
+class OwnerReference(_Strict):
+    apiVersion: Text = UNSET
+    kind: Text = UNSET
+    name: Text = UNSET
+    uid: Text = UNSET
+    controller: Flag = UNSET
+    blockOwnerDeletion: Flag = UNSET
+
+
+class Metadata(_Strict):
+    name: Text = UNSET
+    namespace: Text = UNSET
+    labels: TextMap = UNSET
+    annotations: TextMap = UNSET
+    uid: Text = UNSET
+    resourceVersion: Text = UNSET
+    generation: Number = UNSET
+    creationTimestamp: Text = UNSET
+    deletionTimestamp: Text = UNSET
+    deletionGracePeriodSeconds: Number = UNSET
+    generateName: Text = UNSET
+    ownerReferences: list[OwnerReference] | UnsetType | None = UNSET
+    finalizers: Texts = UNSET
+    # A List's own metadata.
+    selfLink: Text = UNSET
+    # `continue` is a Python keyword: the field is renamed on the wire.
+    continue_: Text = msgspec.field(default=UNSET, name="continue")
+    remainingItemCount: Number = UNSET
+
+
+class Port(_Strict):
+    name: Text = UNSET
+    protocol: Text = UNSET
+    port: Number = UNSET
+    nodePort: Number = UNSET
+    targetPort: int | str | UnsetType | None = UNSET
+    appProtocol: Text = UNSET
+
+
+class ClientIPConfig(_Strict):
+    timeoutSeconds: Number = UNSET
+
+
+class SessionAffinityConfig(_Strict):
+    clientIP: ClientIPConfig | UnsetType | None = UNSET
+
+
+class Taint(_Strict):
+    key: Text = UNSET
+    value: Text = UNSET
+    effect: Text = UNSET
+    timeAdded: Text = UNSET
+
+
+class Spec(_Strict):
+    # Service
+    type: Text = UNSET
+    clusterIP: Text = UNSET
+    clusterIPs: Texts = UNSET
+    ports: list[Port] | UnsetType | None = UNSET
+    selector: TextMap = UNSET
+    externalIPs: Texts = UNSET
+    externalName: Text = UNSET
+    loadBalancerIP: Text = UNSET
+    loadBalancerClass: Text = UNSET
+    loadBalancerSourceRanges: Texts = UNSET
+    externalTrafficPolicy: Text = UNSET
+    internalTrafficPolicy: Text = UNSET
+    healthCheckNodePort: Number = UNSET
+    sessionAffinity: Text = UNSET
+    sessionAffinityConfig: SessionAffinityConfig | UnsetType | None = UNSET
+    ipFamilies: Texts = UNSET
+    ipFamilyPolicy: Text = UNSET
+    allocateLoadBalancerNodePorts: Flag = UNSET
+    publishNotReadyAddresses: Flag = UNSET
+    trafficDistribution: Text = UNSET
+    # Node
+    podCIDR: Text = UNSET
+    podCIDRs: Texts = UNSET
+    providerID: Text = UNSET
+    unschedulable: Flag = UNSET
+    taints: list[Taint] | UnsetType | None = UNSET
+
+
+class IngressPort(_Strict):
+    port: Number = UNSET
+    protocol: Text = UNSET
+    error: Text = UNSET
+
+
+class Ingress(_Strict):
+    ip: Text = UNSET
+    hostname: Text = UNSET
+    ipMode: Text = UNSET
+    ports: list[IngressPort] | UnsetType | None = UNSET
+
+
+class LoadBalancerStatus(_Strict):
+    ingress: list[Ingress] | UnsetType | None = UNSET
+
+
+class NodeAddress(_Strict):
+    type: Text = UNSET
+    address: Text = UNSET
+
+
+class Status(_Strict):
+    loadBalancer: LoadBalancerStatus | UnsetType | None = UNSET
+    addresses: list[NodeAddress] | UnsetType | None = UNSET
+
+
+class Conditions(_Strict):
+    ready: Flag = UNSET
+    serving: Flag = UNSET
+    terminating: Flag = UNSET
+
+
+class Hint(_Strict):
+    name: Text = UNSET
+
+
+class Hints(_Strict):
+    forZones: list[Hint] | UnsetType | None = UNSET
+    forNodes: list[Hint] | UnsetType | None = UNSET
+
+
+class TargetRef(_Strict):
+    kind: Text = UNSET
+    namespace: Text = UNSET
+    name: Text = UNSET
+    uid: Text = UNSET
+    apiVersion: Text = UNSET
+    resourceVersion: Text = UNSET
+
+
+class Endpoint(_Strict):
+    addresses: Texts = UNSET
+    conditions: Conditions | UnsetType | None = UNSET
+    hostname: Text = UNSET
+    nodeName: Text = UNSET
+    zone: Text = UNSET
+    hints: Hints | UnsetType | None = UNSET
+    targetRef: TargetRef | UnsetType | None = UNSET
+
+
+class Item(_Strict):
+    """One Service, EndpointSlice or Node (the fields of all three: each reads only its own)."""
+
+    apiVersion: Text = UNSET
+    kind: Text = UNSET
+    metadata: Metadata | UnsetType | None = UNSET
+    spec: Spec | UnsetType | None = UNSET
+    status: Status | UnsetType | None = UNSET
+    addressType: Text = UNSET
+    endpoints: list[Endpoint] | UnsetType | None = UNSET
+    ports: list[Port] | UnsetType | None = UNSET
+
+
+class Document(Item):
+    """A file's one JSON document: an object, or a List of them (`items` holds no further `items`)."""
+
+    items: list[Item] | UnsetType | None = UNSET
+
+
+# The deepest path, in maps and lists: the document, items, an item, status, loadBalancer, ingress,
+# an ingress, ports, a port. tests/test_decode_fast_path.py computes it from the types above.
+SCHEMA_DEPTH = 9
+
+_DECODER = msgspec.json.Decoder(Document)
+
+
+def decode_typed(text: str | bytes) -> Document | None:
+    """The document, if every field is one of the schema's with a value of its type; else None
+    (the caller decodes it the general way)."""
+    try:
+        document: Document = _DECODER.decode(text)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
+    return document
+
+
+def split_list(document: Document) -> tuple[dict[str, Any], list[Item] | None]:
+    """(the document as plain dicts, without `items` if it is a List; the List's items, or None
+    when it is not a List). Takes `items` out of `document`."""
+    items = document.items
+    document.items = UNSET
+    head: dict[str, Any] = msgspec.to_builtins(document)
+    kind = head.get("kind")
+    if isinstance(kind, str) and kind.endswith("List"):
+        return head, items or []
+    if items is not UNSET:
+        head["items"] = msgspec.to_builtins(items)
+    return head, None
+
+
+def iter_plain(items: list[Item]) -> Iterator[dict[str, Any]]:
+    """Each item as the plain dicts `msgspec.json.decode` gives, one at a time, each item's struct
+    released as its dicts are made: at no point are all structs and all dicts alive at once."""
+    for index, item in enumerate(items):
+        items[index] = _RELEASED
+        yield msgspec.to_builtins(item)
+
+
+_RELEASED = Item()  # what a consumed item's slot holds
