@@ -39,3 +39,19 @@ ip netns exec demo ipvsadm-save -n > demo_kernel.ipvs
 ip netns exec demo ipset save > demo_kernel.ipset
 # Dual-stack: one IpvsProxier per family side by side in namespaces of their own (ds-node, ds-pod).
 (cd "$REPO" && "$REPO/.venv/bin/python" -m tests.vm.guest_ipvs_dualstack) > "$RES/ipvs_dualstack.json" || true
+# Every upstream scenario's rendering (golden-<case>.*, from the host), each into a fresh namespace.
+for fam in golden-*.family; do
+  c=${fam#golden-}; c=${c%.family}
+  ipt=iptables-restore; [ "$(cat "$fam")" = IPv6 ] && ipt=ip6tables-restore
+  ip netns add g; ip -n g link set lo up  # the local routing table: IPVS checks each real server against it
+  if err=$( { ip netns exec g ipset restore -exist < "golden-$c.ipset" &&
+              ip netns exec g $ipt --noflush < "golden-$c.iptables" &&
+              ip netns exec g ipvsadm-restore < "golden-$c.ipvs" &&
+              ip netns exec g ipvsadm-save -n > "golden-$c.kernel-ipvs"; } 2>&1 ); then
+    echo ok > "golden-$c.result"
+  else
+    echo "$err" > "golden-$c.result"
+  fi
+  ip netns exec g ipset destroy 2>/dev/null || true
+  ip netns del g
+done

@@ -14,8 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from kubeproxy.backends.ipvs.apply import parse_ipset_save, parse_ipvsadm_save
+from kubeproxy.backends.ipvs.render import ipset_restore_text, ipvsadm_save_text
 from kubeproxy.cli import main
 from kubeproxy.lab import vm
+from tests.backends.ipvs.test_upstream_golden import CASES, FIXTURES, render_case
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
@@ -39,15 +41,33 @@ def demo_parts() -> dict[str, str]:
     return dict(zip(("demo.ipset", "demo.iptables", "demo.ipvs"), parts, strict=True))
 
 
+def golden_parts() -> dict[str, str]:
+    """Every upstream IPVS scenario's rendering (tests/backends/ipvs/fixtures), as files for the
+    guest to load into a fresh namespace each: golden-<case>.{family,ipset,iptables,ipvs}."""
+    files: dict[str, str] = {}
+    for name in CASES:
+        _, rendered, opts = render_case(FIXTURES / name)
+        files[f"golden-{name}.family"] = opts.family.value
+        files[f"golden-{name}.ipset"] = ipset_restore_text(rendered, opts)
+        files[f"golden-{name}.iptables"] = rendered.iptables
+        files[f"golden-{name}.ipvs"] = ipvsadm_save_text(rendered.services)
+    return files
+
+
 @pytest.fixture(scope="module")
 def demo() -> dict[str, str]:
     return demo_parts()
 
 
 @pytest.fixture(scope="module")
-def guest(demo: dict[str, str]) -> vm.VMResult:
+def golden() -> dict[str, str]:
+    return golden_parts()
+
+
+@pytest.fixture(scope="module")
+def guest(demo: dict[str, str], golden: dict[str, str]) -> vm.VMResult:
     image = vm.build()
-    result = vm.VM(image).run((HERE / "guest_ipvs.sh").read_text(), files={"repo_path": str(REPO), **demo},
+    result = vm.VM(image).run((HERE / "guest_ipvs.sh").read_text(), files={"repo_path": str(REPO), **demo, **golden},
                               timeout=900)
     print(f"vm: boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s")
     print(result.output)
@@ -109,3 +129,16 @@ def test_the_tracer_agrees_with_the_kernel_on_an_ipvs_node(guest: vm.VMResult) -
 def test_dual_stack_lanes_share_the_kernel_each_touching_its_own(guest: vm.VMResult) -> None:
     report = json.loads(guest.files["ipvs_dualstack.json"])
     assert report["ok"], report
+
+
+def test_kernel_loads_every_upstream_scenarios_rendering(guest: vm.VMResult, golden: dict[str, str]) -> None:
+    """Each of the 59 golden scenarios' sets, rules and IPVS table loads as is, and the kernel's
+    table reads back as rendered."""
+    cases = sorted(k[len("golden-"):-len(".ipvs")] for k in golden if k.endswith(".ipvs"))
+    assert len(cases) == len(CASES)
+    failed = {c: guest.files.get(f"golden-{c}.result", "no result") for c in cases
+              if guest.files.get(f"golden-{c}.result", "").strip() != "ok"}
+    assert not failed, failed
+    for c in cases:
+        kernel = parse_ipvsadm_save(guest.files[f"golden-{c}.kernel-ipvs"])
+        assert kernel == parse_ipvsadm_save(golden[f"golden-{c}.ipvs"]), c

@@ -30,7 +30,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "case.yaml").exists())
 
 
-def _render(case: Path) -> tuple[dict[str, Any], IpvsRendered]:
+def render_case(case: Path) -> tuple[dict[str, Any], IpvsRendered, NodeOptions]:
+    """The case's spec, our rendering of its objects, and the node options it was rendered with."""
     spec = yaml.safe_load((case / "case.yaml").read_text())
     o = spec["options"]
     family = Family(o["ip_family"])
@@ -52,7 +53,7 @@ def _render(case: Path) -> tuple[dict[str, Any], IpvsRendered]:
     opts = NodeOptions(node_name=o["node_name"], node_ip=node_ips[0] if node_ips else "", family=family,
                        nodeport_ips=() if match_all else selected, nodeport_match_all=match_all,
                        random_fully=o["random_fully"])
-    return spec, render(view, opts, IpvsOptions(node_addresses=addresses if match_all else selected))
+    return spec, render(view, opts, IpvsOptions(node_addresses=addresses if match_all else selected)), opts
 
 
 def _chain_rules(iptables: str) -> dict[str, list[str]]:
@@ -76,7 +77,7 @@ def _vs_key(text: str) -> tuple[str, str, int]:
 
 @pytest.mark.parametrize("name", CASES)
 def test_ipvs_render_matches_upstream(name: str) -> None:
-    spec, r = _render(FIXTURES / name)
+    spec, r, _ = render_case(FIXTURES / name)
     expect = spec["expect"]
     checked = 0
     if "ipvs" in expect:
