@@ -17,6 +17,8 @@ CPU time is what the tool itself costs):
                 the shared chains (KUBE-SERVICES, KUBE-NODEPORTS, filter) rewritten whole, as
                 upstream does; median of 3
   own only      the same change without the shared chains (which the change leaves as they are)
+  partial now   the same change as the proxier sends it now: shared chains whose text the last
+                restore wrote unchanged are left out (backends/iptables/applied.py); median of 3
   empty         `*nat COMMIT` with --noflush: the fixed cost of one restore at this size
   legacy        iptables-legacy-restore of the one-shot text and of the partial one, for scale
                 (legacy replaces the whole table on every restore, whatever it is given)
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
+from kubeproxy.backends.iptables.applied import AppliedChains  # noqa: E402
 from kubeproxy.backends.iptables.names import is_service_chain  # noqa: E402
 from kubeproxy.backends.iptables.render import render  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
@@ -90,6 +93,13 @@ def own_chains_only(text: str) -> str:
     return "\n".join(keep) + "\n"
 
 
+def skipping(full: str, partial: str) -> str:
+    """`partial` as the proxier sends it after a successful full restore of `full`."""
+    applied = AppliedChains()
+    applied.applied(applied.filter(full, full=True), full=True)
+    return applied.filter(partial, full=False).text
+
+
 def subset(view: NodeView, keep: set[tuple[str, str]]) -> NodeView:
     return NodeView({k: v for k, v in view.services.items() if k.service in keep},
                     {k: v for k, v in view.endpoints.items() if k.service in keep})  # fmt: skip
@@ -127,13 +137,18 @@ def row(size: int, args: argparse.Namespace, first: bool) -> None:
         cell["partial"] = str(sorted(partials, key=lambda c: c.wall)[1])
         owns = [restore(ns, own_chains_only(render(view, opts, changed_services={k}).text), "nft", args.timeout) for k in changes]
         cell["own only"] = str(sorted(owns, key=lambda c: c.wall)[1])
+        nows = [restore(ns, skipping(full, render(view, opts, changed_services={k}).text), "nft", args.timeout) for k in changes]
+        cell["partial now"] = str(sorted(nows, key=lambda c: c.wall)[1])
         cell["empty"] = str(restore(ns, "*nat\nCOMMIT\n", "nft", args.timeout))
     with netns.netns("kpipl") as ns:
         cell["legacy one-shot"] = bounded(lambda: restore(ns, full, "legacy", args.timeout))
         legacy = [restore(ns, render(view, opts, changed_services={k}).text, "legacy", args.timeout) for k in changes]
         cell["legacy partial"] = str(sorted(legacy, key=lambda c: c.wall)[1])
+        legacy = [restore(ns, skipping(full, render(view, opts, changed_services={k}).text), "legacy", args.timeout)
+                  for k in changes]  # fmt: skip
+        cell["legacy partial now"] = str(sorted(legacy, key=lambda c: c.wall)[1])
     for key, value in cell.items():
-        print(f"  {key:<16} {value}")
+        print(f"  {key:<19} {value}")
     print(flush=True)
 
 

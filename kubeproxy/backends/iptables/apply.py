@@ -16,25 +16,41 @@ class RestoreError(SyncError):
     """iptables-restore refused the input; the message carries its complaint."""
 
 
+# A restore's time grows with its input (iptables-legacy-restore loads 10k services' 300k lines
+# in ~12 s, iptables-nft-restore takes far longer), and a loaded node is slower still: a fixed
+# bound that suits a small cluster kills a cold sync at 20k. The base covers the fixed costs
+# (the xtables lock, fetching the table), the allowance each line.
+RESTORE_TIMEOUT_BASE = 60.0
+RESTORE_TIMEOUT_PER_LINE = 0.001
+
+
+def restore_timeout(text: str) -> float:
+    """The bound of one restore of `text`: 60 s plus 1 ms a line (5 min for 240k lines)."""
+    return RESTORE_TIMEOUT_BASE + RESTORE_TIMEOUT_PER_LINE * text.count("\n")
+
+
 def restore(
-    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float = 60
+    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float | None = None
 ) -> None:
     """Load a full or partial sync: --noflush leaves chains that are not ours alone.
 
     `variant` picks "legacy" or "nft" explicitly; by default the system's iptables-restore.
+    `timeout` None: `restore_timeout(text)`.
     """
     binary = ("ip6tables" if ipv6 else "iptables") + (f"-{variant}" if variant else "") + "-restore"
-    proc = run([binary, "-w", "--noflush", "--counters"], input=text, check=False, timeout=timeout)
+    bound = restore_timeout(text) if timeout is None else timeout
+    proc = run([binary, "-w", "--noflush", "--counters"], input=text, check=False, timeout=bound)
     if proc.returncode != 0:
         raise RestoreError(f"{binary} failed: {proc.stderr.strip()}")
 
 
 def check_restore(
-    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float = 60
+    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float | None = None
 ) -> str | None:
     """What iptables-restore says of `text` without committing it (`--test`); None if it takes it."""
     binary = ("ip6tables" if ipv6 else "iptables") + (f"-{variant}" if variant else "") + "-restore"
-    proc = run([binary, "-w", "--noflush", "--test"], input=text, check=False, timeout=timeout)
+    bound = restore_timeout(text) if timeout is None else timeout
+    proc = run([binary, "-w", "--noflush", "--test"], input=text, check=False, timeout=bound)
     return None if proc.returncode == 0 else f"{binary} failed: {proc.stderr.strip()}"
 
 

@@ -5,7 +5,8 @@ What a sync does, in upstream's order:
 1. Look for the canary chains (`KUBE-PROXY-CANARY` in mangle, nat and filter). If one is gone,
    someone flushed the tables (a firewall reload): recreate them and do a full sync.
 2. Render (`render.py`, pure): a full sync writes every chain; a partial sync rewrites only the
-   chains of services whose objects changed, plus the shared chains.
+   chains of services whose objects changed, plus the shared chains whose text changed since
+   our last successful restore (`applied.py`; upstream rewrites them all every time).
 3. On a full sync, add the jumps from the built-in chains that are missing (`-I`, as upstream
    prepends them), inside the same restore so that they and their targets appear together.
 4. Feed it to `iptables-restore -w --noflush --counters`: one atomic transaction per sync.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables import jumps, names
+from kubeproxy.backends.iptables.applied import AppliedChains
 from kubeproxy.backends.iptables.apply import RestoreError, check_restore, ensure_nfacct_counters, restore
 from kubeproxy.backends.iptables.cache import RenderCache
 from kubeproxy.backends.iptables.render import (
@@ -70,6 +72,8 @@ class SyncReport:
     render_seconds: float
     restore_seconds: float
     jumps_added: int = 0
+    # Shared chains ("table/chain") a partial sync left out because the kernel holds them unchanged.
+    skipped_chains: tuple[str, ...] = ()
 
     @property
     def no_local_endpoints_internal(self) -> int:
@@ -103,6 +107,9 @@ class IptablesProxier:
     _last_stale_cleanup: float = field(default=float("-inf"), init=False)
     # Unchanged services' rules from the previous render: a small change renders only itself.
     _cache: RenderCache = field(default_factory=RenderCache, init=False)
+    # The shared chains as our last successful restore wrote them: a partial sync leaves out
+    # those it would write unchanged (applied.py says why that is safe with --noflush).
+    _applied: AppliedChains = field(default_factory=AppliedChains, init=False)
 
     @property
     def ipv6(self) -> bool:
@@ -163,12 +170,19 @@ class IptablesProxier:
             cache=self._cache,
         )
         text, added = self._with_missing_jumps(rendered) if full else (rendered.text, 0)
+        filtered = self._applied.filter(text, full=full)
         rendered_at = time.perf_counter()
-        restore(text, self.run, ipv6=self.ipv6, variant=self.variant)
+        try:
+            restore(filtered.text, self.run, ipv6=self.ipv6, variant=self.variant)
+        except Exception:
+            # Some tables may have committed and others not: what the kernel holds is unknown.
+            self._applied.forget()
+            raise
+        self._applied.applied(filtered, full=full)
         done = time.perf_counter()
         if rendered.stale_cleanup_done:
             self._last_stale_cleanup = self.clock()
-        return SyncReport(full, rendered, rendered_at - started, done - rendered_at, added)
+        return SyncReport(full, rendered, rendered_at - started, done - rendered_at, added, filtered.skipped)
 
     def check(self, view: NodeView, opts: NodeOptions) -> str | None:
         """What iptables-restore says of a full sync to `view`, tested (`--test`) but not committed.
@@ -221,6 +235,7 @@ class IptablesProxier:
     def cleanup(self) -> list[str]:
         """Remove our jumps and chains, and nothing else. Returns what was removed."""
         removed: list[str] = []
+        self._applied.forget()
         for j in jumps.ENSURE_ORDER:
             while self._iptables("-t", j.table, "-D", *_rule_args(j)):
                 removed.append(f"{j.table} {j.builtin} -> {j.target}")

@@ -1,0 +1,95 @@
+"""What the last successful restore wrote to our shared chains, so a partial sync can leave them out.
+
+A partial sync rewrites the own chains of the services that changed and, as upstream does, every
+shared chain (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-POSTROUTING, the filter chains) whole. At
+10k services KUBE-SERVICES alone is 10k rules, and iptables-nft-restore spends ~1 s rewriting
+it for a change that did not touch it (an endpoint moved).
+
+Upstream always rewrites them. Leaving an unchanged one out is compatible because the restore
+runs with `--noflush`: a chain the text neither declares nor appends to is left exactly as it
+is in the kernel, and it holds what our last restore put there (we only leave out chains whose
+text is byte for byte what that restore wrote). Anything that breaks that premise goes back to
+writing everything: a full sync (the syncPeriod one, or after the canary says the tables were
+flushed) and any failed restore, which `forget` clears.
+
+Only non-service chains are tracked: the service chains are already left out by the render
+(`changed_services`), and tracking 200k of them would cost memory for nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.iptables.names import is_service_chain
+
+ChainKey = tuple[str, str]  # (table, chain)
+
+
+@dataclass(frozen=True)
+class Filtered:
+    """A restore text with the unchanged shared chains left out, and what to remember if it succeeds."""
+
+    text: str
+    skipped: tuple[str, ...]  # "table/chain" left out
+    digests: dict[ChainKey, bytes]  # every tracked chain of the full text, as written or kept
+
+
+def _digest(lines: list[str]) -> bytes:
+    # A digest rather than the text: KUBE-SERVICES at 10k services is ~2 MB we need not keep.
+    return hashlib.blake2b("\n".join(lines).encode(), digest_size=16).digest()
+
+
+def _tracked_chain(line: str) -> str | None:
+    """The chain a `:CHAIN` declaration or `-A CHAIN` rule belongs to, if it is one we track."""
+    if line.startswith(":"):
+        chain = line[1:].split(" ", 1)[0]
+    elif line.startswith("-A "):
+        chain = line[3:].split(" ", 1)[0]
+    else:
+        return None  # COMMIT, *table, -X, -I: always written
+    return None if is_service_chain(chain) else chain
+
+
+@dataclass
+class AppliedChains:
+    """Digests of the shared chains as the kernel holds them after our last successful restore."""
+
+    _applied: dict[ChainKey, bytes] = field(default_factory=dict)
+
+    def filter(self, text: str, *, full: bool) -> Filtered:
+        """`text` without the shared chains the kernel already holds unchanged (none on a full sync)."""
+        table = ""
+        keyed: list[tuple[ChainKey | None, str]] = []
+        chains: dict[ChainKey, list[str]] = {}
+        for line in text.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            chain = _tracked_chain(line)
+            key = None if chain is None else (table, chain)
+            if key is not None:
+                chains.setdefault(key, []).append(line)
+            keyed.append((key, line))
+        digests = {key: _digest(lines) for key, lines in chains.items()}
+        # A chain is only skipped if its declaration line is in the text: one the text appends
+        # to without declaring (not something render writes) is not ours to second-guess.
+        skip = (
+            set()
+            if full
+            else {k for k, d in digests.items() if self._applied.get(k) == d and chains[k][0].startswith(":")}
+        )
+        if not skip:
+            return Filtered(text, (), digests)
+        out = [line for key, line in keyed if key not in skip]
+        return Filtered("\n".join(out) + "\n", tuple(sorted(f"{t}/{c}" for t, c in skip)), digests)
+
+    def applied(self, result: Filtered, *, full: bool) -> None:
+        """The restore of `result.text` succeeded: the kernel now holds `result.digests`."""
+        if full:
+            self._applied = dict(result.digests)
+        else:
+            self._applied.update(result.digests)
+
+    def forget(self) -> None:
+        """A restore failed (or the tables were flushed): the next sync writes every chain."""
+        self._applied.clear()
