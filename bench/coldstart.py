@@ -15,6 +15,8 @@ For each size and mode, in a network namespace created for the run (needs root):
 3. every kernel tool the proxy runs (nft, iptables-legacy-restore, ...) is a wrapper on PATH that
    records how long the real tool took, so the table splits the total into the kernel tools'
    part and ours (python start-up, imports, list + decode, build the view, render).
+   In nftables mode the transactions go through libnftables inside the proxy process
+   (backends/libnft.py), so no `nft` process runs: its kernel time is counted in "ours".
 
 Phases (times from the fork, CLOCK_MONOTONIC, which every process of the machine shares):
   up       the metrics page answers (interpreter start-up, imports, flags, start-up checks)

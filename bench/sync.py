@@ -13,6 +13,10 @@ For each size (services × endpoints), in a throwaway network namespace (needs r
 2. one endpoint change at this size: a partial sync (only that service's chains) next to a
    full sync, render and restore separately.
 3. resident memory of `kubeproxy run --manifests` after its first sync (VmHWM, VmRSS).
+
+Mode `nftables-exec` is nftables mode with every transaction sent by an `nft -f -` process, as
+before libnftables was used in-process (backends/libnft.py): run both for the comparison
+(memory is not measured for it: `kubeproxy run` always uses the library where it loads).
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ CFG = ProxyConfig(
 )
 
 
+def runner(ns: netns.NetNS, exec_nft: bool):  # type: ignore[no-untyped-def]
+    """The namespace's runner; wrapped in a plain function, libnft.for_runner does not see the
+    namespace and the nftables backend runs the `nft` process."""
+    return (lambda argv, **kw: ns.run(argv, **kw)) if exec_nft else ns.run
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -91,11 +101,12 @@ async def _changes(proxy: LiveProxy, apply, slices: list[dict], count: int) -> l
     return latencies
 
 
-async def via_api(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyConfig, variant: str, tmp: Path) -> list[float]:
+async def via_api(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyConfig, variant: str, tmp: Path,
+                  exec_nft: bool = False) -> list[float]:  # fmt: skip
     with ApiServer(history_size=100_000) as server:
         for obj in objs:
             server.apply(obj)
-        proxy = LiveProxy(cfg, "node-0", run_cmd=ns.run, iptables_variant=variant)
+        proxy = LiveProxy(cfg, "node-0", run_cmd=runner(ns, exec_nft), iptables_variant=variant)
         client = connect(load_config(server.write_kubeconfig(tmp / "kubeconfig")), timeout=120)
         task = asyncio.create_task(proxy.serve(ApiSource(client, "node-0", proxy.on_event)))
         try:
@@ -108,7 +119,8 @@ async def via_api(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyConfi
             await client.aclose()
 
 
-async def via_files(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyConfig, variant: str, tmp: Path) -> list[float]:
+async def via_files(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyConfig, variant: str, tmp: Path,
+                    exec_nft: bool = False) -> list[float]:  # fmt: skip
     folder = tmp / "manifests"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
@@ -129,7 +141,7 @@ async def via_files(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyCon
         tmp_path.write_text(json.dumps(obj))
         os.replace(tmp_path, path)  # an atomic save, as editors and kubectl-like tools do
 
-    proxy = LiveProxy(cfg, "node-0", run_cmd=ns.run, iptables_variant=variant)
+    proxy = LiveProxy(cfg, "node-0", run_cmd=runner(ns, exec_nft), iptables_variant=variant)
     task = asyncio.create_task(proxy.serve(FileSource([folder], proxy.on_event)))
     try:
         await proxy.wait_for_syncs(1)
@@ -139,13 +151,13 @@ async def via_files(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyCon
         await asyncio.gather(task, return_exceptions=True)
 
 
-def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str) -> dict[str, float]:
+def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str, exec_nft: bool = False) -> dict[str, float]:
     """One full sync and one partial sync (one service changed) at this size, render and kernel apart."""
     state, _ = build_state(objs)
     opts = node_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=NFACCT_COUNTERS)
     view = build_view(state.services.values(), state.slices.values(), "IPv4", "node-0")
     proxier: IptablesProxier | NftablesProxier = (
-        NftablesProxier(run=ns.run) if mode == "nftables" else IptablesProxier(run=ns.run, variant=variant)
+        NftablesProxier(run=runner(ns, exec_nft)) if mode == "nftables" else IptablesProxier(run=ns.run, variant=variant)
     )
     proxier.prepare()
     proxier.sync(view, opts, None)  # the cold sync; its caches are what a running proxy has
@@ -217,7 +229,7 @@ def main() -> None:
 
     print(f"iptables variant: {args.variant or 'system'}; {args.changes} changes per row; times in ms")
     header = (
-        f"{'mode':>8} {'services':>8} {'eps':>6} | {'api p50':>8} {'api p99':>8} | {'file p50':>8} {'file p99':>8} |"
+        f"{'mode':>13} {'services':>8} {'eps':>6} | {'api p50':>8} {'api p99':>8} | {'file p50':>8} {'file p99':>8} |"
         f" {'full':>7} {'(render':>8} {'kernel)':>8} | {'partial':>7} {'(render':>8} {'kernel)':>8} |"
         f" {'HWM MiB':>7} {'RSS MiB':>7}"
     )
@@ -225,34 +237,43 @@ def main() -> None:
     print("-" * len(header))
     for size in (int(s) for s in args.sizes.split(",")):
         objs = cluster(size, args.endpoints)
-        for mode in args.modes.split(","):
-            row(mode, size, objs, args)
+        results = {mode: row(mode, size, objs, args) for mode in args.modes.split(",")}
+        if "nftables" in results and "nftables-exec" in results:
+            lib, exe = results["nftables"], results["nftables-exec"]
+            print(f"{'':>22} nftables libnftables / nft process: api p50 {lib['api p50'] / exe['api p50']:.2f}, "
+                  f"p99 {lib['api p99'] / exe['api p99']:.2f}, partial sync {lib['partial'] / exe['partial']:.2f}",
+                  flush=True)  # fmt: skip
 
 
-def row(mode: str, size: int, objs: list[dict], args: argparse.Namespace) -> None:
+def row(label: str, size: int, objs: list[dict], args: argparse.Namespace) -> dict[str, float]:
+    exec_nft = label == "nftables-exec"
+    mode = "nftables" if exec_nft else label
     cfg = dataclasses.replace(CFG, mode=mode)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         with netns.netns("kpbench") as ns:
             ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
-            api = asyncio.run(via_api(ns, objs, args.changes, cfg, args.variant, tmp))
+            api = asyncio.run(via_api(ns, objs, args.changes, cfg, args.variant, tmp, exec_nft))
         with netns.netns("kpbench") as ns:
             ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
-            files = asyncio.run(via_files(ns, objs, args.changes, cfg, args.variant, tmp))
+            files = asyncio.run(via_files(ns, objs, args.changes, cfg, args.variant, tmp, exec_nft))
         with netns.netns("kpbench") as ns:
             ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
-            pf = partial_vs_full(ns, objs, mode, args.variant)
-        hwm, rss = memory(objs, mode, args.variant, tmp)
+            pf = partial_vs_full(ns, objs, mode, args.variant, exec_nft)
+        hwm, rss = (float("nan"), float("nan")) if exec_nft else memory(objs, mode, args.variant, tmp)
     full = pf["full render"] + pf["full kernel"]
     partial = pf["partial render"] + pf["partial kernel"]
     ms = lambda s: f"{s * 1000:.0f}"  # noqa: E731
     print(
-        f"{mode:>8} {size:>8} {size * args.endpoints:>6} | {ms(pct(api, 0.5)):>8} {ms(pct(api, 0.99)):>8} |"
+        f"{label:>13} {size:>8} {size * args.endpoints:>6} | {ms(pct(api, 0.5)):>8} {ms(pct(api, 0.99)):>8} |"
         f" {ms(pct(files, 0.5)):>8} {ms(pct(files, 0.99)):>8} |"
         f" {ms(full):>7} {ms(pf['full render']):>8} {ms(pf['full kernel']):>8} |"
         f" {ms(partial):>7} {ms(pf['partial render']):>8} {ms(pf['partial kernel']):>8} | {hwm:>7.0f} {rss:>7.0f}"
     )
-    print(f"{'':>17} partial/full = {partial / full:.2f}; api mean {statistics.mean(api) * 1000:.0f} ms", flush=True)
+    print(f"{'':>22} partial/full = {partial / full:.2f}; api mean {statistics.mean(api) * 1000:.0f} ms; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    return {"api p50": pct(api, 0.5), "api p99": pct(api, 0.99), "partial": partial}
+
 
 if __name__ == "__main__":
     main()

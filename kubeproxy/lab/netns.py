@@ -34,6 +34,11 @@ class NetNS:
     def argv(self, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]
 
+    @property
+    def netns_path(self) -> str:
+        """The namespace's file: in-process kernel access (backends/libnft.py) enters it through this."""
+        return f"/run/netns/{self.name}"
+
     def run(
         self,
         argv: Sequence[str],

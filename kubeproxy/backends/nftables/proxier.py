@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.libnft import for_runner
 from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
@@ -54,6 +55,9 @@ class NftablesProxier:
     sync_period: float = 30.0
     clock: Callable[[], float] = time.monotonic
     nfacct_counters: tuple[str, ...] = field(default=(), init=False)  # nftables has its own counters
+    # Send transactions through libnftables in-process where `run` says which namespace
+    # (backends/libnft.py); False: always the `nft` process.
+    in_process: bool = True
     _applier: NftApplier | None = field(default=None, init=False)
     _previous: NftRendering | None = field(default=None, init=False)
     _checked_at: float = field(default=float("-inf"), init=False)
@@ -68,7 +72,8 @@ class NftablesProxier:
 
     def _current_applier(self) -> NftApplier:
         if self._applier is None or self._applier.family != self.family.nft:
-            self._applier, self._previous = NftApplier(self.family.nft, self.run), None
+            lib = for_runner(self.run) if self.in_process else None
+            self._applier, self._previous = NftApplier(self.family.nft, self.run, lib=lib), None
         return self._applier
 
     def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> NftSyncReport:
