@@ -170,7 +170,10 @@ class IptablesProxier:
             cache=self._cache,
         )
         text, added = self._with_missing_jumps(rendered) if full else (rendered.text, 0)
-        filtered = self._applied.filter(text, full=full)
+        # A resync that carries no change (the syncPeriod one) writes the shared chains whole, as
+        # upstream's every sync does: whatever edited them behind our back is undone within a
+        # syncPeriod. Only syncs that carry changes leave the unchanged ones out.
+        filtered = self._applied.filter(text, full=full or not changed_services)
         rendered_at = time.perf_counter()
         try:
             restore(filtered.text, self.run, ipv6=self.ipv6, variant=self.variant)

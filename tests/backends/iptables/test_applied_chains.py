@@ -188,3 +188,21 @@ def test_only_shared_chains_declared_in_the_text_are_left_out() -> None:
     assert applied.filter(edited, full=False).skipped == ()
     applied.forget()
     assert applied.filter(text, full=False).skipped == ()
+
+
+def test_a_resync_without_changes_rewrites_the_shared_chains_and_repairs_them() -> None:
+    node = FakeNamespace()
+    node.run(["iptables-restore", "--noflush"], input=FOREIGN)
+    counters = ensure_nfacct_counters(NFACCT_COUNTERS, node.run)
+    demo = _demo(counters)
+    proxier = IptablesProxier(run=node.run)
+    proxier.ensure_canary()
+    proxier.sync(demo.view, demo.options, None)
+    before = _tables(node.run, "")["nat"]["KUBE-SERVICES"]
+    assert before
+    node.run(["iptables", "-t", "nat", "-F", "KUBE-SERVICES"])  # someone edits our chain behind our back
+    changed = proxier.sync(_fewer_endpoints(demo.view, WEB), demo.options, frozenset({WEB}))
+    assert "nat/KUBE-SERVICES" in changed.skipped_chains  # a sync with changes trusts what it wrote
+    resync = proxier.sync(_fewer_endpoints(demo.view, WEB), demo.options, frozenset())
+    assert resync.skipped_chains == ()
+    assert _tables(node.run, "")["nat"]["KUBE-SERVICES"] == before
