@@ -105,13 +105,15 @@ def test_scenario_in_the_vm(batch: Batch, mode: str, scenario: str) -> None:
     assert got.passed, f"{scenario} in {mode} mode, in the VM:\n{got.message}\n" + _proxy_log(batch, mode)
 
 
-@pytest.mark.parametrize("mode", LIVE_MODES)
-@pytest.mark.parametrize("test", LIVE_TESTS)
-def test_live_suite_in_the_vm(batch: Batch, mode: str, test: str) -> None:
-    if SELECT:
-        pytest.skip(f"KUBEPROXY_VM_E2E_SELECT={SELECT!r} runs guest_e2e.py's scenarios only")
-    got = batch.outcome(f"{mode}-{test}")
-    assert got.passed, f"tests/e2e/test_live_proxy.py::{test}[{mode}] in the VM:\n{got.message}"
+if LIVE_MODES:  # defined only when asked for, so that CI shows no skipped kernel test
+
+    @pytest.mark.parametrize("mode", LIVE_MODES)
+    @pytest.mark.parametrize("test", LIVE_TESTS)
+    def test_live_suite_in_the_vm(batch: Batch, mode: str, test: str) -> None:
+        if SELECT:
+            pytest.skip(f"KUBEPROXY_VM_E2E_SELECT={SELECT!r} runs guest_e2e.py's scenarios only")
+        got = batch.outcome(f"{mode}-{test}")
+        assert got.passed, f"tests/e2e/test_live_proxy.py::{test}[{mode}] in the VM:\n{got.message}"
 
 
 def _proxy_log(batch: Batch, mode: str) -> str:
