@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
-from kubeproxy.lab.node_rules import ServicePortKeys
+from kubeproxy.lab.node_rules import ServicePortKeys, published
 
 
 @dataclass
@@ -39,11 +39,7 @@ class IpvsRules:
         return self.save
 
     def _keys(self, service_port: str) -> ServicePortKeys:
-        try:
-            return self.ports[service_port]
-        except KeyError:
-            known = ", ".join(sorted(self.ports)) or "none"
-            raise KeyError(f"{service_port}: no Service of that port was published (known: {known})") from None
+        return published(self.ports, service_port)
 
     def _servers(self, keys: ServicePortKeys) -> list[tuple[VirtualServer, list[RealServer]]]:
         """The port's virtual servers: on each of its addresses, and on any address at its NodePort."""

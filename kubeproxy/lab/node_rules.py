@@ -55,6 +55,15 @@ class ServicePortKeys:
     node_port: int = 0
 
 
+def published(ports: Mapping[str, ServicePortKeys], service_port: str) -> ServicePortKeys:
+    """The keys of `service_port` (`ns/name:port`); a KeyError naming the ones there are."""
+    try:
+        return ports[service_port]
+    except KeyError:
+        known = ", ".join(sorted(ports)) or "none"
+        raise KeyError(f"{service_port}: no Service of that port was published (known: {known})") from None
+
+
 def service_ports(objs: Iterable[JSON]) -> dict[str, ServicePortKeys]:
     """`ns/name:port` → its keys, for every port of the Services among `objs` (later ones win)."""
     out: dict[str, ServicePortKeys] = {}
@@ -184,11 +193,7 @@ class NftRules:
         return self.dump
 
     def _keys(self, service_port: str) -> ServicePortKeys:
-        try:
-            return self.ports[service_port]
-        except KeyError:
-            known = ", ".join(sorted(self.ports)) or "none"
-            raise KeyError(f"{service_port}: no Service of that port was published (known: {known})") from None
+        return published(self.ports, service_port)
 
     def _lookup(self, name: str, key: Key) -> Any:
         return next((value for k, value, _ in self.elements.get(name, []) if k == key), None)
