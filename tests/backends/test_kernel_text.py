@@ -15,6 +15,7 @@ from kubeproxy.backends import kernel_text
 from kubeproxy.backends.iptables.apply import restore
 from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
+from kubeproxy.backends.userspace.render import render as render_userspace
 from kubeproxy.lab import netns as L
 from kubeproxy.proxy.model import NodeView, ServicePortName
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
@@ -78,3 +79,11 @@ def test_hostile_names_past_validation_load_as_intended(text: str) -> None:
         assert listed.count("table ") == 1  # ours only
         assert "services drop" not in listed
         assert "172.30.0.2 . tcp . 80" in listed and "10.180.0.2 . 80" in listed
+    # userspace mode: one redirect per service address, commented with the (made safe) name
+    with L.netns("kpt") as ns:
+        ports = {name: 40000 + i for i, name in enumerate(sorted(v.services, key=str))}
+        restore(render_userspace(v, options(), ports).text, ns.run)
+        saved = ns.run(["iptables-save", "-t", "nat"]).stdout
+        assert "-A INPUT" not in saved and "-A PREROUTING -j" not in saved
+        good = next(n for n in v.services if n.name == "good")
+        assert f"--to-ports {ports[good]}" in saved and '"ns/good:p"' in saved
