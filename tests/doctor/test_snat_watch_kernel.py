@@ -40,6 +40,8 @@ def _start(c: MiniCluster, *extra: str) -> None:
     objs = [c.node_object(), service("dns", "10.96.0.53", [DNS], external_ips=[EXTERNAL_IP]),
             endpoint_slice("dns", c.backends("a"), [DNS])]
     c.write_manifests(objs)
+    # The flows must outlive the slowest run of the test (the kernel's 30 s did not, under load).
+    c.node.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_udp_timeout=300"])
     c.start_proxy("--min-sync-period", "0s", "--cluster-cidr", CLUSTER_CIDR, *extra)
     c.wait_synced()
 
@@ -53,10 +55,10 @@ def test_snat_watch_exports_the_measured_count_and_warns_once_per_crossing(mode:
         assert len(got) == 20 and all(isinstance(r, dict) for r in got), got
         assert {r["src"].rsplit(":", 1)[0] for r in got} == {"192.168.0.2"}  # masqueraded to the node
         series = 'kubeproxy_snat_ports_in_use{service="default/dns:dns"}'
-        poll("20 ports in the gauge", lambda: _value(_metrics(c), series) == 20, timeout=15)
+        poll("20 ports in the gauge", lambda: _value(_metrics(c), series) == 20, timeout=60)
         assert WARNING not in c.proxy_log()
         c.request("udp", c.client, f"{EXTERNAL_IP}:53", count=20)
-        poll("40 ports in the gauge", lambda: _value(_metrics(c), series) == 40, timeout=15)
+        poll("40 ports in the gauge", lambda: _value(_metrics(c), series) == 40, timeout=60)
         text = _metrics(c)
         assert _value(text, 'kubeproxy_snat_port_utilization{service="default/dns:dns"}') == pytest.approx(40 / 64512)
         assert _value(text, "kubeproxy_snat_ports") == 64512
@@ -64,16 +66,16 @@ def test_snat_watch_exports_the_measured_count_and_warns_once_per_crossing(mode:
         # more samples pass while the service stays above: still one warning
         before = _value(text, "kubeproxy_snat_watch_sample_duration_seconds")
         assert before is not None
-        poll("a few more samples", lambda: _more_samples(c, text), timeout=15)
+        poll("a few more samples", lambda: _more_samples(c, text), timeout=60)
         log = c.proxy_log()
         assert log.count(WARNING) == 1, log
         assert 'service="default/dns:dns"' in log and "inUse=40" in log
         # the flows expire (flushed here, in the node's namespace): back below, said once; then a new crossing
         c.node.run(["conntrack", "-F"])
-        poll("the gauge back to 0", lambda: _value(_metrics(c), series) == 0, timeout=15)
-        poll("the all-clear", lambda: "SNAT port use back below the threshold" in c.proxy_log(), timeout=15)
+        poll("the gauge back to 0", lambda: _value(_metrics(c), series) == 0, timeout=60)
+        poll("the all-clear", lambda: "SNAT port use back below the threshold" in c.proxy_log(), timeout=60)
         c.request("udp", c.client, f"{EXTERNAL_IP}:53", count=40)
-        poll("a second warning", lambda: c.proxy_log().count(WARNING) == 2, timeout=15)
+        poll("a second warning", lambda: c.proxy_log().count(WARNING) == 2, timeout=60)
 
 
 def _more_samples(c: MiniCluster, earlier: str) -> bool:
