@@ -11,7 +11,8 @@ rather than as a different number. Stages:
 - file: one kubectl-style `kind: List` JSON file (bench/render.py's `cluster()`), read and split
   into objects (`manifests.parse_documents`), then checked and typed (`state.build_state`);
 - api: the same objects as the two list responses an API server sends (ServiceList,
-  EndpointSliceList) decoded by the API source's body decoder, then `build_state`;
+  EndpointSliceList) decoded by `schema.decode_list` into structs (the API source's general body
+  decoder where it does not take a body), then `build_state`;
 - process: `kubeproxy render` of the file in both modes as a whole process (python start-up,
   imports, decode, render, print to /dev/null), next to `python -c pass` and the import alone,
   with each process's peak RSS.
@@ -47,6 +48,13 @@ from kubeproxy.cluster.manifests import parse_documents, read_text  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.render import load  # noqa: E402
 from kubeproxy.sources.api import decode_body  # noqa: E402
+
+try:  # a tree from before issue 17's typed list decoding (--baseline) has no decode_list
+    from msgspec import UNSET
+
+    from kubeproxy.cluster.schema import decode_list
+except ImportError:
+    decode_list = None  # type: ignore[assignment]
 
 
 def timed(runs: int, fn: Callable[[], Any], *, children: bool = False) -> tuple[list[tuple[float, float]], Any]:
@@ -85,6 +93,15 @@ def decode_file(path: Path) -> Any:
 def decode_api(bodies: list[bytes]) -> Any:
     items: list[Any] = []
     for body in bodies:
+        typed = decode_list(body) if decode_list is not None else None
+        if typed is not None:  # the typed decoder's structs, which ClusterState.apply reads
+            head, structs = typed
+            kind = head["kind"].removesuffix("List")
+            for struct in structs:
+                if struct.kind is UNSET:
+                    struct.kind = kind  # as ApiSource._list does
+            items.extend(structs)
+            continue
         decoded = decode_body(body)
         kind = decoded["kind"].removesuffix("List")
         for item in decoded["items"]:

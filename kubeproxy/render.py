@@ -15,7 +15,7 @@ from pathlib import Path
 from kubeproxy.backends.iptables.render import Rendered, render
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.cluster.manifests import manifest_files, parse_documents, read_text
+from kubeproxy.cluster.manifests import manifest_files, parse_objects, read_text
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.cluster.validation import ParseOptions
@@ -47,9 +47,9 @@ def load(paths: Iterable[str | Path], options: ParseOptions | None = None) -> Lo
     with paused_gc():
         for path in files:
             try:
-                for raw in parse_documents(read_text(path), str(path)):
+                for obj in parse_objects(read_text(path), str(path)):
                     count += 1
-                    if warning := state.apply(raw.obj):
+                    if warning := state.apply(obj):
                         object_warnings.append(warning)
             except ManifestError as exc:
                 warnings.append(f"error: {exc}")

@@ -13,6 +13,7 @@ from socket import AF_INET, inet_pton
 from typing import Any
 
 from kubeproxy.cluster.errors import ObjectError
+from kubeproxy.cluster.schema import Item, Metadata, as_plain
 from kubeproxy.cluster.validation import (
     ANNOTATIONS_MAX_BYTES,
     display,
@@ -233,8 +234,19 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
 
 
-def object_ref(kind: str, obj: Mapping[str, Any], *, namespaced: bool = True) -> tuple[str, str, str]:
-    """(namespace, name, "ns/name") of a raw object, or ObjectError if metadata is unusable."""
+def object_ref(kind: str, obj: Mapping[str, Any] | Item, *, namespaced: bool = True) -> tuple[str, str, str]:
+    """(namespace, name, "ns/name") of a raw object (plain dicts or a `schema.Item`), or ObjectError
+    if metadata is unusable."""
+    if isinstance(obj, Item):
+        meta_struct = obj.metadata
+        if isinstance(meta_struct, Metadata):
+            name, namespace = meta_struct.name, meta_struct.namespace
+            if isinstance(name, str) and name and not namespaced:
+                return "", name, display(name)
+            if isinstance(name, str) and name:
+                namespace = namespace or "default"
+                return namespace, name, f"{display(namespace)}/{display(name)}"
+        obj = as_plain(obj)  # the dict reading below words the problem
     # The ref goes into every message about the object: a hostile name is shown quoted and short,
     # so that a newline in it cannot forge a log line. Whether the name is valid is checked by the
     # parser of each kind (the rules differ); here only what a key needs.

@@ -1,8 +1,8 @@
 """Read Kubernetes objects from YAML/JSON files and folders.
 
 Accepts what people actually have: multi-document YAML, JSON, and `kind: List` (what
-`kubectl get svc,endpointslices -A -o yaml` prints). Returns plain dicts; `cluster.state`
-turns them into typed objects.
+`kubectl get svc,endpointslices -A -o yaml` prints). Returns plain dicts (`parse_objects`: or
+the typed decoder's structs, where it takes the file); `cluster.state` turns them into typed objects.
 
 A file is refused whole, with a ManifestError naming it, when reading it could take the process
 down: bigger than `MAX_FILE_BYTES`, nested deeper than `MAX_DEPTH`, or a YAML alias bomb (a
@@ -20,10 +20,11 @@ from typing import Any, TypeGuard
 
 import msgspec
 import yaml
+from msgspec import UNSET
 
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.cluster.schema import Document, decode_typed, iter_plain, split_list
+from kubeproxy.cluster.schema import RELEASED, Document, Item, decode_typed, iter_plain, split_list
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
@@ -95,11 +96,40 @@ def parse_documents(text: str, source: str) -> Iterator[RawObject]:
     """Objects of one file's text; `kind: List` items are flattened."""
     # A JSON document within cluster/schema.py's types: decoded without the general path's depth
     # walk (its depth is bounded by the types), item by item. Anything else goes the general way.
-    with paused_gc():
-        typed = decode_typed(text) if text.lstrip().startswith("{") else None
+    typed = _decode_typed(text)
     if typed is not None:
         yield from _typed_objects(typed, source)
         return
+    yield from _general_documents(text, source)
+
+
+def parse_objects(text: str, source: str) -> Iterator[dict[str, Any] | Item]:
+    """The objects `parse_documents` gives, with a List's items as the typed decoder's structs
+    when it takes the file: `ClusterState.apply` reads those without making dicts (cluster/typed.py)."""
+    typed = _decode_typed(text)
+    if typed is None:
+        for raw in _general_documents(text, source):
+            yield raw.obj
+        return
+    with paused_gc():
+        head, items = split_list(typed)
+    if items is None:
+        yield head
+        return
+    list_kind = head["kind"]
+    for index, item in enumerate(items):
+        items[index] = RELEASED  # each struct is freed once applied, not at the end of the file
+        if item.kind is UNSET and list_kind != "List":  # as `_with_kind`
+            item.kind = list_kind.removesuffix("List")
+        yield item
+
+
+def _decode_typed(text: str) -> Document | None:
+    with paused_gc():
+        return decode_typed(text) if text.lstrip().startswith("{") else None
+
+
+def _general_documents(text: str, source: str) -> Iterator[RawObject]:
     # Decoding makes up to a million containers, none of them garbage: the collector would walk
     # them again and again. (Not around the yields below: it would stay off while the caller works.)
     with paused_gc():

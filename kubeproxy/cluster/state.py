@@ -1,6 +1,7 @@
 """The cluster as this node sees it: Services, EndpointSlices and Nodes by key.
 
-Both sources (manifest files and the API) feed raw dicts through `ClusterState.apply`, so an
+Both sources (manifest files and the API) feed raw objects through `ClusterState.apply` (plain
+dicts, or the typed decoder's structs: see cluster/typed.py), so an
 invalid object is rejected the same way wherever it came from: one warning naming the object and
 the field, and every other object still in place.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubeproxy.cluster.bulk import paused_gc
+from kubeproxy.cluster.checks import CheckCache
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.objects import (
@@ -24,9 +26,12 @@ from kubeproxy.cluster.objects import (
     parse_node,
     parse_service,
 )
+from kubeproxy.cluster.schema import Item, as_plain
+from kubeproxy.cluster.typed import as_item, parse_item
 from kubeproxy.cluster.validation import ParseOptions
 
 Key = tuple[str, str]  # (namespace, name)
+Raw = Mapping[str, Any] | Item  # an object as plain dicts (any source) or as the typed decoder's struct
 
 
 @dataclass
@@ -43,6 +48,8 @@ class ClusterState:
     # walks them (of an endpoint listed twice, the first non-local copy wins).
     _by_service: dict[Key, dict[Key, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _inserted: int = field(default=0, init=False, repr=False, compare=False)
+    # Checks of strings that repeat across objects (namespaces, node names, label keys), done once.
+    _checks: CheckCache = field(default_factory=CheckCache, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for key, eps in self.slices.items():
@@ -82,41 +89,58 @@ class ClusterState:
             del self._by_service[service]
         return number
 
-    def apply(self, obj: Mapping[str, Any], *, deleted: bool = False) -> str | None:
-        """Add, replace or delete one raw object. Returns a warning, or None if all is well.
+    def apply(self, obj: Raw, *, deleted: bool = False) -> str | None:
+        """Add, replace or delete one raw object (plain dicts or a `schema.Item`). Returns a
+        warning, or None if all is well.
 
         A rejected update leaves the previous version of the object in place: a bad edit must
         not take down a working Service.
         """
+        if not deleted:
+            # The struct path first (cluster/typed.py): it builds the same object the dict
+            # parsers would, faster, or leaves the object to them.
+            item = obj if isinstance(obj, Item) else as_item(obj)
+            if item is not None:
+                parsed = parse_item(item, self.options, self._checks)
+                if parsed is not None:
+                    self._store(parsed)
+                    return None
+        # The dict parsers: they decide, and word the problem.
+        plain = as_plain(obj) if isinstance(obj, Item) else obj
         try:
-            kind = kind_of(obj)
+            kind = kind_of(plain)
             if deleted:
-                self._delete(kind, obj)
+                self._delete(kind, plain)
                 return None
             if kind == "Service":
-                svc = parse_service(obj, self.options)
-                key = (svc.namespace, svc.name)
-                if is_ignored_by_labels(svc.labels):
-                    self.services.pop(key, None)
-                else:
-                    self.services[key] = svc
+                self._store(parse_service(plain, self.options))
             elif kind == "EndpointSlice":
-                eps = parse_endpoint_slice(obj, self.options)
-                key = (eps.namespace, eps.name)
-                if is_ignored_by_labels(eps.labels):
-                    self._pop_slice(key)
-                else:
-                    self._put_slice(key, eps)
+                self._store(parse_endpoint_slice(plain, self.options))
             elif kind == "Node":
-                node = parse_node(obj, self.options)
-                self.nodes[node.name] = node
+                self._store(parse_node(plain, self.options))
             else:
                 return None  # other kinds (Deployments, ...) share manifests; not ours
         except ObjectError as exc:
             return f"skipping {exc}"
         return None
 
-    def _delete(self, kind: str, obj: Mapping[str, Any]) -> None:
+    def _store(self, parsed: Service | EndpointSlice | Node) -> None:
+        if isinstance(parsed, Service):
+            key = (parsed.namespace, parsed.name)
+            if is_ignored_by_labels(parsed.labels):
+                self.services.pop(key, None)
+            else:
+                self.services[key] = parsed
+        elif isinstance(parsed, EndpointSlice):
+            key = (parsed.namespace, parsed.name)
+            if is_ignored_by_labels(parsed.labels):
+                self._pop_slice(key)
+            else:
+                self._put_slice(key, parsed)
+        else:
+            self.nodes[parsed.name] = parsed
+
+    def _delete(self, kind: str, obj: Raw) -> None:
         # Deletion needs only the key: a malformed last state must still be removable.
         if kind == "Node":
             _, name, _ = object_ref(kind, obj, namespaced=False)
@@ -130,7 +154,7 @@ class ClusterState:
 
 
 def build_state(
-    objects: Iterable[Mapping[str, Any]], options: ParseOptions | None = None
+    objects: Iterable[Raw], options: ParseOptions | None = None
 ) -> tuple[ClusterState, list[str]]:
     state = ClusterState(options=options or ParseOptions())
     with paused_gc():
