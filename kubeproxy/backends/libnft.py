@@ -10,6 +10,12 @@ netlink socket libnftables opens in `nft_ctx_new` belongs to the namespace of th
 creates it, so a short-lived thread enters the namespace, creates the context and exits; the
 socket stays in that namespace whatever thread later uses it. If that fails, open raises rather
 than quietly returning a context that would program this host's own ruleset.
+
+Memory: libnftables parses a transaction into its own structures, in our heap. A cold sync at
+10k services x 10 endpoints (120k elements, 9 MiB of text) took RSS from 148 to 271 MiB, and
+glibc kept those pages after libnftables freed them: the proxy held the peak of its biggest
+transaction for good. After a transaction of `TRIM_AFTER_BYTES` or more, `malloc_trim(0)` hands
+the free pages back (271 -> 148 MiB, a few ms); small syncs do not pay for it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import ctypes.util
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.exec import Runner, local_run
@@ -28,6 +35,7 @@ log = logging.getLogger("kubeproxy.nftables")
 _CLONE_NEWNET = 0x40000000
 _NFT_CTX_DEFAULT = 0
 _LIBRARY = "libnftables.so.1"
+TRIM_AFTER_BYTES = 1 << 20  # transactions this large give their memory back (see above)
 
 
 class LibNftError(OSError):
@@ -52,6 +60,18 @@ def _load() -> ctypes.CDLL | None:
     lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
     return lib
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's `malloc_trim(0)`, or None where the C library has none (musl): then nothing is trimmed."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
 
 
 def _new_context(lib: ctypes.CDLL, netns_path: str | None) -> int:
@@ -99,6 +119,8 @@ class LibNft:
     _lib: ctypes.CDLL
     _ctx: int
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _trim: Callable[[], object] | None = field(default_factory=_malloc_trim)
+    trims: int = 0  # transactions after which memory was handed back (tests, metrics)
 
     @classmethod
     def open(cls, netns_path: str | None = None) -> LibNft | None:
@@ -113,15 +135,20 @@ class LibNft:
 
     def run_text(self, text: str, *, check: bool = False) -> tuple[int, str, str]:
         """(return code, output, error text) of running `text` as an nft script."""
+        data = text.encode()
         # One context is not safe to use from two threads at once; the buffers are per context.
         with self._lock:
             self._lib.nft_ctx_set_dry_run(self._ctx, check)
             try:
-                rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
+                rc = self._lib.nft_run_cmd_from_buffer(self._ctx, data)
             finally:
                 self._lib.nft_ctx_set_dry_run(self._ctx, False)
             out = (self._lib.nft_ctx_get_output_buffer(self._ctx) or b"").decode(errors="replace")
             err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode(errors="replace")
+            if len(data) >= TRIM_AFTER_BYTES and self._trim is not None:
+                del data
+                self._trim()
+                self.trims += 1
         return (0 if rc == 0 else 1), out, err
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import attrgetter
 from socket import AF_INET, inet_ntop
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import Endpoint, EndpointSlice, Service
@@ -161,32 +161,130 @@ def ports_of_service(svc: Service, family: Family) -> dict[ServicePortName, Serv
     external_local = externally_accessible and svc.external_traffic_policy == "Local"
     # NeedsHealthCheck: only a LoadBalancer's balancer probes the health check node port.
     needs_health_check = svc.type == "LoadBalancer" and external_local
-    lb_vips = tuple(
-        i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and i.ip.version == version
+    lb_vips = (
+        tuple(i.ip for i in svc.load_balancer_ingress if i.ip is not None and i.ip_mode != "Proxy" and i.ip.version == version)
+        if svc.load_balancer_ingress
+        else ()
     )
+    external_ips = tuple(ip for ip in svc.external_ips if ip.version == version) if svc.external_ips else ()
+    ranges = svc.load_balancer_source_ranges
+    source_ranges = tuple(c for c in ranges if c.version == version) if ranges else ()
+    health_check_node_port = svc.health_check_node_port if needs_health_check else 0
+    affinity = svc.session_affinity == "ClientIP"
+    internal_local = svc.internal_traffic_policy == "Local"
     out: dict[ServicePortName, ServicePortInfo] = {}
     for port in svc.ports:
-        name = ServicePortName(svc.namespace, svc.name, port.name, port.protocol)
-        out[name] = ServicePortInfo(
-            name=name,
-            cluster_ip=cluster_ip,
-            port=port.port,
-            protocol=port.protocol,
-            node_port=port.node_port,
-            external_ips=tuple(ip for ip in svc.external_ips if ip.version == version),
-            load_balancer_vips=lb_vips,
-            load_balancer_source_ranges=tuple(c for c in svc.load_balancer_source_ranges if c.version == version),
-            health_check_node_port=svc.health_check_node_port if needs_health_check else 0,
-            client_ip_affinity=svc.session_affinity == "ClientIP",
-            sticky_max_age_seconds=svc.affinity_timeout_seconds,
-            internal_policy_local=svc.internal_traffic_policy == "Local",
-            external_policy_local=external_local,
-            annotations=svc.annotations,
+        name = _new_port_name(svc.namespace, svc.name, port.name, port.protocol)
+        out[name] = _new_port_info(
+            name,
+            cluster_ip,
+            port.port,
+            port.protocol,
+            port.node_port,
+            external_ips,
+            lb_vips,
+            source_ranges,
+            health_check_node_port,
+            affinity,
+            svc.affinity_timeout_seconds,
+            internal_local,
+            external_local,
+            svc.annotations,
         )
     return out
 
 
 _by_address = attrgetter("address")
+
+
+# Frozen dataclasses set each field through `object.__setattr__` (0.2 us a field): the views of
+# 10k Services build 20k names and 10k port infos. The makers below fill a twin class with the
+# same slots by plain attribute stores, then turn it into the real class by `__class__`
+# assignment, which CPython allows exactly when the two layouts are the same. Each is checked
+# against its class's fields at import and against the constructor by tests/proxy/test_model_makers.py.
+
+
+def _twin(cls: type, fields: set[str]) -> type:
+    slots = vars(cls)["__slots__"]
+    if set(slots) != fields:
+        raise TypeError(f"{cls.__name__}'s fields changed: its maker in proxy/model.py must set every one")
+    return type(f"_{cls.__name__}Twin", (), {"__slots__": slots})
+
+
+def _port_name_maker() -> Callable[[str, str, str, str], ServicePortName]:
+    """`ServicePortName(namespace, name, port, protocol)`, built faster."""
+    twin = _twin(ServicePortName, {"namespace", "name", "port", "protocol", "service", "_hash"})
+    new = object.__new__
+
+    def make(namespace: str, name: str, port: str, protocol: str) -> ServicePortName:
+        spn: Any = new(twin)  # typed as what it becomes below
+        spn.namespace = namespace
+        spn.name = name
+        spn.port = port
+        spn.protocol = protocol
+        # As ServicePortName.__post_init__.
+        spn.service = (namespace, name)
+        spn._hash = hash((namespace, name, port, protocol))
+        spn.__class__ = ServicePortName
+        made: ServicePortName = spn
+        return made
+
+    make("", "", "", "")  # a TypeError here, at import, if the layouts ever differ
+    return make
+
+
+def _port_info_maker() -> Callable[..., ServicePortInfo]:
+    """`ServicePortInfo(<its fields, in order>)`, built faster."""
+    fields = (
+        "name", "cluster_ip", "port", "protocol", "node_port", "external_ips", "load_balancer_vips",
+        "load_balancer_source_ranges", "health_check_node_port", "client_ip_affinity", "sticky_max_age_seconds",
+        "internal_policy_local", "external_policy_local", "annotations",
+    )  # fmt: skip
+    twin = _twin(ServicePortInfo, set(fields))
+    if tuple(ServicePortInfo.__dataclass_fields__) != fields:
+        raise TypeError("ServicePortInfo's fields changed order: _port_info_maker takes them in order")
+    new = object.__new__
+
+    def make(
+        name: ServicePortName,
+        cluster_ip: IPAddress,
+        port: int,
+        protocol: str,
+        node_port: int,
+        external_ips: tuple[IPAddress, ...],
+        load_balancer_vips: tuple[IPAddress, ...],
+        load_balancer_source_ranges: tuple[IPNetwork, ...],
+        health_check_node_port: int,
+        client_ip_affinity: bool,
+        sticky_max_age_seconds: int,
+        internal_policy_local: bool,
+        external_policy_local: bool,
+        annotations: Mapping[str, str],
+    ) -> ServicePortInfo:
+        info: Any = new(twin)  # typed as what it becomes below
+        info.name = name
+        info.cluster_ip = cluster_ip
+        info.port = port
+        info.protocol = protocol
+        info.node_port = node_port
+        info.external_ips = external_ips
+        info.load_balancer_vips = load_balancer_vips
+        info.load_balancer_source_ranges = load_balancer_source_ranges
+        info.health_check_node_port = health_check_node_port
+        info.client_ip_affinity = client_ip_affinity
+        info.sticky_max_age_seconds = sticky_max_age_seconds
+        info.internal_policy_local = internal_policy_local
+        info.external_policy_local = external_policy_local
+        info.annotations = annotations
+        info.__class__ = ServicePortInfo
+        made: ServicePortInfo = info
+        return made
+
+    return make
+
+
+_new_port_name = _port_name_maker()
+_new_port_info = _port_info_maker()
 
 
 def _version(family: Family) -> int:
@@ -200,63 +298,72 @@ def endpoints_map(slices: Iterable[EndpointSlice], family: Family, node_name: st
     by_port: dict[ServicePortName, dict[str, EndpointInfo]] = {}
     version = _version(family)
     for eps in slices:
-        if eps.address_type != family:
+        if eps.address_type != family or not eps.ports:
             continue
+        # Each endpoint's address text and locality once per slice, not once per port.
+        members = [
+            (_ip_text(ip, version), bool(node_name) and ep.node_name == node_name, ep)
+            for ep in eps.endpoints
+            if (ip := ep.addresses[0]).version == version
+        ]
         for port in eps.ports:
-            name = ServicePortName(eps.namespace, eps.service_name, port.name, port.protocol)
+            name = _new_port_name(eps.namespace, eps.service_name, port.name, port.protocol)
             bucket = by_port.setdefault(name, {})
-            for ep in eps.endpoints:
-                ip = ep.addresses[0]
-                if ip.version != version:
-                    continue
-                is_local = bool(node_name) and ep.node_name == node_name
-                info = _new_endpoint_info(
-                    # str() of an IPv4Address is pure Python; inet_ntop gives the same text at a third of the cost.
-                    inet_ntop(AF_INET, ip.packed) if version == 4 else str(ip),
-                    port.port,
-                    is_local,
-                    ep,
-                )
+            number = port.port
+            for text, is_local, ep in members:
+                info = _new_endpoint_info(text, number, is_local, ep)
                 # Overlapping slices may list an endpoint twice; a local copy wins.
-                if info.address not in bucket or is_local:
+                if is_local or info.address not in bucket:
                     bucket[info.address] = info
     return {name: sorted(eps.values(), key=_by_address) for name, eps in by_port.items() if eps}
 
 
-def _endpoint_info_setters() -> Callable[[str, int, bool, Endpoint], EndpointInfo]:
+def _ip_text(ip: IPAddress, version: int) -> str:
+    """The address as text, as str(ip) writes it.
+
+    str() of an IPv4Address is pure Python (1.5 us), and so is `.packed` (0.9 us with
+    inet_ntop); at 100k endpoints that was most of a view's build. Its integer, to bytes, to
+    inet_ntop is 0.4 us.
+    """
+    if version == 4:
+        return inet_ntop(AF_INET, int(ip).to_bytes(4, "big"))
+    return str(ip)
+
+
+def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]:
     """`EndpointInfo(ip, port, is_local, <ep's conditions and hints>)`, built faster.
 
     A frozen dataclass's __init__ sets each field through `object.__setattr__`, then
     __post_init__ once more: 2.9 us an endpoint, three quarters of a view's build at 10k x 10.
-    Setting the slots directly makes the same object in about a third of the time.
+    Here a twin class with the same slots and no frozen __setattr__ is filled by plain
+    attribute stores, then becomes an EndpointInfo by `__class__` assignment, which CPython
+    allows exactly when the two layouts are the same (as cluster/objects.py builds Endpoints).
     """
-    slot = {name: getattr(EndpointInfo, name).__set__ for name in EndpointInfo.__slots__}
-    expected = {"ip", "port", "is_local", "ready", "serving", "terminating", "zone_hints", "node_hints", "address"}
-    if set(slot) != expected:
-        raise TypeError("EndpointInfo's fields changed: _endpoint_info_setters must set every one")
-    set_ip, set_port, set_local, set_address = slot["ip"], slot["port"], slot["is_local"], slot["address"]
-    set_ready, set_serving, set_terminating = slot["ready"], slot["serving"], slot["terminating"]
-    set_zone_hints, set_node_hints = slot["zone_hints"], slot["node_hints"]
+    fields = {"ip", "port", "is_local", "ready", "serving", "terminating", "zone_hints", "node_hints", "address"}
+    twin = _twin(EndpointInfo, fields)
     new = object.__new__
 
     def make(ip: str, port: int, is_local: bool, ep: Endpoint) -> EndpointInfo:
-        info: EndpointInfo = new(EndpointInfo)
-        set_ip(info, ip)
-        set_port(info, port)
-        set_local(info, is_local)
-        set_ready(info, ep.ready)
-        set_serving(info, ep.serving)
-        set_terminating(info, ep.terminating)
-        set_zone_hints(info, ep.zone_hints)
-        set_node_hints(info, ep.node_hints)
+        info: Any = new(twin)  # typed as what it becomes below
+        info.ip = ip
+        info.port = port
+        info.is_local = is_local
+        info.ready = ep.ready
+        info.serving = ep.serving
+        info.terminating = ep.terminating
+        info.zone_hints = ep.zone_hints
+        info.node_hints = ep.node_hints
         # As EndpointInfo.__post_init__.
-        set_address(info, f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
-        return info
+        info.address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        info.__class__ = EndpointInfo
+        made: EndpointInfo = info
+        return made
 
+    make("", 0, False, Endpoint(()))  # a TypeError here, at import, if the layouts ever differ
     return make
 
 
-_new_endpoint_info = _endpoint_info_setters()
+_new_endpoint_info = _endpoint_info_maker()
 
 
 def build_view(services: Iterable[Service], slices: Iterable[EndpointSlice], family: Family, node_name: str) -> NodeView:

@@ -173,7 +173,7 @@ def create_plan(new: NftRendering) -> Plan:
         keys = sorted(d)
         for i in range(0, len(keys), ELEMENTS_PER_LINE):
             part = keys[i : i + ELEMENTS_PER_LINE]
-            (line,) = element_lines("add", t, set_name, (d[k] for k in part))
+            (line,) = element_lines("add", t, set_name, map(d.__getitem__, part))
             p.units.append((Batch(line, len(part)),))
     return p
 

@@ -123,7 +123,14 @@ def element_lines(
     """`add element` / `delete element` lines for one set, ELEMENTS_PER_LINE at a time."""
     batch: list[str] = []
     for element in elements:
-        batch.append(element.key if keys_only else element.text())
+        # Element.text() inlined: this loop runs once per element of a full table.
+        key, value, comment = element
+        if not keys_only:
+            if comment:
+                key += f" comment {quote(comment)}"
+            if value is not None:
+                key = f"{key} : {value}"
+        batch.append(key)
         if len(batch) == ELEMENTS_PER_LINE:
             yield f"{verb} element {prefix} {set_name} {{ {', '.join(batch)} }}"
             batch = []

@@ -85,7 +85,15 @@ from functools import partial
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
 from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftSet, Rule
-from kubeproxy.backends.nftables.rendering import Book, Builder, Fragment, NftRendering, SharedObjects
+from kubeproxy.backends.nftables.rendering import (
+    Book,
+    Builder,
+    Fragment,
+    FragmentSource,
+    NftRendering,
+    SharedObjects,
+    new_fragment,
+)
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
@@ -213,6 +221,8 @@ def _render(
 ) -> NftRendering:
     ctx = _Ctx(o)
     expand = partial(_expand, ctx)
+    # Incremental renders take place only between equal options: the same ctx, so the same fragments.
+    remake = partial(_remade, ctx)
     book = previous.book if previous is not None else None
     incremental = (
         previous is not None
@@ -222,7 +232,7 @@ def _render(
         and book.options == o
     )
     if not incremental:
-        builder = Builder(ctx.family, Book(options=o), None, expand)
+        builder = Builder(ctx.family, Book(options=o), None, expand, remake)
         for c in _base_chains(ctx):
             builder.put_chain(c)
         for s in _base_sets(ctx):
@@ -230,19 +240,28 @@ def _render(
         for ip in _nodeport_ips(ctx):
             builder.set_element(NODEPORT_IPS, ip, Element(ip))
         for name in sorted(view.services):
-            builder.add_fragment(name, fragment(ctx, view.services[name], view.endpoints.get(name, [])))
+            source = (view.services[name], view.endpoints.get(name, _NO_ENDPOINTS))
+            builder.add_fragment(name, fragment(ctx, *source), source)
         return builder.build()
 
     assert previous is not None and book is not None and changed_services is not None
     changed = frozenset(changed_services)
-    builder = Builder(ctx.family, book, previous, expand)
+    builder = Builder(ctx.family, book, previous, expand, remake)
     book.owner = None  # from here on `previous` no longer owns the bookkeeping
-    stale = [spn for spn in previous.fragments if spn.service in changed]
+    stale = [spn for spn in previous.sources if spn.service in changed]
     for spn in stale:
         builder.remove_fragment(spn)
     for spn in sorted(n for n in view.services if n.service in changed):
-        builder.add_fragment(spn, fragment(ctx, view.services[spn], view.endpoints.get(spn, [])))
+        source = (view.services[spn], view.endpoints.get(spn, _NO_ENDPOINTS))
+        builder.add_fragment(spn, fragment(ctx, *source), source)
     return builder.build()
+
+
+_NO_ENDPOINTS: tuple[EndpointInfo, ...] = ()
+
+
+def _remade(ctx: _Ctx, source: FragmentSource) -> Fragment:
+    return fragment(ctx, *source)
 
 
 # ------------------------------------------------------------------------------------------
@@ -475,9 +494,9 @@ def _allowed_sources(ctx: _Ctx, svc: ServicePortInfo) -> list[str]:
 # One service port
 
 
-def _element(fields: tuple[str, str | None, str | None]) -> Element:
-    # Element(...) goes through a Python-level __new__; this is the same tuple, made in C.
-    return tuple.__new__(Element, fields)
+# Element(...) goes through a Python-level __new__; `new_element(Element, fields)` makes the same
+# tuple in C.
+new_element = tuple.__new__
 
 
 class _Frag:
@@ -492,7 +511,7 @@ class _Frag:
         bucket = self.elements.get(set_name)
         if bucket is None:
             bucket = self.elements[set_name] = []
-        bucket.append(_element((key, value, comment)))
+        bucket.append(new_element(Element, (key, value, comment)))
 
     def need(self, key: Hashable) -> None:
         if key not in self.shared:
@@ -541,7 +560,8 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
         if not has_external:
             f.elem(NO_ENDPOINT_SERVICES, f"{ip} . {proto} . {port}", external_verdict, spn_str)
     uses_firewall = bool(svc.load_balancer_vips) and bool(svc.load_balancer_source_ranges)
-    firewall = naming.firewall_chain(spn)
+    # A sha256 per name: only for the few service ports that have one.
+    firewall = naming.firewall_chain(spn) if uses_firewall else ""
     for ip in svc.load_balancer_vips:
         if uses_external and external_target:
             f.elem(SERVICE_IPS, f"{ip} . {proto} . {port}", external_target[0])
@@ -561,7 +581,7 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
         if not has_external:
             f.elem(NO_ENDPOINT_NODEPORTS, f"{proto} . {svc.node_port}", external_verdict, spn_str)
 
-    seconds, warning = udp_conntrack_timeout(svc.annotations, f"{spn.namespace}/{spn.name}")
+    seconds, warning = udp_conntrack_timeout(svc.annotations, f"{spn.namespace}/{spn.name}") if svc.annotations else (None, None)
     if seconds is not None and proto == "udp":
         f.need(("udp-timeouts",))
         f.need(("udp-timeout", seconds))
@@ -571,14 +591,14 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
         if svc.node_port:
             f.elem(UDP_TIMEOUT_NODEPORTS, f"udp . {svc.node_port}", verdict)
 
-    return Fragment(
-        service=f"{spn.namespace}/{spn.name}",
-        elements=tuple((name, tuple(elements)) for name, elements in f.elements.items()),
-        chains=tuple(f.chains),
-        shared=tuple(f.shared),
-        warning=warning,
-        no_local_internal=has_endpoints and not has_internal,
-        no_local_external=has_endpoints and not has_external,
+    return new_fragment(  # Fragment(...), made faster (rendering.py)
+        f"{spn.namespace}/{spn.name}",
+        tuple([(name, tuple(elements)) for name, elements in f.elements.items()]),
+        tuple(f.chains),
+        tuple(f.shared),
+        warning,
+        has_endpoints and not has_internal,
+        has_endpoints and not has_external,
     )
 
 
@@ -597,6 +617,8 @@ def _selectors(
     hairpin: set[str] = set()
     every_endpoint_may_hairpin = uses_external and svc.external_policy_local
 
+    targets: dict[int, list[str]] = {}  # id of an endpoint list: its `ip . port` map values
+
     def fill(policy: str, nodeport: bool, key: str, eps: list[EndpointInfo]) -> str:
         n = len(eps)
         name = selector_name(policy, nodeport, n)
@@ -604,10 +626,13 @@ def _selectors(
         bucket = f.elements.get(name)
         if bucket is None:
             bucket = f.elements[name] = []
-        for i, ep in enumerate(eps):
-            bucket.append(_element((f"{key} . {i}", f"{ep.ip} . {ep.port}", None)))
-            if ep.is_local or every_endpoint_may_hairpin:
-                hairpin.add(ep.ip)
+        # The same endpoints serve the cluster IP, each external address and the NodePort:
+        # their values are written once. This loop runs once per element of the table.
+        values = targets.get(id(eps))
+        if values is None:
+            values = targets[id(eps)] = [f"{ep.ip} . {ep.port}" for ep in eps]
+            hairpin.update(ep.ip for ep in eps if ep.is_local or every_endpoint_may_hairpin)
+        bucket.extend([new_element(Element, (f"{key} . {i}", value, None)) for i, value in enumerate(values)])
         return name
 
     internal_target = None

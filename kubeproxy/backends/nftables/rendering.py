@@ -7,7 +7,10 @@ reference counted; an element key claimed by several fragments (a cluster IP wit
 pod behind two services) stays while any claim remains.
 
 An incremental render starts from the previous rendering, takes back the fragments of changed
-services and adds their new ones. It copies only the dictionaries it writes to and records what
+services and adds their new ones. A rendering keeps no fragment: only what each was made from
+(the view's ServicePortInfo and endpoint list, shared with the view), and takes one back by
+making it again from those (the same options, so the same fragment). At 10k service ports the
+fragments' tuples were 6 MiB of a 44 MiB rendering. It copies only the dictionaries it writes to and records what
 it touched, so that the applier's diff looks at those keys only: a one-endpoint change at 10k
 services costs milliseconds, not a walk over 200k elements. The bookkeeping (claims and
 reference counts) moves to the new rendering; a rendering whose bookkeeping has moved on can
@@ -18,7 +21,7 @@ still be printed and applied, but the next incremental render must start from th
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +35,10 @@ from kubeproxy.backends.nftables.model import (
     element_lines,
     quote,
 )
-from kubeproxy.proxy.model import ServicePortName
+from kubeproxy.proxy.model import EndpointInfo, ServicePortInfo, ServicePortName
+
+# What a fragment is made from: one service port and its endpoints, as the view had them.
+FragmentSource = tuple[ServicePortInfo, Sequence[EndpointInfo]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,45 @@ class Fragment:
     warning: str | None = None
     no_local_internal: bool = False
     no_local_external: bool = False
+
+
+def _fragment_maker() -> Callable[..., Fragment]:
+    """`Fragment(<its fields, in order>)` without the frozen __init__'s `object.__setattr__` per
+    field (a full render makes one per service port): a twin class with the same slots is
+    filled by plain stores, then made a Fragment by `__class__` assignment, which CPython allows
+    only when the two layouts are the same (as proxy/model.py builds the view)."""
+    fields = ("service", "elements", "chains", "shared", "warning", "no_local_internal", "no_local_external")
+    if tuple(Fragment.__dataclass_fields__) != fields or set(vars(Fragment)["__slots__"]) != set(fields):
+        raise TypeError("Fragment's fields changed: _fragment_maker must set every one, in order")
+    twin = type("_FragmentTwin", (), {"__slots__": vars(Fragment)["__slots__"]})
+    new = object.__new__
+
+    def make(
+        service: str,
+        elements: tuple[tuple[str, tuple[Element, ...]], ...],
+        chains: tuple[Chain, ...],
+        shared: tuple[Hashable, ...],
+        warning: str | None,
+        no_local_internal: bool,
+        no_local_external: bool,
+    ) -> Fragment:
+        frag: Any = new(twin)  # typed as what it becomes below
+        frag.service = service
+        frag.elements = elements
+        frag.chains = chains
+        frag.shared = shared
+        frag.warning = warning
+        frag.no_local_internal = no_local_internal
+        frag.no_local_external = no_local_external
+        frag.__class__ = Fragment
+        made: Fragment = frag
+        return made
+
+    make("", (), (), (), None, False, False)  # a TypeError here, at import, if the layouts ever differ
+    return make
+
+
+new_fragment = _fragment_maker()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,58 +120,48 @@ class Claims:
     """Which elements fragments claim, per (set, key). The effective element is the lowest-ranked
     distinct claim, so the result depends only on what is claimed, never on the order of claims.
 
-    Nearly every key has one claim: it is kept as the bare element in a dict per set, with no
-    tuple of its own (a full render at 10k services makes 150k claims). Repeated claims of the
-    same element are counted aside; distinct values for one key (two services claiming the same
-    external IP and port) go to `_many`.
+    Nearly every key has one claim, and then the claim is the element the rendering holds: the
+    rendering's own element dict (`d` below, read only here) is the record of it, with no copy
+    (a full render at 10k services makes 150k claims; a second dict of them was 4 MiB). Kept
+    aside are only repeated claims of the same element (counted) and distinct values for one
+    key (two services claiming the same external IP and port: `_many`, whose effective element
+    is also the one in `d`).
     """
 
     def __init__(self) -> None:
-        self._one: dict[str, dict[str, Element]] = {}
         self._count: dict[tuple[str, str], int] = {}  # claims of that same element, when 2 or more
         self._many: dict[tuple[str, str], dict[Element, int]] = {}
 
     @property
     def shared(self) -> bool:
-        """Whether any key has more than one claim."""
+        """Whether any key has more than one distinct claim."""
         return bool(self._many)
 
-    def one_for(self, set_name: str) -> dict[str, Element]:
-        """The single-claim dict of a set, for Builder's fast path (keys absent from it are new)."""
-        one = self._one.get(set_name)
-        if one is None:
-            one = self._one[set_name] = {}
-        return one
-
-    def add(self, set_name: str, e: Element) -> tuple[Element | None, Element]:
-        """Claim e; returns (effective before, effective after)."""
+    def add(self, d: Mapping[str, Element], set_name: str, e: Element) -> tuple[Element | None, Element]:
+        """Claim e, given the set's elements as they stand; returns (effective before, effective
+        after). The caller writes `after` into the set when the two differ."""
         k = e.key
+        tk = (set_name, k)
         if self._many:
-            many = self._many.get((set_name, k))
+            many = self._many.get(tk)
             if many is not None:
                 before = min(many, key=_rank)
                 many[e] = many.get(e, 0) + 1
                 return before, min(many, key=_rank)
-        one = self._one.get(set_name)
-        if one is None:
-            one = self._one[set_name] = {}
-        cur = one.get(k)
+        cur = d.get(k)
         if cur is None:
-            one[k] = e
             return None, e
-        tk = (set_name, k)
         if cur == e:
             self._count[tk] = self._count.get(tk, 1) + 1
             return e, e
-        del one[k]
         self._many[tk] = {cur: self._count.pop(tk, 1), e: 1}
         return cur, min(cur, e, key=_rank)
 
-    def remove(self, set_name: str, e: Element) -> tuple[Element, Element | None]:
-        """Drop one claim of e; returns (effective before, effective after)."""
+    def remove(self, d: Mapping[str, Element], set_name: str, e: Element) -> tuple[Element, Element | None]:
+        """Drop one claim of e (see `add`); returns (effective before, effective after)."""
         k = e.key
+        tk = (set_name, k)
         if self._many:
-            tk = (set_name, k)
             many = self._many.get(tk)
             if many is not None:
                 before = min(many, key=_rank)
@@ -138,15 +173,12 @@ class Claims:
                 if len(many) == 1:
                     ((only, count),) = many.items()
                     del self._many[tk]
-                    self._one[set_name][k] = only
                     if count > 1:
                         self._count[tk] = count
                     return before, only
                 return before, min(many, key=_rank)
-        one = self._one[set_name]
-        cur = one[k]
+        cur = d[k]
         if self._count:
-            tk = (set_name, k)
             n = self._count.get(tk, 0)
             if n:
                 if n > 2:
@@ -154,7 +186,6 @@ class Claims:
                 else:
                     del self._count[tk]
                 return cur, cur
-        del one[k]
         return cur, None
 
 
@@ -180,7 +211,7 @@ class NftRendering:
     sets: Mapping[str, NftSet]
     elements: Mapping[str, Mapping[str, Element]]
     objects: Mapping[str, CtTimeout]
-    fragments: Mapping[ServicePortName, Fragment]
+    sources: Mapping[ServicePortName, FragmentSource]  # what each service port's fragment was made from
     warnings: tuple[str, ...]
     no_local_endpoints_internal: int
     no_local_endpoints_external: int
@@ -216,7 +247,7 @@ class NftRendering:
                 yield f"add rule {t} {name} {rule.body()}"
         for name in sorted(self.elements):
             elements = self.elements[name]
-            yield from element_lines("add", t, name, (elements[k] for k in sorted(elements)))
+            yield from element_lines("add", t, name, map(elements.__getitem__, sorted(elements)))
 
     def text(self) -> str:
         return "\n".join(self.lines()) + "\n"
@@ -225,17 +256,25 @@ class NftRendering:
 class Builder:
     """Assembles a rendering, copying the parent's dictionaries only where it writes."""
 
-    def __init__(self, family: str, book: Book, parent: NftRendering | None, expand: Callable[[Hashable], SharedObjects]):
+    def __init__(
+        self,
+        family: str,
+        book: Book,
+        parent: NftRendering | None,
+        expand: Callable[[Hashable], SharedObjects],
+        remake: Callable[[FragmentSource], Fragment],
+    ):
         self.family = family
         self.book = book
         self.parent = parent
         self.expand = expand
+        self.remake = remake  # a fragment again from its source, for remove_fragment
         self.touched = Touched() if parent is not None else None
         self.chains: dict[str, Chain] = dict(parent.chains) if parent else {}
         self.sets: dict[str, NftSet] = dict(parent.sets) if parent else {}
         self.objects: dict[str, CtTimeout] = dict(parent.objects) if parent else {}
         self.elements: dict[str, Mapping[str, Element]] = dict(parent.elements) if parent else {}
-        self.fragments: dict[ServicePortName, Fragment] = dict(parent.fragments) if parent else {}
+        self.sources: dict[ServicePortName, FragmentSource] = dict(parent.sources) if parent else {}
         self._own: set[str] = set()  # element dicts already copied for this rendering
 
     # ----------------------------------------------------------------- plain objects
@@ -286,8 +325,9 @@ class Builder:
             self.touched.elements.setdefault(set_name, set()).add(key)
 
     # ----------------------------------------------------------------- fragments
-    def add_fragment(self, spn: ServicePortName, frag: Fragment) -> None:
-        self.fragments[spn] = frag
+    def add_fragment(self, spn: ServicePortName, frag: Fragment, source: FragmentSource) -> None:
+        """Add `frag`, which `remake(source)` gives again when it is removed."""
+        self.sources[spn] = source
         book = self.book
         for key in frag.shared:
             if book.refs[key] == 0:
@@ -300,12 +340,13 @@ class Builder:
                     self.put_chain(c)
             book.refs[key] += 1
         claims = book.claims
+        empty: dict[str, Element] = {}
         for set_name, elements in frag.elements:
             if self.parent is None and not claims.shared:
                 self._add_fresh(set_name, elements)
                 continue
             for e in elements:
-                before, after = claims.add(set_name, e)
+                before, after = claims.add(self.elements.get(set_name, empty), set_name, e)
                 if before != after:
                     self.set_element(set_name, e.key, after)
         for c in frag.chains:
@@ -318,31 +359,36 @@ class Builder:
     def _add_fresh(self, set_name: str, elements: tuple[Element, ...]) -> None:
         """add_fragment's inner loop for a full render: the same as claims.add + set_element,
         without two calls per element (a full render at 10k services makes 150k claims)."""
-        claims = self.book.claims
-        one = claims.one_for(set_name)
         out = self.elements.get(set_name)
         if out is None:
             out = self.elements[set_name] = {}
             self._own.add(set_name)
         assert isinstance(out, dict)
+        if len(elements) > 1:
+            # Keys new to the set and distinct among themselves (nearly always): claimed in one go.
+            batch = {e[0]: e for e in elements}
+            if len(batch) == len(elements) and out.keys().isdisjoint(batch):
+                out.update(batch)
+                return
+        claims = self.book.claims
         for e in elements:
             k = e[0]
-            if k in one:
-                before, after = claims.add(set_name, e)
+            if k in out:
+                before, after = claims.add(out, set_name, e)
                 if before != after:
                     self.set_element(set_name, k, after)
             else:
-                one[k] = out[k] = e
+                out[k] = e
 
     def remove_fragment(self, spn: ServicePortName) -> None:
-        frag = self.fragments.pop(spn)
+        frag = self.remake(self.sources.pop(spn))
         book = self.book
         for c in frag.chains:
             self.drop_chain(c.name)
         claims = book.claims
         for set_name, elements in frag.elements:
             for e in elements:
-                before, after = claims.remove(set_name, e)
+                before, after = claims.remove(self.elements[set_name], set_name, e)
                 if before != after:
                     self.set_element(set_name, e.key, after)
         for key in frag.shared:
@@ -372,7 +418,7 @@ class Builder:
             sets=self.sets,
             elements=self.elements,
             objects=self.objects,
-            fragments=self.fragments,
+            sources=self.sources,
             warnings=tuple(sorted(self.book.warnings)),
             no_local_endpoints_internal=self.book.no_local_internal,
             no_local_endpoints_external=self.book.no_local_external,

@@ -272,7 +272,7 @@ def test_client_ip_affinity_keeps_upstream_chains_with_a_shared_set() -> None:
     r = render(view(objs), options())
     svc, ext = "service-HVFWP5L3-ns5/svc5/tcp/p80", "external-HVFWP5L3-ns5/svc5/tcp/p80"
     ep3 = "endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80"  # upstream's names for the same endpoint
-    ep4 = naming.endpoint_chain(next(iter(r.fragments)), "10.180.0.4", 80)
+    ep4 = naming.endpoint_chain(next(iter(r.sources)), "10.180.0.4", 80)
     id3, id4 = naming.affinity_id(ep3), naming.affinity_id(ep4)
     assert values(r, "service-ips") == {"172.30.0.45 . tcp . 80": f"goto {svc}"}
     assert values(r, "service-nodeports") == {"tcp . 3002": f"goto {ext}"}
