@@ -33,8 +33,11 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import operator
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from socket import inet_ntoa
+from typing import NamedTuple
 
 from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.cache import RenderCache
@@ -63,7 +66,9 @@ class Rendered:
     text: str
     filter_rules: int
     nat_rules: int  # rules written to the kernel (not counting -X lines)
-    nat_chains: frozenset[str]  # service/endpoint chains this rendering uses
+    # Each service port's own nat chains, in order; their union is `nat_chains`. Kept per port
+    # so that a partial sync at 10k services builds no set of 110k names nobody asks for.
+    service_chains: tuple[tuple[str, ...], ...] = field(repr=False)
     no_local_endpoints_internal: int
     no_local_endpoints_external: int
     large_cluster_mode: bool
@@ -76,6 +81,11 @@ class Rendered:
     # True when stale chains were looked for (the caller restarts its cleanup period).
     stale_cleanup_done: bool = False
 
+    @cached_property
+    def nat_chains(self) -> frozenset[str]:
+        """The service/endpoint chains this rendering uses, written or left as they are."""
+        return frozenset(itertools.chain.from_iterable(self.service_chains))
+
     @property
     def nat_rules_total(self) -> int:
         """Upstream's sync_proxy_rules_iptables_total{table="nat"}: the rules the kernel holds."""
@@ -84,6 +94,18 @@ class Rendered:
 
 def _probability(n: int) -> str:
     return f"{1.0 / n:0.10f}"
+
+
+# The statistic match of dispatch rule i out of n is that of 1/(n-i): precomputed for the usual
+# endpoint counts (90k formats at 10k services x 10 endpoints otherwise). Index k: 1/k.
+_STATISTIC = tuple(f" -m statistic --mode random --probability {_probability(k)}" if k else "" for k in range(257))
+
+
+def _statistic_args(n: int) -> tuple[str, ...]:
+    """The statistic match of each of n dispatch rules: 1/n, 1/(n-1), ..., 1/2, and none for the last."""
+    if n < len(_STATISTIC):
+        return (*_STATISTIC[n:1:-1], "")
+    return (*(f" -m statistic --mode random --probability {_probability(k)}" for k in range(n, 1, -1)), "")
 
 
 def local_detector_args(detector: LocalDetector, *, local: bool) -> str:
@@ -98,44 +120,43 @@ def local_detector_args(detector: LocalDetector, *, local: bool) -> str:
     raise ValueError(f"no local traffic detector configured (mode {detector.mode!r})")
 
 
-@dataclass(frozen=True, slots=True)
-class ServiceRules:
-    """What one service port adds to the ruleset. `render` joins these in name order."""
+class ServiceRules(NamedTuple):
+    """What one service port adds to the ruleset. `render` joins these in name order.
 
-    filter_rules: tuple[str, ...]  # in the shared filter chains (REJECT, DROP, firewall, health check)
-    shared_nat_rules: tuple[str, ...]  # its entries in the nat KUBE-SERVICES and KUBE-NODEPORTS
+    Kept as text blocks (each line ending in a newline, "" for none) with their line counts,
+    not as tuples of lines: the final text is then a join of a few pieces per service, and
+    320k small strings do not all stay alive next to it (10k services x 10 endpoints).
+    Immutable, as RenderCache needs; a NamedTuple because a frozen dataclass costs a
+    setattr call per field and one is built per service port.
+    """
+
+    filter_text: str  # in the shared filter chains (REJECT, DROP, firewall, health check)
+    filter_rules: int
+    entry_text: str  # its entries in the nat KUBE-SERVICES and KUBE-NODEPORTS
+    entry_rules: int
     chains: tuple[str, ...]  # its own nat chains (EXT, FW, SVC, SVL, SEP), in declaration order
-    chain_rules: tuple[str, ...]  # the rules of those chains
+    chain_decls: str  # their `:chain - [0:0]` lines
+    chain_text: str  # the rules of those chains
+    chain_rules: int
     no_local_endpoints_internal: int  # 1 if Local internal traffic has nowhere to go
     no_local_endpoints_external: int
 
 
-class _Writer:
-    """The four buffers upstream writes into: chain declarations and rules, per table."""
+def _block(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n" if lines else ""
 
-    def __init__(self) -> None:
-        self.filter_chains: list[str] = []
-        self.filter_rules: list[str] = []
-        self.nat_chains: list[str] = []
-        self.nat_rules: list[str] = []
 
-    def text(self) -> str:
-        return "\n".join(
-            [
-                "*filter",
-                *self.filter_chains,
-                *self.filter_rules,
-                "COMMIT",
-                "*nat",
-                *self.nat_chains,
-                *self.nat_rules,
-                "COMMIT",
-                "",
-            ]
-        )
+def _lines(rendered: Iterable[ServiceRules], attribute: str) -> str:
+    """One text of the given block of every service port, in order."""
+    return "".join(map(operator.attrgetter(attribute), rendered))
+
+
+def _count(rendered: Iterable[ServiceRules], attribute: str) -> int:
+    return sum(map(operator.attrgetter(attribute), rendered))
 
 
 _SERVICE_OF = operator.attrgetter("service")
+_CHAINS_OF = operator.attrgetter("chains")
 
 
 def is_large_cluster(view: NodeView) -> bool:
@@ -167,32 +188,30 @@ def render(
     cache: per-service rules of earlier renders to reuse where nothing changed (memoisation
         only: the result is the same with or without it).
     """
-    w = _Writer()
     ipv6 = opts.family == Family.IPV6
     mark = opts.masquerade_mark
     localhost_nodeports = opts.localhost_nodeports_enabled
 
-    for chain in (KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL):
-        w.filter_chains.append(f":{chain} - [0:0]")
-    for chain in (KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ):
-        w.nat_chains.append(f":{chain} - [0:0]")
-
-    # Masquerade only what a service rule marked; clear the mark so a packet that loops
-    # through the stack again is not masqueraded twice.
-    w.nat_rules.append(f"-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN")
-    w.nat_rules.append(f"-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}")
-    masq = f'-A {KUBE_POSTROUTING} -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE'
-    w.nat_rules.append(masq + (" --random-fully" if opts.random_fully else ""))
-    w.nat_rules.append(f"-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}")
-
+    filter_chains = [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL]
+    filter_head: list[str] = []
     if localhost_nodeports:
         # route_localnet (needed for localhost NodePorts) would otherwise let remote hosts
         # reach 127.0.0.0/8 services (CVE-2020-8558).
-        w.filter_chains.append(f":{KUBE_FIREWALL} - [0:0]")
-        w.filter_rules.append(
+        filter_chains.append(KUBE_FIREWALL)
+        filter_head.append(
             f'-A {KUBE_FIREWALL} -m comment --comment "block incoming localnet connections" '
             "-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
         )
+    nat_chains = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ]
+    # Masquerade only what a service rule marked; clear the mark so a packet that loops
+    # through the stack again is not masqueraded twice.
+    masq = f'-A {KUBE_POSTROUTING} -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE'
+    nat_head = [
+        f"-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN",
+        f"-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}",
+        masq + (" --random-fully" if opts.random_fully else ""),
+        f"-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}",
+    ]
 
     large = is_large_cluster(view)
     changed = None if changed_services is None else frozenset(changed_services)
@@ -203,53 +222,76 @@ def render(
 
     if cache is None:
         ports = sorted(view.services)
-        per_port = [render_one(view.services[name], view.endpoints.get(name, [])) for name in ports]
+        services, endpoints = view.services, view.endpoints
+        per_port = [render_one(services[name], endpoints.get(name, [])) for name in ports]
     else:
         ports, per_port = cache.rules(view, (opts, large), render_one)
 
     # A partial sync leaves the own chains of unchanged services as they are in the kernel.
-    writes = [True] * len(ports) if changed is None else list(map(changed.__contains__, map(_SERVICE_OF, ports)))
-    written = list(itertools.compress(per_port, writes))
-    w.filter_rules.extend(itertools.chain.from_iterable(rules.filter_rules for rules in per_port))
-    w.nat_chains.extend(f":{chain} - [0:0]" for rules in written for chain in rules.chains)
-    w.nat_rules.extend(_nat_service_rules(per_port, writes))
-    # Chains left as they are still count, and are in use: not to be mistaken for stale ones.
-    active_nat_chains = frozenset(itertools.chain.from_iterable(rules.chains for rules in per_port))
-    skipped_rules = sum(len(rules.chain_rules) for rules in per_port) - sum(len(rules.chain_rules) for rules in written)
-    skipped_chains = sum(len(rules.chains) for rules in per_port) - sum(len(rules.chains) for rules in written)
+    writes = None if changed is None else list(map(changed.__contains__, map(_SERVICE_OF, ports)))
+    written = per_port if writes is None else list(itertools.compress(per_port, writes))
+    service_chains = tuple(map(_CHAINS_OF, per_port))
+    skipped_rules = _count(per_port, "chain_rules") - _count(written, "chain_rules")
+    skipped_chains = sum(map(len, service_chains)) - sum(map(len, map(_CHAINS_OF, written)))
 
     deleted: list[str] = []
+    active_nat_chains: frozenset[str] | None = None
     cleanup = existing_nat_chains is not None and (not large or stale_cleanup_due)
     if cleanup and existing_nat_chains is not None:
+        # Chains left as they are still count, and are in use: not to be mistaken for stale ones.
+        active_nat_chains = frozenset(itertools.chain.from_iterable(service_chains))
         stale = set(existing_nat_chains) - active_nat_chains
         deleted = sorted(c for c in stale if names.is_service_chain(c))  # never touch others' chains
-        for chain in deleted:
-            # iptables-restore needs a chain line before -X; it also flushes the chain, which
-            # drops the chain's own jumps that would otherwise keep other stale chains busy.
-            w.nat_chains.append(f":{chain} - [0:0]")
-            w.nat_rules.append(f"-X {chain}")
+    # iptables-restore needs a chain line before -X; it also flushes the chain, which drops the
+    # chain's own jumps that would otherwise keep other stale chains busy.
+    nat_chains += deleted
+    nat_tail = [f"-X {chain}" for chain in deleted]
+    nat_tail += _nodeports_jump(opts, ipv6, localhost_nodeports)
 
-    _render_nodeports_jump(w, opts, ipv6, localhost_nodeports)
-
+    filter_tail: list[str] = []
     if not opts.conntrack_tcp_liberal:
         # Out-of-window packets would otherwise reach the pod un-NATed and be answered with RST.
         nfacct = f" -m nfacct --nfacct-name {NFACCT_CT_INVALID}" if NFACCT_CT_INVALID in opts.nfacct_counters else ""
-        w.filter_rules.append(f"-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP")
-    w.filter_rules.append(
+        filter_tail.append(f"-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{nfacct} -j DROP")
+    filter_tail.append(
         f'-A {KUBE_FORWARD} -m comment --comment "kubernetes forwarding rules" -m mark --mark {mark}/{mark} -j ACCEPT'
     )
-    w.filter_rules.append(
+    filter_tail.append(
         f'-A {KUBE_FORWARD} -m comment --comment "kubernetes forwarding conntrack rule" '
         "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
     )
 
-    return Rendered(
-        text=w.text(),
-        filter_rules=len(w.filter_rules),
-        nat_rules=len(w.nat_rules) - len(deleted),
-        nat_chains=active_nat_chains,
-        no_local_endpoints_internal=sum(rules.no_local_endpoints_internal for rules in per_port),
-        no_local_endpoints_external=sum(rules.no_local_endpoints_external for rules in per_port),
+    # Each service port's shared-chain entries, then (when written) its own chains' rules.
+    if writes is None:
+        service_nat = list(itertools.chain.from_iterable((r.entry_text, r.chain_text) for r in per_port))
+    else:
+        service_nat = [r.entry_text + r.chain_text if w else r.entry_text for r, w in zip(per_port, writes, strict=True)]
+    text = "".join(
+        [
+            "*filter\n",
+            _declarations(filter_chains),
+            _block(filter_head),
+            _lines(per_port, "filter_text"),
+            _block(filter_tail),
+            "COMMIT\n*nat\n",
+            _declarations(nat_chains[:4]),
+            _lines(written, "chain_decls"),
+            _declarations(nat_chains[4:]),
+            _block(nat_head),
+            *service_nat,
+            _block(nat_tail),
+            "COMMIT\n",
+        ]
+    )
+    filter_rules = len(filter_head) + _count(per_port, "filter_rules") + len(filter_tail)
+    nat_rules = len(nat_head) + _count(per_port, "entry_rules") + _count(written, "chain_rules") + len(nat_tail)
+    rendered = Rendered(
+        text=text,
+        filter_rules=filter_rules,
+        nat_rules=nat_rules - len(deleted),
+        service_chains=service_chains,
+        no_local_endpoints_internal=_count(per_port, "no_local_endpoints_internal"),
+        no_local_endpoints_external=_count(per_port, "no_local_endpoints_external"),
         large_cluster_mode=large,
         full_sync=changed is None,
         skipped_nat_rules=skipped_rules,
@@ -257,23 +299,30 @@ def render(
         deleted_chains=tuple(deleted),
         stale_cleanup_done=cleanup,
     )
+    if active_nat_chains is not None:
+        rendered.__dict__["nat_chains"] = active_nat_chains  # where cached_property keeps its value
+    return rendered
 
 
-def _nat_service_rules(per_port: list[ServiceRules], writes: list[bool]) -> Iterator[str]:
-    """The services' nat rules in order: each one's shared-chain entries, then its own chains' rules."""
-    for rules, write in zip(per_port, writes, strict=True):
-        yield from rules.shared_nat_rules
-        if write:
-            yield from rules.chain_rules
+def _declarations(chains: list[str]) -> str:
+    """The `:chain - [0:0]` lines that create (or flush) `chains`."""
+    return ":" + " - [0:0]\n:".join(chains) + " - [0:0]\n" if chains else ""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Plan:
-    """One service port's decisions (which chains, which targets), shared by the chain families."""
+    """One service port's decisions (which chains, which targets), shared by the chain families.
+
+    Built once per service port (10k+ per render) and never changed: a plain slotted
+    dataclass, since a frozen one's __init__ costs a setattr call per field.
+    """
 
     svc: ServicePortInfo
     spn: str  # `namespace/name:port`, made safe once (kernel_text.word: valid names unchanged)
     proto: str
+    match: str  # `-m tcp -p tcp`
+    dport: str  # `--dport 80`
+    cluster_ip: str
     cat: Categorized
     cluster_chain: str
     local_chain: str
@@ -286,14 +335,6 @@ class _Plan:
     has_external: bool
     uses_ext_chain: bool
     uses_fw_chain: bool
-
-    @property
-    def match(self) -> str:
-        return f"-m {self.proto} -p {self.proto}"
-
-    @property
-    def dport(self) -> str:
-        return f"--dport {self.svc.port}"
 
     @property
     def lb_chain(self) -> str:
@@ -317,6 +358,9 @@ def _plan(svc: ServicePortInfo, endpoints: list[EndpointInfo], opts: NodeOptions
         svc=svc,
         spn=spn,
         proto=proto,
+        match=f"-m {proto} -p {proto}",
+        dport=f"--dport {svc.port}",
+        cluster_ip=_ip_text(svc.cluster_ip),
         cat=cat,
         cluster_chain=cluster_chain,
         local_chain=local_chain,
@@ -334,6 +378,11 @@ def _plan(svc: ServicePortInfo, endpoints: list[EndpointInfo], opts: NodeOptions
     )
 
 
+def _ip_text(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """str(ip): ipaddress formats an IPv4Address in Python (1 us, 10k times a render), inet_ntoa in C."""
+    return inet_ntoa(ip.packed) if type(ip) is ipaddress.IPv4Address else str(ip)
+
+
 def _render_service(
     svc: ServicePortInfo,
     endpoints: list[EndpointInfo],
@@ -347,10 +396,12 @@ def _render_service(
     service's own chains in upstream's order: SVC masquerade, EXT, FW, SVC/SVL dispatch, SEPs.
     """
     p = _plan(svc, endpoints, opts)
+    cat = p.cat
+    reachable = cat.reachable
     # Each endpoint's KUBE-SEP- name is needed by the dispatch rules and by its own chain: one
     # sha256 per endpoint instead of two (200k at 10k services x 10 endpoints).
-    seps = {ep.address: names.endpoint_chain(p.spn, p.proto, ep.address) for ep in p.cat.reachable}
-    filter_rules, shared_nat_rules = _entry_rules(p, opts)
+    sep_chains = names.endpoint_chains(p.spn, p.proto, [ep.address for ep in reachable])
+    filter_rules, entry_rules = _entry_rules(p, opts)
     chains: list[str] = []
     chain_rules: list[str] = _cluster_ip_masquerade(p, opts)
     if p.uses_ext_chain:
@@ -359,21 +410,24 @@ def _render_service(
     if p.uses_fw_chain:
         chains.append(p.fw_chain)
         chain_rules += _firewall_chain(p, node_ip)
-    if p.cat.cluster and svc.uses_cluster_endpoints:
+    if cat.cluster and svc.uses_cluster_endpoints:
         chains.append(p.cluster_chain)
-        _render_dispatch(chain_rules, svc, p, p.cluster_chain, p.cat.cluster, large, seps)
-    if p.cat.local and svc.uses_local_endpoints:
+        chain_rules += _dispatch(p, p.cluster_chain, cat.cluster, large, reachable, sep_chains)
+    if cat.local and svc.uses_local_endpoints:
         chains.append(p.local_chain)
-        _render_dispatch(chain_rules, svc, p, p.local_chain, p.cat.local, large, seps)
-    for ep in p.cat.reachable:
-        sep = seps[ep.address]
-        chains.append(sep)
-        chain_rules += _endpoint_chain(p, sep, ep, large)
+        chain_rules += _dispatch(p, p.local_chain, cat.local, large, reachable, sep_chains)
+    chains += sep_chains
+    # Two rules per endpoint chain, each pair one string.
+    chain_rules += _endpoint_chains(p, sep_chains, reachable, large)
     return ServiceRules(
-        tuple(filter_rules),
-        tuple(shared_nat_rules),
+        _block(filter_rules),
+        len(filter_rules),
+        _block(entry_rules),
+        len(entry_rules),
         tuple(chains),
-        tuple(chain_rules),
+        _declarations(chains),
+        _block(chain_rules),
+        len(chain_rules) + len(reachable),  # an endpoint's pair is one string
         int(p.has_endpoints and not p.has_internal),
         int(p.has_endpoints and not p.has_external),
     )
@@ -387,7 +441,7 @@ def _entry_rules(p: _Plan, opts: NodeOptions) -> tuple[list[str], list[str]]:
     nat: list[str] = []
     internal_target, internal_comment = p.missing(p.has_internal)
     external_target, external_comment = p.missing(p.has_external)
-    cluster_ip = str(svc.cluster_ip)
+    cluster_ip = p.cluster_ip
 
     no_external = f"-A {KUBE_EXTERNAL_SERVICES} -m comment --comment {external_comment} {match}"
     if p.has_internal:
@@ -440,7 +494,7 @@ def _cluster_ip_masquerade(p: _Plan, opts: NodeOptions) -> list[str]:
     """The first rule of the internal chain: masquerade what must come back through this node."""
     if not p.has_internal:
         return []
-    head = f'-A {p.internal_chain} -m comment --comment "{p.spn} cluster IP" {p.match} -d {p.svc.cluster_ip} {p.dport}'
+    head = f'-A {p.internal_chain} -m comment --comment "{p.spn} cluster IP" {p.match} -d {p.cluster_ip} {p.dport}'
     if opts.masquerade_all:
         return [f"{head} -j {KUBE_MARK_MASQ}"]
     if opts.local_detector.implemented:
@@ -492,44 +546,63 @@ def _firewall_chain(p: _Plan, node_ip: ipaddress.IPv4Address | ipaddress.IPv6Add
     return rules
 
 
-def _endpoint_chain(p: _Plan, sep: str, ep: EndpointInfo, large: bool) -> list[str]:
-    """KUBE-SEP-: hairpin masquerade and the DNAT (with the affinity mark when sticky)."""
-    head = f"-A {sep}" if large else f"-A {sep} -m comment --comment {p.spn}"
-    affinity = f" -m recent --name {sep} --set" if p.svc.client_ip_affinity else ""
-    return [
-        # Hairpin: a pod reaching itself through the service must be masqueraded, or it
-        # would answer itself directly and the client would drop the unexpected reply.
-        f"{head} -s {ep.ip} -j {KUBE_MARK_MASQ}",
-        f"{head}{affinity} {p.match} -j DNAT --to-destination {ep.address}",
-    ]
+def _endpoint_chains(p: _Plan, seps: list[str], endpoints: list[EndpointInfo], large: bool) -> list[str]:
+    """KUBE-SEP- of each endpoint: hairpin masquerade and the DNAT (with the affinity mark when sticky).
+
+    Each endpoint's two rules come as one string (two lines): half the strings to join.
+    """
+    comment = "" if large else f" -m comment --comment {p.spn}"
+    if p.svc.client_ip_affinity:
+        return [
+            f"-A {sep}{comment} -s {ep.ip} -j {KUBE_MARK_MASQ}\n"
+            f"-A {sep}{comment} -m recent --name {sep} --set {p.match} -j DNAT --to-destination {ep.address}"
+            for sep, ep in zip(seps, endpoints, strict=True)
+        ]
+    # Hairpin: a pod reaching itself through the service must be masqueraded, or it would
+    # answer itself directly and the client would drop the unexpected reply.
+    masquerade = f" -j {KUBE_MARK_MASQ}\n-A "
+    dnat = f"{comment} {p.match} -j DNAT --to-destination "
+    return [f"-A {sep}{comment} -s {ep.ip}{masquerade}{sep}{dnat}{ep.address}" for sep, ep in zip(seps, endpoints, strict=True)]
 
 
-def _render_dispatch(
-    out: list[str],
-    svc: ServicePortInfo,
+def _dispatch(
     p: _Plan,
     chain: str,
     endpoints: list[EndpointInfo],
     large: bool,
-    sep_names: dict[str, str],
-) -> None:
-    """Spread new connections over `endpoints`: rule i matches with probability 1/(n-i)."""
-    spn = p.spn
-    seps = [(ep, sep_names.get(ep.address) or names.endpoint_chain(spn, p.proto, ep.address)) for ep in endpoints]
+    reachable: list[EndpointInfo],
+    reachable_seps: list[str],
+) -> list[str]:
+    """Spread new connections over `endpoints`: rule i matches with probability 1/(n-i).
+
+    reachable_seps: the KUBE-SEP- names of `reachable`, of which `endpoints` is a part.
+    """
+    spn, svc = p.spn, p.svc
+    if endpoints is reachable:  # the usual case: every endpoint the node may DNAT to
+        seps = reachable_seps
+    else:
+        by_address = dict(zip([ep.address for ep in reachable], reachable_seps, strict=True))
+        seps = [by_address.get(ep.address) or names.endpoint_chain(spn, p.proto, ep.address) for ep in endpoints]
+    head = f"-A {chain}"
+    out: list[str] = []
+    if large:
+        if svc.client_ip_affinity:
+            seconds = svc.sticky_max_age_seconds
+            out += [f"{head} -m recent --name {sep} --rcheck --seconds {seconds} --reap -j {sep}" for sep in seps]
+        out += [f"{head}{stat} -j {sep}" for stat, sep in zip(_statistic_args(len(seps)), seps, strict=True)]
+        return out
+    comments = [f'{head} -m comment --comment "{spn} -> {ep.address}"' for ep in endpoints]
     if svc.client_ip_affinity:
-        for ep, sep in seps:
-            comment = "" if large else f' -m comment --comment "{spn} -> {ep.address}"'
-            out.append(
-                f"-A {chain}{comment} -m recent --name {sep} --rcheck --seconds {svc.sticky_max_age_seconds} --reap -j {sep}"
-            )
-    n = len(seps)
-    for i, (ep, sep) in enumerate(seps):
-        comment = "" if large else f' -m comment --comment "{spn} -> {ep.address}"'
-        stat = f" -m statistic --mode random --probability {_probability(n - i)}" if i < n - 1 else ""
-        out.append(f"-A {chain}{comment}{stat} -j {sep}")
+        seconds = svc.sticky_max_age_seconds
+        out += [
+            f"{comment} -m recent --name {sep} --rcheck --seconds {seconds} --reap -j {sep}"
+            for comment, sep in zip(comments, seps, strict=True)
+        ]
+    out += [f"{comment}{stat} -j {sep}" for comment, stat, sep in zip(comments, _statistic_args(len(seps)), seps, strict=True)]
+    return out
 
 
-def _render_nodeports_jump(w: _Writer, opts: NodeOptions, ipv6: bool, localhost_nodeports: bool) -> None:
+def _nodeports_jump(opts: NodeOptions, ipv6: bool, localhost_nodeports: bool) -> list[str]:
     """KUBE-SERVICES ends with the jump to KUBE-NODEPORTS: after every more specific rule."""
     comment = '-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain"'
     if opts.nodeport_match_all:
@@ -538,9 +611,10 @@ def _render_nodeports_jump(w: _Writer, opts: NodeOptions, ipv6: bool, localhost_
             dest += " ! -d ::1/128"
         elif not localhost_nodeports:
             dest += " ! -d 127.0.0.0/8"
-        w.nat_rules.append(f"-A {KUBE_SERVICES} {comment} {dest} -j {KUBE_NODEPORTS}")
-        return
-    for ip in opts.nodeport_ips:
-        if ipaddress.ip_address(ip).is_loopback and (ipv6 or not localhost_nodeports):
-            continue  # localhost NodePorts are impossible on IPv6 and disabled here
-        w.nat_rules.append(f"-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}")
+        return [f"-A {KUBE_SERVICES} {comment} {dest} -j {KUBE_NODEPORTS}"]
+    return [
+        f"-A {KUBE_SERVICES} {comment} -d {ip} -j {KUBE_NODEPORTS}"
+        for ip in opts.nodeport_ips
+        # localhost NodePorts are impossible on IPv6 and disabled here
+        if not (ipaddress.ip_address(ip).is_loopback and (ipv6 or not localhost_nodeports))
+    ]
