@@ -5,31 +5,43 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING, Any
 
 from kubeproxy.backends.base import Backend, OfflineRenderer
 from kubeproxy.backends.exec import Runner
-from kubeproxy.backends.iptables.proxier import IptablesProxier
-from kubeproxy.backends.ipvs.options import ipvs_options
-from kubeproxy.backends.ipvs.proxier import IpvsProxier
-from kubeproxy.backends.nftables.proxier import NftablesProxier
-from kubeproxy.backends.userspace.factory import userspace as _userspace
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.options import Family
 
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+# Each factory imports its mode's package when called: a process runs one mode, and importing all
+# four (and prometheus_client) cost `kubeproxy render` a tenth of a second at start.
+
 
 def _iptables(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
+    from kubeproxy.backends.iptables.proxier import IptablesProxier
+
     return IptablesProxier(run=run, sync_period=sync_period, variant=variant)
 
 
 def _nftables(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
+    from kubeproxy.backends.nftables.proxier import NftablesProxier
+
     return NftablesProxier(run=run, sync_period=sync_period)
 
 
 def _ipvs(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
+    from kubeproxy.backends.ipvs.options import ipvs_options
+    from kubeproxy.backends.ipvs.proxier import IpvsProxier
+
     return IpvsProxier(run=run, sync_period=sync_period, variant=variant, options=ipvs_options(cfg.ipvs if cfg else {}))
+
+
+def _userspace(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
+    from kubeproxy.backends.userspace.factory import userspace
+
+    return userspace(run, sync_period, variant, cfg)
 
 
 # Each factory picks from the configuration what its mode reads (e.g. the `ipvs:` section).
