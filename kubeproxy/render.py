@@ -44,7 +44,7 @@ def load(paths: Iterable[str | Path], options: ParseOptions | None = None) -> Lo
     # Each object goes into the state as it is read, and its raw dicts die then (by reference
     # count): the raw dicts of a whole file and the typed objects are never all alive at once.
     # The cyclic collector is paused meanwhile: it would walk the state's objects again and again.
-    with paused_gc():
+    with paused_gc(freeze=True):  # the state outlives the block: see cluster.bulk
         for path in files:
             try:
                 for obj in parse_objects(read_text(path), str(path)):

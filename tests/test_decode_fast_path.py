@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import gc
 import ipaddress
+import json
 from typing import Any
 
 import pytest
@@ -216,6 +217,13 @@ RICH_NODE = {
     "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"], "taints": [{"key": "k", "effect": "NoSchedule"}]},
     "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]},
 }
+# A real entry (kubectl get svc -o json, trimmed): fieldsV1 is a tree of maps ending in {}.
+MANAGED_ENTRY = {
+    "manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1",
+    "time": "2024-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+    "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+                 "f:spec": {"f:ports": {".": {}, 'k:{"port":80,"protocol":"TCP"}': {".": {}, "f:port": {}}}}},
+}
 TYPED_DOCUMENTS = {
     "service": RICH_SERVICE,
     "slice": RICH_SLICE,
@@ -223,6 +231,10 @@ TYPED_DOCUMENTS = {
     "list": {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "9", "continue": ""},
              "items": [RICH_SERVICE, RICH_SLICE, RICH_NODE]},
     "empty list": {"kind": "ServiceList", "items": None},
+    # What an API server sends with every object (kubectl get -o json shows it).
+    "managed fields": {**RICH_SERVICE, "metadata": {**RICH_SERVICE["metadata"], "managedFields": [MANAGED_ENTRY]}},
+    "deepest managed fields": {"kind": "Service", "metadata": {"managedFields": [
+        {"fieldsV1": json.loads('{"f:a": ' * 12 + "{}" + "}" * 12)}, {"fieldsV1": None}, {}]}},
     # Out of range, but the same integer either way: the general path names the field.
     "huge port": {"kind": "Service", "spec": {"ports": [{"port": 123456789012345678901234567890}]}},
 }
@@ -246,7 +258,10 @@ def test_the_typed_decoder_gives_what_the_general_decoder_gives(doc: dict[str, A
 # Outside the schema (an unknown field, a value of another type, a duplicated field, not JSON):
 # None, so that the general decoder reads it and words any error, exactly as before.
 OUTSIDE_SCHEMA = [
-    '{"kind": "Service", "metadata": {"name": "a", "managedFields": [{"fieldsV1": {"f:x": {}}}]}}',
+    '{"kind": "Service", "metadata": {"name": "a", "managedFields": [{"fieldsV1": {"f:x": 5}}]}}',
+    '{"kind": "Service", "metadata": {"managedFields": [{"fieldsV1": {"f:x": {}}, "extra": 1}]}}',
+    # A fieldsV1 deeper than the schema types: the general path decides (and accepts it: < MAX_DEPTH).
+    '{"kind": "Service", "metadata": {"managedFields": [{"fieldsV1": ' + '{"f:a": ' * 14 + "{}" + "}" * 14 + "}]}}",
     '{"kind": "Service", "spec": {"ports": [{"port": "80"}]}}',
     '{"kind": "Service", "spec": {"ports": [{"port": 80.0}]}}',
     '{"kind": "Service", "spec": {"ports": [{"port": true}]}}',
@@ -289,7 +304,7 @@ def _depth(kind: Any) -> int:
     if isinstance(kind, (mi.ListType, mi.DictType)):
         return 1 + _depth(kind.item_type if isinstance(kind, mi.ListType) else kind.value_type)
     if isinstance(kind, mi.StructType):
-        return 1 + max(_depth(f.type) for f in kind.fields)
+        return 1 + max((_depth(f.type) for f in kind.fields), default=0)
     return 0
 
 

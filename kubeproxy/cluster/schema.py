@@ -19,8 +19,9 @@ so for files this decoder takes (`manifests.parse_objects`), and `decode_list` g
 server's list response that way. `as_plain` turns any item into its dicts for the general parsers.
 
 The field list is upstream's core/v1 Service, Node and discovery/v1 EndpointSlice, plus the
-metadata kubectl prints, minus what cannot be typed with a bounded depth (`managedFields`): a
-file with those takes the general path, as it did before.
+metadata kubectl and API servers send, `managedFields` included: its free-form `fieldsV1` tree is
+typed as maps of maps up to a fixed depth (`ManagedFieldsEntry`), so a real list body takes the
+typed path and a deeper or odd one takes the general path, which refuses or accepts it as before.
 """
 
 from __future__ import annotations
@@ -60,6 +61,45 @@ class OwnerReference(_Strict):
     blockOwnerDeletion: Flag = UNSET
 
 
+class _NoFields(_Strict):
+    """The `{}` that ends each path of a field set."""
+
+
+# A managedFields entry's `fieldsV1` (the set of fields a manager owns) is a tree of maps whose
+# keys are field names ("f:spec", "k:{...}", ".") and whose leaves are `{}`: typed as maps of a
+# bounded depth, so the schema's depth stays bounded by construction. 13 levels of maps below an
+# entry: a Service's deepest real path ("f:spec" "f:ports" "k:{...}" "f:port" {}) is 5, a
+# Deployment's ~10. A deeper (or any other) shape is outside the schema: the general path decides.
+_Fields1 = dict[str, _NoFields]
+_Fields2 = dict[str, _Fields1]
+_Fields3 = dict[str, _Fields2]
+_Fields4 = dict[str, _Fields3]
+_Fields5 = dict[str, _Fields4]
+_Fields6 = dict[str, _Fields5]
+_Fields7 = dict[str, _Fields6]
+_Fields8 = dict[str, _Fields7]
+_Fields9 = dict[str, _Fields8]
+_Fields10 = dict[str, _Fields9]
+_Fields11 = dict[str, _Fields10]
+_Fields12 = dict[str, _Fields11]
+
+
+class ManagedFieldsEntry(_Strict):
+    """One entry of `metadata.managedFields` (server-side apply), which an API server sends with
+    every object. kube-proxy never reads it (upstream's informers keep it; nothing in
+    pkg/proxy looks at it), and neither does cluster/typed.py: it is typed only so that real list
+    bodies stay within the schema. The structs die when their objects are built (the state keeps
+    no struct), so the entries are not kept either."""
+
+    manager: Text = UNSET
+    operation: Text = UNSET
+    apiVersion: Text = UNSET
+    time: Text = UNSET
+    fieldsType: Text = UNSET
+    fieldsV1: _Fields12 | UnsetType | None = UNSET
+    subresource: Text = UNSET
+
+
 class Metadata(_Strict):
     name: Text = UNSET
     namespace: Text = UNSET
@@ -74,6 +114,7 @@ class Metadata(_Strict):
     generateName: Text = UNSET
     ownerReferences: list[OwnerReference] | UnsetType | None = UNSET
     finalizers: Texts = UNSET
+    managedFields: list[ManagedFieldsEntry] | UnsetType | None = UNSET
     # A List's own metadata.
     selfLink: Text = UNSET
     # `continue` is a Python keyword: the field is renamed on the wire.
@@ -215,9 +256,10 @@ class Document(Item):
     items: list[Item] | UnsetType | None = UNSET
 
 
-# The deepest path, in maps and lists: the document, items, an item, status, loadBalancer, ingress,
-# an ingress, ports, a port. tests/test_decode_fast_path.py computes it from the types above.
-SCHEMA_DEPTH = 9
+# The deepest path, in maps and lists: the document, items, an item, metadata, managedFields, an
+# entry, and the 13 levels of its fieldsV1. tests/test_decode_fast_path.py computes it from the
+# types above.
+SCHEMA_DEPTH = 19
 
 _DECODER = msgspec.json.Decoder(Document)
 
@@ -255,7 +297,7 @@ def as_plain(item: Item) -> dict[str, Any]:
 def decode_list(body: bytes | str) -> tuple[dict[str, Any], list[Item]] | None:
     """An API server's list response as (the list without `items`, as plain dicts; its items as
     structs), or None when the body is not a List within this schema (a field it does not know,
-    such as `managedFields`, a value of another type, not JSON, not a `...List`): the caller then
+    a value of another type, not JSON, not a `...List`): the caller then
     decodes the body the general way (`sources.api.decode_body`) and reads plain dicts.
 
     The items are what `ClusterState.apply` (and `kind_of`, `object_ref`) take as well as dicts.
@@ -263,7 +305,7 @@ def decode_list(body: bytes | str) -> tuple[dict[str, Any], list[Item]] | None:
     one, and the caller sets it (`item.kind = "Service"`) as it does `setdefault` on a dict.
     `as_plain(item)` gives any item as the dicts the general decoder would have given.
     """
-    with paused_gc():  # see cluster.bulk: a million new objects, none of them garbage
+    with paused_gc(freeze=True):  # see cluster.bulk: a million new objects, none of them garbage
         document = decode_typed(body)
         if document is None:
             return None

@@ -157,6 +157,6 @@ def build_state(
     objects: Iterable[Raw], options: ParseOptions | None = None
 ) -> tuple[ClusterState, list[str]]:
     state = ClusterState(options=options or ParseOptions())
-    with paused_gc():
+    with paused_gc(freeze=True):  # the state outlives the block: see cluster.bulk
         warnings = [w for obj in objects if (w := state.apply(obj))]
     return state, warnings

@@ -272,10 +272,10 @@ def test_decode_list_gives_the_items_as_structs_or_leaves_the_body_to_the_genera
     head, structs = decoded
     assert head == {"kind": "ServiceList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}}
     assert [as_plain(s) for s in structs] == items and all(s.kind is msgspec.UNSET for s in structs)
-    managed = copy.deepcopy(items)
-    managed[0]["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    odd = copy.deepcopy(items)
+    odd[0]["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": "x"}}]
     for other in (
-        json.dumps({"kind": "ServiceList", "items": managed}),  # a field outside the schema
+        json.dumps({"kind": "ServiceList", "items": odd}),  # a value outside the schema
         json.dumps(items[0]),  # not a List
         "{not json",
         json.dumps({"kind": "ServiceList", "items": [{"spec": {"ports": [{"port": "80"}]}}]}),  # another type
@@ -362,3 +362,83 @@ def test_repeated_strings_are_shared_across_objects() -> None:
     assert len({id(o.namespace) for o in objects}) == 1
     ports = [p for eps in state.slices.values() for p in eps.ports]
     assert len({id(p.name) for p in ports}) == len({id(p.protocol) for p in ports}) == 1
+
+
+def managed(obj: JSON, fields: Any) -> JSON:
+    """`obj` as an API server sends it: with `metadata.managedFields` (`fields` as the fieldsV1)."""
+    out = copy.deepcopy(obj)
+    out["metadata"]["managedFields"] = [
+        {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+         "time": "2024-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields},
+        {"manager": "kube-apiserver", "operation": "Update", "subresource": "status", "fieldsType": "FieldsV1",
+         "fieldsV1": {"f:status": {"f:loadBalancer": {}}}},
+    ]
+    return out
+
+
+def decode_api(body: bytes) -> tuple[ClusterState, list[str]]:
+    """What the API source does with a list body: the typed items, or else the general decoder's dicts."""
+    typed_list = decode_list(body)
+    if typed_list is not None:
+        head, items = typed_list
+        for item in items:
+            if item.kind is msgspec.UNSET:
+                item.kind = head["kind"].removesuffix("List")
+        return build_state(items)
+    decoded = msgspec.json.decode(body)
+    for plain in decoded["items"]:
+        plain.setdefault("kind", decoded["kind"].removesuffix("List"))
+    return build_state(decoded["items"])
+
+
+def test_list_bodies_with_managed_fields_take_the_typed_path_and_give_the_same_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fields = {"f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+              "f:spec": {"f:ports": {'k:{"port":80,"protocol":"TCP"}': {".": {}, "f:port": {}}}}}
+    objs = [managed(o, fields) for o in [*bench_cluster(20, 3), *hostile_cluster()]]
+    for kind in ("Service", "EndpointSlice"):
+        items = [{k: v for k, v in o.items() if k != "kind"} for o in objs if o["kind"] == kind]
+        body = json.dumps({"kind": f"{kind}List", "metadata": {"resourceVersion": "5"}, "items": items}).encode()
+        decoded = decode_list(body)
+        assert decoded is not None, "a real body (managedFields and all) must take the typed path"
+        assert [as_plain(s) for s in decoded[1]] == items
+        typed_state, typed_warnings = decode_api(body)
+        with monkeypatch.context() as patch:
+            patch.setattr(sys.modules[__name__], "decode_list", lambda body: None)
+            general_state, general_warnings = decode_api(body)
+        assert typed_warnings == general_warnings
+        for attr in ("services", "slices", "nodes"):
+            assert list(getattr(typed_state, attr).items()) == list(getattr(general_state, attr).items())
+
+
+def nested(depth: int) -> str:
+    return '{"f:a": ' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+@pytest.mark.parametrize("depth", [14, 96, 97, 5000])
+def test_a_hostile_fields_v1_behaves_as_on_the_dict_path(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubeproxy.cluster import manifests
+    from kubeproxy.sources.api import decode_body
+
+    svc = json.dumps(managed(bench_cluster(1, 1)[0], {})).replace('"fieldsV1": {}', '"fieldsV1": ' + nested(depth), 1)
+    body = ('{"kind": "ServiceList", "items": [' + svc + "]}").encode()
+    assert decode_list(body) is None  # deeper than the schema types: the general decoder reads it
+    try:
+        general: Any = decode_body(body)["items"][0]["metadata"]["managedFields"][0]["fieldsV1"]
+    except RecursionError:  # msgspec's own limit, on the dict path as before
+        general = RecursionError
+    assert general is RecursionError or json.dumps(general) == nested(depth)
+    # A file: refused past MAX_DEPTH (the object, metadata, managedFields, an entry, then fieldsV1)
+    # with the general path's message, whichever decoder reads it first.
+    outcomes = []
+    for typed_decoder in (manifests.decode_typed, lambda text: None):
+        with monkeypatch.context() as patch:
+            patch.setattr(manifests, "decode_typed", typed_decoder)
+            try:
+                outcomes.append(([o.obj for o in manifests.parse_documents(svc, "svc.json")], None))
+            except manifests.ManifestError as exc:
+                outcomes.append(([], str(exc)))
+    assert outcomes[0] == outcomes[1]
+    refused = depth + 4 > manifests.MAX_DEPTH
+    assert outcomes[0][1] == ("svc.json: nested more than 100 levels deep" if refused else None)
