@@ -22,6 +22,7 @@ from typing import Any
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.fields import Fields, IPAddress, IPNetwork, object_ref
 from kubeproxy.cluster.schema import Item, as_plain
+from kubeproxy.cluster.twins import twin_of
 from kubeproxy.cluster.validation import (
     ParseOptions,
     display,
@@ -397,7 +398,9 @@ def _plain_endpoint(raw: Mapping[str, Any], node_names: set[str]) -> Endpoint | 
 
 
 # An Endpoint's mutable twin: the same slots, no frozen __setattr__ (see `_endpoint_maker`).
-ENDPOINT_TWIN = type("_EndpointTwin", (), {"__slots__": Endpoint.__slots__})
+ENDPOINT_TWIN = twin_of(
+    Endpoint, ("addresses", "ready", "serving", "terminating", "node_name", "zone", "zone_hints", "node_hints")
+)
 
 
 def _endpoint_maker() -> Callable[[tuple[IPAddress, ...], bool, bool, bool, str, str], Endpoint]:
@@ -409,9 +412,6 @@ def _endpoint_maker() -> Callable[[tuple[IPAddress, ...], bool, bool, bool, str,
     which CPython allows exactly when the two layouts are the same: the same object in 0.4 us.
     """
     twin = ENDPOINT_TWIN
-    fields = {"addresses", "ready", "serving", "terminating", "node_name", "zone", "zone_hints", "node_hints"}
-    if set(Endpoint.__slots__) != fields:
-        raise TypeError("Endpoint's fields changed: _endpoint_maker must set every one")
     new, empty = object.__new__, frozenset[str]()
 
     def make(

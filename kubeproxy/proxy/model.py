@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import Endpoint, EndpointSlice, Service
+from kubeproxy.cluster.twins import twin_of
 from kubeproxy.proxy.options import Family
 
 ServiceKey = tuple[str, str]  # (namespace, name) of a Service
@@ -204,16 +205,9 @@ _by_address = attrgetter("address")
 # against its class's fields at import and against the constructor by tests/proxy/test_model_makers.py.
 
 
-def _twin(cls: type, fields: set[str]) -> type:
-    slots = vars(cls)["__slots__"]
-    if set(slots) != fields:
-        raise TypeError(f"{cls.__name__}'s fields changed: its maker in proxy/model.py must set every one")
-    return type(f"_{cls.__name__}Twin", (), {"__slots__": slots})
-
-
 def _port_name_maker() -> Callable[[str, str, str, str], ServicePortName]:
     """`ServicePortName(namespace, name, port, protocol)`, built faster."""
-    twin = _twin(ServicePortName, {"namespace", "name", "port", "protocol", "service", "_hash"})
+    twin = twin_of(ServicePortName, {"namespace", "name", "port", "protocol", "service", "_hash"})
     new = object.__new__
 
     def make(namespace: str, name: str, port: str, protocol: str) -> ServicePortName:
@@ -240,7 +234,7 @@ def _port_info_maker() -> Callable[..., ServicePortInfo]:
         "load_balancer_source_ranges", "health_check_node_port", "client_ip_affinity", "sticky_max_age_seconds",
         "internal_policy_local", "external_policy_local", "annotations",
     )  # fmt: skip
-    twin = _twin(ServicePortInfo, set(fields))
+    twin = twin_of(ServicePortInfo, set(fields))
     if tuple(ServicePortInfo.__dataclass_fields__) != fields:
         raise TypeError("ServicePortInfo's fields changed order: _port_info_maker takes them in order")
     new = object.__new__
@@ -340,7 +334,7 @@ def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]
     allows exactly when the two layouts are the same (as cluster/objects.py builds Endpoints).
     """
     fields = {"ip", "port", "is_local", "ready", "serving", "terminating", "zone_hints", "node_hints", "address"}
-    twin = _twin(EndpointInfo, fields)
+    twin = twin_of(EndpointInfo, fields)
     new = object.__new__
 
     def make(ip: str, port: int, is_local: bool, ep: Endpoint) -> EndpointInfo:

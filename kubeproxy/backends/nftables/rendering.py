@@ -35,6 +35,7 @@ from kubeproxy.backends.nftables.model import (
     element_lines,
     quote,
 )
+from kubeproxy.cluster.twins import twin_of
 from kubeproxy.proxy.model import EndpointInfo, ServicePortInfo, ServicePortName
 
 # What a fragment is made from: one service port and its endpoints, as the view had them.
@@ -60,9 +61,9 @@ def _fragment_maker() -> Callable[..., Fragment]:
     filled by plain stores, then made a Fragment by `__class__` assignment, which CPython allows
     only when the two layouts are the same (as proxy/model.py builds the view)."""
     fields = ("service", "elements", "chains", "shared", "warning", "no_local_internal", "no_local_external")
-    if tuple(Fragment.__dataclass_fields__) != fields or set(vars(Fragment)["__slots__"]) != set(fields):
-        raise TypeError("Fragment's fields changed: _fragment_maker must set every one, in order")
-    twin = type("_FragmentTwin", (), {"__slots__": vars(Fragment)["__slots__"]})
+    if tuple(Fragment.__dataclass_fields__) != fields:
+        raise TypeError("Fragment's fields changed order: _fragment_maker takes them in order")
+    twin = twin_of(Fragment, fields)
     new = object.__new__
 
     def make(
