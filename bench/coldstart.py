@@ -3,6 +3,7 @@
 
 Usage: .venv/bin/python bench/coldstart.py [--sizes 1000,10000] [--endpoints 10] [--runs 3]
                                            [--modes nftables,iptables] [--timeout 300]
+                                           [--baseline DIR] [--profile DIR]
 
 For each size and mode, in a network namespace created for the run (needs root):
 1. the test API server (kubeproxy.lab.apiserver) is started inside the namespace, in a process
@@ -22,6 +23,26 @@ Phases (times from the fork, CLOCK_MONOTONIC, which every process of the machine
   up       the metrics page answers (interpreter start-up, imports, flags, start-up checks)
   synced   the first sync is done (list + decode + view + render + kernel tools)
 Each cell is the median of --runs runs (a fresh namespace and API server each).
+
+HWM/RSS: the proxy's peak and resident memory (VmHWM, VmRSS) at that moment.
+CPU seconds (user + sys, from /proc at the moment the first sync is seen): `proxy cpu` is the
+proxy process's own (its worker threads and libnftables included, the kernel tools' processes
+not); `server cpu` is what the test API server spent meanwhile (serialising the 20k-object lists
+and the watch start-up). On this 2-core machine the two compete with each other and with the
+kernel tools, so the wall time includes some waiting for the server; its CPU is shown next to
+ours rather than subtracted (a real API server runs on other machines, but its lists are not
+free either: they take the same bytes over the wire).
+
+`--server fast` (the default): in the test API server's process, lists are copied and encoded
+with msgspec instead of `copy.deepcopy` and `json.dumps` (same JSON, see `fast_server`): that
+server's 1.4 s of CPU for the two 10k lists otherwise sits on the critical path and competes
+with the proxy for the 2 cores. `--server plain` measures with the lab server as it is.
+
+`--baseline DIR` (another version's tree, e.g. `git archive HEAD | tar -x -C /tmp/base`): each
+run starts the baseline's proxy and then this tree's, alternating, against the same kind of
+fresh server, and the table shows both with their ratio (this tree / baseline). `--profile DIR`
+runs the proxy under cProfile (slower: use it for the profile, not for the times) and writes
+`DIR/<mode>-<services>-<tree>.prof`.
 """
 
 from __future__ import annotations
@@ -58,9 +79,42 @@ _SYNCED = re.compile(r"^kubeproxy_sync_proxy_rules_last_timestamp_seconds(?:\{[^
 METRICS = "127.0.0.1:10249"
 
 
-def serve(objects: Path, kubeconfig: Path) -> None:
+def fast_server() -> None:
+    """In the server's process only: answer lists faster, the same JSON (see the module doc).
+
+    The test server copies every listed object with `copy.deepcopy` and encodes with `json.dumps`:
+    ~1.4 s of its CPU for the two 10k lists, on the critical path of the cold start (the proxy
+    waits for the slices list). A real API server answers from its watch cache in compiled code.
+    Here a JSON round trip through msgspec makes the same copies, and msgspec encodes the same
+    JSON (compact: no spaces after separators; UTF-8 rather than \\u escapes)."""
+    import copy
+    import types
+
+    import msgspec
+
+    from kubeproxy.lab.apiserver import handler, store
+
+    def deepcopy(obj: object) -> object:
+        try:
+            return msgspec.json.decode(msgspec.json.encode(obj))
+        except (TypeError, ValueError, OverflowError):  # not plain JSON: the general copy
+            return copy.deepcopy(obj)
+
+    def dumps(obj: object, **options: object) -> str:
+        if options:
+            return json.dumps(obj, **options)  # type: ignore[arg-type]
+        return msgspec.json.encode(obj).decode()
+
+    store.copy = types.SimpleNamespace(deepcopy=deepcopy)  # type: ignore[assignment]
+    handler.json = types.SimpleNamespace(dumps=dumps, loads=json.loads, JSONDecodeError=json.JSONDecodeError)  # type: ignore[assignment]
+
+
+def serve(objects: Path, kubeconfig: Path, fast: bool) -> None:
     """--serve: run the API server with `objects` loaded, print "ready", stop when stdin closes."""
     from kubeproxy.lab.apiserver import ApiServer
+
+    if fast:
+        fast_server()
 
     with ApiServer(history_size=1000) as server:
         for obj in json.loads(objects.read_text()):
@@ -105,19 +159,50 @@ def wrappers(folder: Path, log: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
 
 
-def one(mode: str, objects: Path, tmp: Path, timeout: float) -> dict[str, float]:
+def memory_mib(pid: int) -> tuple[float, float]:
+    """VmHWM and VmRSS of a live process, MiB."""
+    fields = {line.split(":")[0]: line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+              if line.startswith("Vm")}  # fmt: skip
+    return int(fields["VmHWM"]) / 1024, int(fields["VmRSS"]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + sys CPU seconds of a live process (its threads included), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_LAUNCH = """import sys
+from kubeproxy.cli import main
+sys.argv[0] = "kubeproxy"
+sys.exit(main())
+"""
+
+
+def proxy_argv(tree: Path, tmp: Path, profile: Path | None) -> tuple[list[str], dict[str, str]]:
+    """How to start `kubeproxy` from `tree` (PYTHONPATH puts it before the installed one)."""
+    launcher = tmp / "launch.py"
+    launcher.write_text(_LAUNCH)
+    python = str(ROOT / ".venv" / "bin" / "python")
+    argv = [python, *(["-m", "cProfile", "-o", str(profile)] if profile else []), str(launcher)]
+    return argv, {"PYTHONPATH": str(tree)}
+
+
+def one(mode: str, objects: Path, tmp: Path, timeout: float, tree: Path = ROOT, profile: Path | None = None,
+        server_speed: str = "fast") -> dict[str, float]:  # fmt: skip
     log = tmp / "tools.log"
     log.unlink(missing_ok=True)
     env = wrappers(tmp / "bin", log)
     kubeconfig = tmp / "kubeconfig"
     python = str(ROOT / ".venv" / "bin" / "python")
     with netns.netns("kpcold") as ns:
-        server = ns.popen([python, __file__, "--serve", str(objects), str(kubeconfig)],
+        server = ns.popen([python, __file__, "--serve", str(objects), str(kubeconfig), server_speed],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert server.stdout is not None and server.stdin is not None
         if server.stdout.readline().strip() != "ready":
             raise SystemExit("the test API server did not start")
-        argv = [str(ROOT / ".venv" / "bin" / "kubeproxy"), "run", "--kubeconfig", str(kubeconfig),
+        launch, extra_env = proxy_argv(tree, tmp, profile)
+        argv = [*launch, "run", "--kubeconfig", str(kubeconfig),
                 "--hostname-override", "node-0", "--cluster-cidr", "10.0.0.0/8", "--proxy-mode", mode,
                 "--healthz-bind-address", "", "--metrics-bind-address", METRICS]  # fmt: skip
         if mode == "iptables":
@@ -126,11 +211,16 @@ def one(mode: str, objects: Path, tmp: Path, timeout: float) -> dict[str, float]
         assert poller.stdout is not None
         if poller.stdout.readline().strip() != "polling":
             raise SystemExit("the metrics poller did not start")
+        server_cpu = cpu_seconds(server.pid)
         start = time.monotonic()
-        proxy = ns.popen(argv, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True)
+        proxy = ns.popen(argv, env={**env, **extra_env}, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True)
         marks: dict[str, float] = {}
         try:
             poller.wait(timeout=timeout)
+            # Read at once: the proxy and the server idle after the first sync (no changes).
+            marks["proxy cpu"] = cpu_seconds(proxy.pid)
+            marks["HWM"], marks["RSS"] = memory_mib(proxy.pid)
+            marks["server cpu"] = cpu_seconds(server.pid) - server_cpu
             for line in poller.stdout:
                 what, when = line.split()
                 marks[what] = float(when) - (0 if what == "wallclock" else start)
@@ -140,8 +230,8 @@ def one(mode: str, objects: Path, tmp: Path, timeout: float) -> dict[str, float]
             raise SystemExit(f"{mode}: no first sync within {timeout:.0f} s") from None
         finally:
             poller.kill()
-            proxy.terminate()
-            proxy.wait(timeout=30)
+            proxy.terminate()  # SIGTERM: a clean exit, so that cProfile writes its file
+            proxy.wait(timeout=60)
             server.stdin.close()
             server.wait(timeout=30)
     # The kernel tools that finished before the first sync was reported (not the cleanup after it).
@@ -152,8 +242,8 @@ def one(mode: str, objects: Path, tmp: Path, timeout: float) -> dict[str, float]
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
-        serve(Path(sys.argv[2]), Path(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
+        serve(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "fast")
         return
     if len(sys.argv) == 3 and sys.argv[1] == "--poll":
         poll(sys.argv[2])
@@ -164,14 +254,23 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--modes", default="nftables,iptables")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--baseline", type=Path, help="another version's tree to compare with (see above)")
+    parser.add_argument("--profile", type=Path, help="run the proxy under cProfile, profiles in this folder")
+    parser.add_argument("--server", choices=("fast", "plain"), default="fast",
+                        help="the test API server's list answers: fast (msgspec, the default) or plain (as the lab has it)")
     args = parser.parse_args()
     if not netns.have_root():
         sys.exit("bench/coldstart.py needs root: it runs the proxy in a throwaway network namespace")
     from render import cluster  # bench/render.py's generator
 
-    print(f"median of {args.runs} runs; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    header = (f"{'mode':<9} {'services':>8} | {'up s':>7} {'synced s':>8} |"
-              f" {'kernel tools s':>14} {'ours s':>7} {'ours/tools':>10}")  # fmt: skip
+    trees = {"": ROOT} if args.baseline is None else {"base": args.baseline.resolve(), "this": ROOT}
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    print(f"test API server: {args.server}; median of {args.runs} runs; "
+          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    header = (f"{'mode':<9} {'services':>8} {'tree':>4} | {'up s':>6} {'synced s':>8} |"
+              f" {'kernel tools s':>14} {'ours s':>7} {'ours/tools':>10} | {'proxy cpu s':>11} {'server cpu s':>12} |"
+              f" {'HWM MiB':>7} {'RSS MiB':>7}")  # fmt: skip
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory(prefix="kp-cold-") as tmp_name:
@@ -180,18 +279,29 @@ def main() -> None:
             objects = tmp / "objects.json"
             objects.write_text(json.dumps(cluster(size, args.endpoints)))
             for mode in args.modes.split(","):
-                runs = [one(mode, objects, tmp, args.timeout) for _ in range(args.runs)]
+                runs: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
+                for _ in range(args.runs):
+                    for label, tree in trees.items():  # alternating: both see the same load
+                        prof = args.profile / f"{mode}-{size}-{label or 'this'}.prof" if args.profile else None
+                        runs[label].append(one(mode, objects, tmp, args.timeout, tree, prof, args.server))
+                totals = {}
+                for label, got in runs.items():
 
-                def med(key: str, runs: list[dict[str, float]] = runs) -> float:
-                    return statistics.median(r[key] for r in runs)
+                    def med(key: str, got: list[dict[str, float]] = got) -> float:
+                        return statistics.median(r[key] for r in got)
 
-                total, tools = med("synced"), med("tools")
-                ours = statistics.median(r["synced"] - r["tools"] for r in runs)
-                print(
-                    f"{mode:<9} {size:>8,} | {med('up'):>7.2f} {total:>8.2f} | {tools:>14.2f} {ours:>7.2f}"
-                    f" {ours / tools if tools else float('inf'):>10.2f}",
-                    flush=True,
-                )
+                    total, tools = med("synced"), med("tools")
+                    ours = statistics.median(r["synced"] - r["tools"] for r in got)
+                    totals[label] = (total, ours, med("proxy cpu"))
+                    print(
+                        f"{mode:<9} {size:>8,} {label:>4} | {med('up'):>6.2f} {total:>8.2f} | {tools:>14.2f} {ours:>7.2f}"
+                        f" {ours / tools if tools else float('inf'):>10.2f} | {med('proxy cpu'):>11.2f}"
+                        f" {med('server cpu'):>12.2f} | {med('HWM'):>7.0f} {med('RSS'):>7.0f}",
+                        flush=True,
+                    )
+                if len(totals) == 2:
+                    (bt, bo, bc), (tt, to, tc) = totals["base"], totals["this"]
+                    print(f"{'':>18} this/base: synced {tt / bt:.2f}, ours {to / bo:.2f}, proxy cpu {tc / bc:.2f}", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 

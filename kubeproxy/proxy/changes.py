@@ -22,6 +22,7 @@ from typing import Any
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.objects import kind_of
+from kubeproxy.cluster.schema import Item
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
 
@@ -67,8 +68,8 @@ class ChangeTracker:
     _full: bool = field(default=True, init=False)  # nothing in the kernel yet: write everything
     _synced: NodeView | None = field(default=None, init=False)  # the view the last sync rendered
 
-    def apply(self, state: ClusterState, obj: Mapping[str, Any], *, deleted: bool = False) -> str | None:
-        """`state.apply` plus bookkeeping. Returns its warning, if any."""
+    def apply(self, state: ClusterState, obj: Mapping[str, Any] | Item, *, deleted: bool = False) -> str | None:
+        """`state.apply` plus bookkeeping (plain dicts or a `schema.Item`). Returns its warning, if any."""
         try:
             kind = kind_of(obj)
             namespace, name, _ = object_ref(kind, obj, namespaced=kind != "Node")

@@ -247,7 +247,8 @@ def _source(cfg: ProxyConfig, inv: upstream_flags.Invocation, proxy: Any) -> tup
     if inv.manifests:
         from kubeproxy.sources.files import FileSource
 
-        return FileSource(list(inv.manifests), proxy.on_event), f"manifests {','.join(inv.manifests)}"
+        files = FileSource(list(inv.manifests), proxy.on_event, batch_sink=proxy.on_events)
+        return files, f"manifests {','.join(inv.manifests)}"
     from kubeproxy.sources.api import ApiSource
     from kubeproxy.sources.connection import ConnectionConfigError, connect, load_config
 
@@ -256,5 +257,7 @@ def _source(cfg: ProxyConfig, inv: upstream_flags.Invocation, proxy: Any) -> tup
     except ConnectionConfigError as exc:
         raise ConfigError(str(exc)) from None
     where = inv.master or cfg.kubeconfig or "in-cluster"
-    return ApiSource(client, proxy.node_name, proxy.on_event), f"API server ({where})"
+    # Whole lists at once, as structs where they fit the schema (sources/api.py).
+    api = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True)
+    return api, f"API server ({where})"
 

@@ -162,7 +162,7 @@ def test_410_relists_and_emits_only_the_differences(
             apiserver.start()
             assert sorted(await take(queue, 3)) == [("ADDED", "d"), ("DELETED", "b"), ("MODIFIED", "a")]
             await nothing_else(apiserver, queue)
-            assert set(reflector.cache) == {("default", n) for n in ("a", "c", "d", "sentinel")}
+            assert set(reflector.versions) == {("default", n) for n in ("a", "c", "d", "sentinel")}
 
     run(main())
     assert any("is gone (410), relisting" in r.message for r in caplog.records)

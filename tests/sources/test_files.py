@@ -505,3 +505,32 @@ def test_one_change_in_a_10k_object_file_is_one_event(tmp_path: Path) -> None:
             assert await changes(source, queue) == ["MODIFIED Service default/svc-4242"]
 
     run(main())
+
+
+def test_a_batch_sink_gets_each_round_in_one_call(tmp_path: Path) -> None:
+    """A consumer that takes batches gets the first pass in one call, a later edit in another,
+    and nothing through the per-event sink."""
+    folder = tmp_path / "cluster"
+    write(folder / "a.yaml", svc("a"), svc("b"))
+    write(folder / "c.yaml", svc("c"))
+    batches: list[list[tuple[str, str]]] = []
+    singles: list[WatchEvent] = []
+
+    async def main() -> None:
+        source = FileSource([folder], singles.append, interval=3600.0,
+                            batch_sink=lambda events: batches.append([(e.type, e.name) for e in events]))  # fmt: skip
+        task = asyncio.create_task(source.run())
+        try:
+            await asyncio.wait_for(source.wait_synced(), 30)
+            assert batches == [[("ADDED", "a"), ("ADDED", "b"), ("ADDED", "c")]]
+            write(folder / "a.yaml", svc("a", port=81))
+            await source.check()
+            assert batches[1:] == [[("DELETED", "b"), ("MODIFIED", "a")]]
+            await source.check()  # nothing changed: no call at all
+            assert len(batches) == 2 and singles == []
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
