@@ -167,7 +167,8 @@ def restore_gc() -> Any:
 
 @pytest.mark.parametrize("mode", ["iptables", "nftables"])
 @pytest.mark.usefixtures("restore_gc")
-def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(mode: str) -> None:
+def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kubeproxy")
     gc.unfreeze()
     node = FakeNode()
     proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=node.run)
@@ -181,6 +182,8 @@ def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(mo
             assert source.collector_during_list is False
             assert gc.isenabled() and gc.get_freeze_count() > 0
             assert proxy.syncs == 1
+            # and the freed heap went back to the system once (proxy/memory.py)
+            assert sum("Returned freed heap memory" in r.getMessage() for r in caplog.records) == 1
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
