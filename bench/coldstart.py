@@ -33,14 +33,17 @@ kernel tools, so the wall time includes some waiting for the server; its CPU is 
 ours rather than subtracted (a real API server runs on other machines, but its lists are not
 free either: they take the same bytes over the wire).
 
-`--server fast` (the default): in the test API server's process, lists are copied and encoded
-with msgspec instead of `copy.deepcopy` and `json.dumps` (same JSON, see `fast_server`): that
-server's 1.4 s of CPU for the two 10k lists otherwise sits on the critical path and competes
-with the proxy for the 2 cores. `--server plain` measures with the lab server as it is.
+`--server fast` (the default): in the test API server's process, copies and encodings go through
+msgspec instead of `copy.deepcopy` and `json.dumps` (same JSON, see `fast_server`). It was made
+when the lab server deep-copied every listed object (1.4 s of its CPU for the two 10k lists, on
+the critical path, competing with the proxy for the 2 cores); since the lab server lists its
+stored objects without copying and encodes them with msgspec itself (issue 17), `plain` (the lab
+server as it is) costs the same, and `fast` matters only for a baseline tree from before that.
 
 `--baseline DIR` (another version's tree, e.g. `git archive HEAD | tar -x -C /tmp/base`): each
-run starts the baseline's proxy and then this tree's, alternating, against the same kind of
-fresh server, and the table shows both with their ratio (this tree / baseline). `--profile DIR`
+run starts the baseline's proxy and then this tree's, alternating, each against a fresh test API
+server of its own tree (the baseline's bench/coldstart.py --serve), and the table shows both with
+their ratio (this tree / baseline). `--profile DIR`
 runs the proxy under cProfile (slower: use it for the profile, not for the times) and writes
 `DIR/<mode>-<services>-<tree>.prof`.
 """
@@ -172,6 +175,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def compile_tree(tree: Path) -> None:
+    """Byte-compile `tree`'s package, as an installed one is: with PYTHONDONTWRITEBYTECODE set (or
+    a fresh `git archive` tree) every start would otherwise compile the stale or missing modules
+    again (~0.07 s for 60 modules), and unevenly between the trees compared."""
+    python = str(ROOT / ".venv" / "bin" / "python")
+    subprocess.run([python, "-m", "compileall", "-q", str(tree / "kubeproxy")], check=True, stdout=subprocess.DEVNULL)
+
+
 _LAUNCH = """import sys
 from kubeproxy.cli import main
 sys.argv[0] = "kubeproxy"
@@ -195,8 +206,12 @@ def one(mode: str, objects: Path, tmp: Path, timeout: float, tree: Path = ROOT, 
     env = wrappers(tmp / "bin", log)
     kubeconfig = tmp / "kubeconfig"
     python = str(ROOT / ".venv" / "bin" / "python")
+    # Each tree with its own test API server (its bench/coldstart.py --serve), so that a
+    # baseline run measures the server as it was too.
+    serve_script = tree / "bench" / "coldstart.py"
     with netns.netns("kpcold") as ns:
-        server = ns.popen([python, __file__, "--serve", str(objects), str(kubeconfig), server_speed],
+        server = ns.popen([python, str(serve_script if serve_script.exists() else __file__), "--serve", str(objects),
+                           str(kubeconfig), server_speed],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert server.stdout is not None and server.stdin is not None
         if server.stdout.readline().strip() != "ready":
@@ -264,6 +279,8 @@ def main() -> None:
     from render import cluster  # bench/render.py's generator
 
     trees = {"": ROOT} if args.baseline is None else {"base": args.baseline.resolve(), "this": ROOT}
+    for tree in trees.values():
+        compile_tree(tree)
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     print(f"test API server: {args.server}; median of {args.runs} runs; "

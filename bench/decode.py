@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decoding 10k Services + 10k EndpointSlices: JSON text to ClusterState, and `kubeproxy render` as a process.
 
-Usage: .venv/bin/python bench/decode.py [--services 10000] [--endpoints 10] [--runs 5] [--no-process]
+Usage: .venv/bin/python bench/decode.py [--services 10000] [--endpoints 10] [--runs 5] [--no-process | --process-only]
 
 Everything is measured side by side in one run, on whatever else the machine is doing: each
 stage is timed `--runs` times and reported as best / median of the wall clock and of the CPU time
@@ -137,8 +137,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--no-process", action="store_true", help="skip the `kubeproxy render` processes")
     parser.add_argument("--baseline", type=Path, help="another version's tree to compare with (see above)")
+    parser.add_argument("--process-only", action="store_true", help="only the process rows (e.g. for start-up work)")
     args = parser.parse_args()
-    if args.baseline is not None:
+    if args.baseline is not None and not args.process_only:
         print(f"baseline {args.baseline}, in-process stages (its own bench/decode.py):", flush=True)
         bench = args.baseline / "bench" / "decode.py"
         argv = [sys.executable, str(bench), "--services", str(args.services), "--endpoints", str(args.endpoints)]
@@ -167,44 +168,59 @@ def main() -> None:
         ]
         size = path.stat().st_size / 2**20
         print(f"{len(objs)} objects ({args.services} services x {args.endpoints} endpoints), {size:.1f} MiB JSON")
-        text = read_text(path)
-        raw = [r.obj for r in parse_documents(text, str(path))]
-        show("file: read + split (text -> dicts)", timed(args.runs, lambda: list(parse_documents(read_text(path), str(path))))[0])
-        times, (state, warnings) = timed(args.runs, lambda: build_state(raw))
-        assert not warnings and len(state.services) == args.services, warnings[:3]
-        show("file: build_state (dicts -> objects)", times)
-        show("file: decode total, render.load (budget 0.3 s)", timed(args.runs, lambda: decode_file(path))[0], 0.3)
-        show("api: decode bodies + build_state (budget 0.3 s)", timed(args.runs, lambda: decode_api(bodies))[0], 0.3)
-        show("api: the same with managedFields in every item", timed(args.runs, lambda: decode_api(managed_bodies))[0])
+        if not args.process_only:
+            in_process(args, path, bodies, managed_bodies)
         if args.no_process:
             return
-        python = str(ROOT / ".venv" / "bin" / "python")
-        # The `kubeproxy` entry point's code, run from whichever tree PYTHONPATH names.
-        kubeproxy = [python, "-c", "import sys; from kubeproxy.cli import main; sys.argv[0] = 'kubeproxy'; main()"]
-        common = ["--manifests", str(path), "--hostname-override", "node-0", "--cluster-cidr", "10.0.0.0/8"]
-        commands = {
-            "process: python -c pass": [python, "-c", "pass"],
-            "process: import kubeproxy.cli": [python, "-c", "import kubeproxy.cli"],
-            "process: render --proxy-mode iptables (1.0 s)": [*kubeproxy, "render", *common, "--proxy-mode", "iptables"],
-            "process: render --proxy-mode nftables (1.0 s)": [*kubeproxy, "render", *common, "--proxy-mode", "nftables"],
-        }
-        trees = {"": ROOT} if args.baseline is None else {"baseline ": args.baseline.resolve(), "this tree ": ROOT}
-        for label, argv in commands.items():
-            results: dict[str, list[tuple[float, float]]] = {}
-            rss: dict[str, int] = {}
-            for _ in range(args.runs):  # the trees alternate, so that both see the same neighbours
-                for name, tree in trees.items():
-                    wall, cpu, peak = run_process(argv, tree)
-                    results.setdefault(name, []).append((wall, cpu))
-                    rss[name] = max(rss.get(name, 0), peak)
-            for name in trees:
-                show(f"{name}{label}", results[name], 1.0 if "render" in label else None, rss[name])
-            if args.baseline is not None:
-                ratio = statistics.median(t[0] for t in results["this tree "]) / statistics.median(
-                    t[0] for t in results["baseline "]
-                )
-                memory = rss["this tree "] / rss["baseline "]
-                print(f"{'':<12}this tree / baseline, median wall: {ratio:.2f}x; peak RSS {memory:.2f}x")
+        run_processes(args, path)
+
+
+def in_process(args: argparse.Namespace, path: Path, bodies: list[bytes], managed_bodies: list[bytes]) -> None:
+    """The in-process stages: file split, build_state, file and API decode."""
+    text = read_text(path)
+    raw = [r.obj for r in parse_documents(text, str(path))]
+    show("file: read + split (text -> dicts)", timed(args.runs, lambda: list(parse_documents(read_text(path), str(path))))[0])
+    times, (state, warnings) = timed(args.runs, lambda: build_state(raw))
+    assert not warnings and len(state.services) == args.services, warnings[:3]
+    show("file: build_state (dicts -> objects)", times)
+    show("file: decode total, render.load (budget 0.3 s)", timed(args.runs, lambda: decode_file(path))[0], 0.3)
+    show("api: decode bodies + build_state (budget 0.3 s)", timed(args.runs, lambda: decode_api(bodies))[0], 0.3)
+    show("api: the same with managedFields in every item", timed(args.runs, lambda: decode_api(managed_bodies))[0])
+
+
+def run_processes(args: argparse.Namespace, path: Path) -> None:
+    """`kubeproxy render` (and the interpreter, and the import) as processes, trees alternating."""
+    python = str(ROOT / ".venv" / "bin" / "python")
+    # The `kubeproxy` entry point's code, run from whichever tree PYTHONPATH names.
+    kubeproxy = [python, "-c", "import sys; from kubeproxy.cli import main; sys.argv[0] = 'kubeproxy'; main()"]
+    common = ["--manifests", str(path), "--hostname-override", "node-0", "--cluster-cidr", "10.0.0.0/8"]
+    commands = {
+        "process: python -c pass": [python, "-c", "pass"],
+        "process: import kubeproxy.cli": [python, "-c", "import kubeproxy.cli"],
+        "process: render --proxy-mode iptables (1.0 s)": [*kubeproxy, "render", *common, "--proxy-mode", "iptables"],
+        "process: render --proxy-mode nftables (1.0 s)": [*kubeproxy, "render", *common, "--proxy-mode", "nftables"],
+    }
+    trees = {"": ROOT} if args.baseline is None else {"baseline ": args.baseline.resolve(), "this tree ": ROOT}
+    for tree in trees.values():
+        # Byte-compiled, as an installed package is: with PYTHONDONTWRITEBYTECODE set (or a fresh
+        # `git archive` tree) each process would otherwise compile stale or missing modules again.
+        subprocess.run([python, "-m", "compileall", "-q", str(tree / "kubeproxy")], check=True, stdout=subprocess.DEVNULL)
+    for label, argv in commands.items():
+        results: dict[str, list[tuple[float, float]]] = {}
+        rss: dict[str, int] = {}
+        for _ in range(args.runs):  # the trees alternate, so that both see the same neighbours
+            for name, tree in trees.items():
+                wall, cpu, peak = run_process(argv, tree)
+                results.setdefault(name, []).append((wall, cpu))
+                rss[name] = max(rss.get(name, 0), peak)
+        for name in trees:
+            show(f"{name}{label}", results[name], 1.0 if "render" in label else None, rss[name])
+        if args.baseline is not None:
+            ratio = statistics.median(t[0] for t in results["this tree "]) / statistics.median(
+                t[0] for t in results["baseline "]
+            )
+            memory = rss["this tree "] / rss["baseline "]
+            print(f"{'':<12}this tree / baseline, median wall: {ratio:.2f}x; peak RSS {memory:.2f}x")
 
 
 def run_process(argv: list[str], tree: Path) -> tuple[float, float, int]:

@@ -14,7 +14,6 @@ import click
 
 from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.netfilter import detect as nf_detect
 from kubeproxy.proxy import logs
 from kubeproxy.proxy.config import (
     DETECT_LOCAL_MODES,
@@ -25,6 +24,10 @@ from kubeproxy.proxy.config import (
     parse_duration,
     validate,
 )
+
+# netfilter.detect's FORMATS, spelled here so that every command does not import the rules model
+# (70 ms) to build `trace --format`'s choices; tests/test_cold_imports.py keeps the two equal.
+DUMP_FORMATS = ("iptables-save", "iptables-list", "nft-json", "nft")
 
 
 class LazyGroup(click.Group):
@@ -293,7 +296,7 @@ def demo(offline: bool, manifests: tuple[str, ...], hostname_override: str, clus
 @main.command("trace")
 @click.option("--rules", "rules_path", required=True, help="Dump to read (a file, or - for stdin).")
 @click.option("--format", "fmt", default="auto", show_default=True,
-              type=click.Choice(["auto", *nf_detect.FORMATS]), help="Dump format.")
+              type=click.Choice(["auto", *DUMP_FORMATS]), help="Dump format.")
 @click.option("--proto", default="tcp", show_default=True, help="tcp, udp, icmp, sctp or a number.")
 @click.option("--src", required=True, help="Source IP[:PORT].")
 @click.option("--dst", required=True, help="Destination IP:PORT.")
@@ -323,6 +326,7 @@ def trace_cmd(
 ) -> None:
     """Follow a packet through an iptables or nftables dump: every outcome, with its probability."""
     # Here, not at the top: the simulator is only for `trace`; `render` and `run` start without it.
+    from kubeproxy.netfilter import detect as nf_detect
     from kubeproxy.netfilter import explain as nf_explain
     from kubeproxy.netfilter import ipvs as nf_ipvs
     from kubeproxy.netfilter import simulate as nf_simulate

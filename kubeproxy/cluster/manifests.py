@@ -13,20 +13,19 @@ message, a copy). The checks run once at load time, in time linear in the file's
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import msgspec
-import yaml
 from msgspec import UNSET
 
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.schema import RELEASED, Document, Item, decode_typed, iter_plain, split_list
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 # `kubectl get svc,endpointslices -A -o yaml` of 20k objects, managedFields and all, is ~100 MB.
@@ -80,8 +79,13 @@ def read_text(path: Path, max_bytes: int | None = None) -> str:
             data = sys.stdin.buffer.read(max_bytes + 1)
         else:
             # Read at most one byte past the limit: the size is known without reading a huge file.
+            # `read(n)` allocates n bytes up front (128 MiB for the limit, on every re-read of a
+            # watched folder), so ask for the size the file has, and read on only if it grew.
             with path.open("rb") as f:
-                data = f.read(max_bytes + 1)
+                size = min(os.fstat(f.fileno()).st_size, max_bytes)
+                data = f.read(size + 1)
+                if len(data) > size:
+                    data += f.read(max_bytes + 1 - len(data))
     except OSError as exc:
         raise ManifestError(str(path), None, exc.strerror or str(exc)) from None
     if len(data) > max_bytes:
@@ -168,8 +172,11 @@ def _decode(text: str, source: str) -> list[Any]:
     """The documents of one file's text, checked for depth and (YAML) alias expansion."""
     docs = _json_documents(text, source)
     is_yaml = docs is None
+    # Imported here: JSON manifests (and `kubeproxy run` against an API server) never need YAML.
+    import yaml
+
     try:
-        docs = docs if docs is not None else list(yaml.load_all(text, Loader=_Loader))
+        docs = docs if docs is not None else list(yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
 
@@ -347,6 +345,8 @@ def _not_a_kube_proxy_configuration(path: str | Path, raw: dict[str, Any]) -> Co
 
 def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> ProxyConfig:
     """ProxyConfig from a KubeProxyConfiguration file, on top of `base` (defaults)."""
+    import yaml  # only with --config: the start-up of most runs does without it
+
     cfg = base or ProxyConfig()
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))

@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.proxy import flags as upstream_flags
@@ -86,6 +84,8 @@ def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, s
 
 
 def _write_config(cfg: ProxyConfig, path: str) -> int:
+    import yaml  # --write-config-to only
+
     text = yaml.safe_dump(to_kube_proxy_configuration(cfg), sort_keys=True, default_flow_style=False)
     try:
         if path == "-":

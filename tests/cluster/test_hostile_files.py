@@ -98,6 +98,33 @@ def test_a_file_over_the_size_limit_is_refused(tmp_path: Path, monkeypatch: pyte
         manifests.read_text(big)
 
 
+def test_a_small_file_is_read_without_a_buffer_the_size_of_the_limit(tmp_path: Path) -> None:
+    # `read(limit + 1)` allocated the whole limit (128 MiB) up front, on every re-read
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump(svc("a")))
+    tracemalloc.start()
+    try:
+        text = manifests.read_text(small)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text == small.read_text()
+    assert peak < 1 << 20, peak
+
+
+def test_a_file_that_grows_past_its_size_is_read_to_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    grown = tmp_path / "grown.yaml"
+    grown.write_text("a" * 10)
+    real_fstat = manifests.os.fstat
+
+    def stale_fstat(fd: int) -> object:  # the size as it was before a writer appended
+        st = real_fstat(fd)
+        return type("Stat", (), {"st_size": st.st_size - 6})()
+
+    monkeypatch.setattr(manifests.os, "fstat", stale_fstat)
+    assert manifests.read_text(grown) == "a" * 10
+
+
 def test_render_skips_the_hostile_file_and_keeps_the_others(tmp_path: Path) -> None:
     (tmp_path / "a-bomb.yaml").write_text(alias_bomb())
     (tmp_path / "b-deep.json").write_text(nested_json(5000))

@@ -1,8 +1,14 @@
 """The store: objects as plain JSON dicts under one global, monotonically increasing
-resourceVersion (like etcd behind the real server), and a bounded event history for watches."""
+resourceVersion (like etcd behind the real server), and a bounded event history for watches.
+
+A stored object is never changed in place: a write stores a new dict (every write path works on
+its own deep copy) and callers get copies. So lists, watch-lists and the history's events share
+the stored dicts read-only (`list_shared`, `Event`), and are only encoded, never copied: a 10k
+list is then an encoding, not 10k deep copies."""
 
 from __future__ import annotations
 
+import bisect
 import copy
 import itertools
 import threading
@@ -23,7 +29,9 @@ def not_found(rt: ResourceType, name: str) -> ApiError:
 
 @dataclass(frozen=True)
 class Event:
-    """One change in the history: `obj` is the new state (last state for DELETED), `old` the previous."""
+    """One change in the history: `obj` is the new state (last state for DELETED), `old` the previous.
+
+    Both are shared with the store (never mutated: see the module doc); encode them, do not edit."""
 
     rv: int
     type: str
@@ -74,14 +82,27 @@ class Store:
                 raise not_found(rt, name)
             return copy.deepcopy(obj)
 
-    def list(self, rt: ResourceType, namespace: str | None, selector: Selector) -> tuple[list[JSON], int]:
+    def list_shared(self, rt: ResourceType, namespace: str | None, selector: Selector) -> tuple[list[JSON], int]:
+        """As `list`, but the stored dicts themselves: read-only, to encode (see the module doc)."""
         with self.cond:
             items = [
-                copy.deepcopy(obj)
+                obj
                 for (plural, ns, _), obj in sorted(self.objects.items(), key=lambda kv: kv[0])
                 if plural == rt.plural and (namespace is None or ns == namespace) and selector.matches(obj)
             ]
             return items, self.rv
+
+    def events_after(self, rv: int) -> list[Event]:
+        """The history's events newer than `rv`, oldest first. The history is in version order, so
+        a watch finds where it stands by bisection instead of scanning every event on every write."""
+        history = self.history
+        start = bisect.bisect_right(history, rv, key=lambda ev: ev.rv)
+        return list(itertools.islice(history, start, None))
+
+    def list(self, rt: ResourceType, namespace: str | None, selector: Selector) -> tuple[list[JSON], int]:
+        """The matching objects (copies the caller may change), by key, and the store's version."""
+        items, rv = self.list_shared(rt, namespace, selector)
+        return [copy.deepcopy(obj) for obj in items], rv
 
     def create(self, rt: ResourceType, namespace: str, obj: JSON, *, dry_run: bool = False) -> JSON:
         """Store a new object. `dry_run`: every check and the answer, but nothing stored (dryRun=All)."""
@@ -105,7 +126,7 @@ class Store:
                 return copy.deepcopy(obj)
             meta["resourceVersion"] = self._next_rv()
             self.objects[key] = obj
-            self._record("ADDED", rt, copy.deepcopy(obj), None)
+            self._record("ADDED", rt, obj, None)
             return copy.deepcopy(obj)
 
     def update(
@@ -139,7 +160,7 @@ class Store:
                 return copy.deepcopy(old)
             meta["resourceVersion"] = self._next_rv()
             self.objects[key] = obj
-            self._record("MODIFIED", rt, copy.deepcopy(obj), copy.deepcopy(old))
+            self._record("MODIFIED", rt, obj, old)
             return copy.deepcopy(obj)
 
     def delete(self, rt: ResourceType, namespace: str, name: str, *, dry_run: bool = False) -> JSON:
@@ -152,8 +173,8 @@ class Store:
             del self.objects[(rt.plural, namespace, name)]
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = self._next_rv()
-            self._record("DELETED", rt, copy.deepcopy(gone), old)
-            return gone
+            self._record("DELETED", rt, gone, old)
+            return copy.deepcopy(gone)
 
     def expire_history(self) -> None:
         with self.cond:

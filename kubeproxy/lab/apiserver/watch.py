@@ -48,7 +48,7 @@ def stream(
                     send({"type": "ERROR", "object": e.status()})
                     end()
                     return
-            items, since = store.list(rt, route.namespace, selector)
+            items, since = store.list_shared(rt, route.namespace, selector)
             pending = [{"type": "ADDED", "object": obj} for obj in items]
             if bookmarks:
                 initial_end = {"resourceVersion": str(since), "annotations": {"k8s.io/initial-events-end": "true"}}
@@ -57,7 +57,7 @@ def stream(
                 )
         elif raw_rv in ("", "0"):
             # "Any version": the current state as synthetic ADDED events, then changes.
-            items, since = store.list(rt, route.namespace, selector)
+            items, since = store.list_shared(rt, route.namespace, selector)
             pending = [{"type": "ADDED", "object": obj} for obj in items]
         else:
             try:
@@ -96,8 +96,8 @@ def stream(
                 if deadline is not None and time.monotonic() >= deadline:
                     end()
                     return
-                for ev in store.history:
-                    if ev.rv > since and ev.rt == rt:
+                for ev in store.events_after(since):
+                    if ev.rt == rt:
                         translated = translate(ev, route.namespace, selector)
                         if translated is not None:
                             pending.append(translated)
