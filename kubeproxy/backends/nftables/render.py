@@ -239,25 +239,38 @@ def _render(
             builder.put_set(s)
         for ip in _nodeport_ips(ctx):
             builder.set_element(NODEPORT_IPS, ip, Element(ip))
+        ports: dict[tuple[str, str], set[ServicePortName]] = {}
         for name in sorted(view.services):
             source = (view.services[name], view.endpoints.get(name, _NO_ENDPOINTS))
             builder.add_fragment(name, fragment(ctx, *source), source)
+            ports.setdefault(name.service, set()).add(name)
+        # Made here (milliseconds of a full render) rather than by the first change after it.
+        builder.book.ports = ports
         return builder.build()
 
     assert previous is not None and book is not None and changed_services is not None
     changed = frozenset(changed_services)
     builder = Builder(ctx.family, book, previous, expand, remake)
     book.owner = None  # from here on `previous` no longer owns the bookkeeping
-    stale = [spn for spn in previous.sources if spn.service in changed]
+    # Only the changed Services' ports, found through indexes rather than by walking all of them.
+    stale = [spn for key in changed for spn in book.ports_of(previous.sources, key)]
     for spn in stale:
         builder.remove_fragment(spn)
-    for spn in sorted(n for n in view.services if n.service in changed):
+    for spn in sorted(_ports_in(view, changed)):
         source = (view.services[spn], view.endpoints.get(spn, _NO_ENDPOINTS))
         builder.add_fragment(spn, fragment(ctx, *source), source)
     return builder.build()
 
 
 _NO_ENDPOINTS: tuple[EndpointInfo, ...] = ()
+
+
+def _ports_in(view: NodeView, changed: frozenset[tuple[str, str]]) -> list[ServicePortName]:
+    """The view's service ports of the `changed` Services."""
+    if "by_service" in view.__dict__:
+        # The index is there (the live proxy's ViewBuilder hands it over ready-made): no walk.
+        return [n for key in changed for n in view.ports_of(key) if n in view.services]
+    return [n for n in view.services if n.service in changed]
 
 
 def _remade(ctx: _Ctx, source: FragmentSource) -> Fragment:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubeproxy.backends.nftables.model import (
     TABLE,
@@ -37,6 +37,92 @@ from kubeproxy.backends.nftables.model import (
 )
 from kubeproxy.cluster.twins import twin_of
 from kubeproxy.proxy.model import EndpointInfo, ServicePortInfo, ServicePortName
+
+K = TypeVar("K")
+V = TypeVar("V")
+_GONE: Any = object()  # an overlay's mark for a key deleted from its base
+COMPACT_MIN = 4096  # an overlay this large (and a quarter of its base) is folded into a new base
+
+
+class Layered(Mapping[K, V], Generic[K, V]):
+    """A mapping that is a read-only `base` plus a small `overlay` of changes (`_GONE`: deleted).
+
+    An incremental render writes a few keys of maps of 100k elements (the selector maps at 10k
+    services x 10 endpoints) and must leave its parent's maps as they were: copying each map it
+    writes to was 10 ms of a one-endpoint change. A child copies only the parent's overlay;
+    once the overlay outgrows a quarter of the base (and COMPACT_MIN keys) it is
+    folded into a fresh base, so reads stay two dict lookups and the copies stay small.
+    The base is never written to: every rendering that shares it sees the same entries.
+    """
+
+    __slots__ = ("_len", "base", "overlay")
+
+    def __init__(self, base: Mapping[K, V], overlay: dict[K, V] | None = None, length: int | None = None) -> None:
+        self.base = base
+        self.overlay: dict[K, V] = overlay if overlay is not None else {}
+        self._len = len(base) if length is None else length
+
+    @classmethod
+    def over(cls, parent: Mapping[K, V]) -> Layered[K, V]:
+        """A writable child of `parent` (which stays as it is)."""
+        if isinstance(parent, Layered):
+            if len(parent.overlay) > max(COMPACT_MIN, len(parent.base) // 4):
+                merged = dict(parent.base)  # a copy in C, then the overlay: not a walk in Python
+                for key, value in parent.overlay.items():
+                    if value is _GONE:
+                        del merged[key]
+                    else:
+                        merged[key] = value
+                return cls(merged)
+            return cls(parent.base, dict(parent.overlay), parent._len)
+        return cls(parent)
+
+    def __getitem__(self, key: K) -> V:
+        overlay = self.overlay
+        if key in overlay:
+            value = overlay[key]
+            if value is _GONE:
+                raise KeyError(key)
+            return value
+        return self.base[key]
+
+    def get(self, key: K, default: Any = None) -> Any:
+        value = self.overlay.get(key, _GONE) if key in self.overlay else self.base.get(key, _GONE)
+        return default if value is _GONE else value
+
+    def __contains__(self, key: object) -> bool:
+        if key in self.overlay:
+            return self.overlay[key] is not _GONE
+        return key in self.base
+
+    def __iter__(self) -> Iterator[K]:
+        overlay = self.overlay
+        for key in self.base:
+            if key not in overlay:
+                yield key
+        for key, value in overlay.items():
+            if value is not _GONE:
+                yield key
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if key not in self:
+            self._len += 1
+        self.overlay[key] = value
+
+    def pop(self, key: K, default: Any = None) -> Any:
+        if key not in self:
+            return default
+        value = self[key]
+        self._len -= 1
+        if key in self.base:
+            self.overlay[key] = _GONE
+        else:
+            del self.overlay[key]
+        return value
+
 
 # What a fragment is made from: one service port and its endpoints, as the view had them.
 FragmentSource = tuple[ServicePortInfo, Sequence[EndpointInfo]]
@@ -201,6 +287,17 @@ class Book:
     no_local_internal: int = 0
     no_local_external: int = 0
     owner: object | None = None
+    # The service ports of each Service among the sources: made by the first incremental render
+    # (one walk), kept up to date from then on, so that later ones find a Service's old ports
+    # without walking every source.
+    ports: dict[tuple[str, str], set[ServicePortName]] | None = None
+
+    def ports_of(self, sources: Mapping[ServicePortName, FragmentSource], service: tuple[str, str]) -> set[ServicePortName]:
+        if self.ports is None:
+            self.ports = {}
+            for spn in sources:
+                self.ports.setdefault(spn.service, set()).add(spn)
+        return self.ports.get(service, set())
 
 
 @dataclass(frozen=True, eq=False)
@@ -275,7 +372,11 @@ class Builder:
         self.sets: dict[str, NftSet] = dict(parent.sets) if parent else {}
         self.objects: dict[str, CtTimeout] = dict(parent.objects) if parent else {}
         self.elements: dict[str, Mapping[str, Element]] = dict(parent.elements) if parent else {}
-        self.sources: dict[ServicePortName, FragmentSource] = dict(parent.sources) if parent else {}
+        # A full render owns plain dicts; an incremental one layers its few changes over its
+        # parent's (see Layered), which it leaves as they were.
+        self.sources: dict[ServicePortName, FragmentSource] | Layered[ServicePortName, FragmentSource] = (
+            Layered.over(parent.sources) if parent else {}
+        )
         self._own: set[str] = set()  # element dicts already copied for this rendering
 
     # ----------------------------------------------------------------- plain objects
@@ -314,10 +415,10 @@ class Builder:
     def set_element(self, set_name: str, key: str, e: Element | None) -> None:
         d = self.elements.get(set_name)
         if set_name not in self._own or d is None:
-            d = dict(d) if d is not None else {}
+            d = Layered.over(d) if d is not None else {}
             self.elements[set_name] = d
             self._own.add(set_name)
-        assert isinstance(d, dict)
+        assert isinstance(d, (dict, Layered))
         if e is None:
             d.pop(key, None)
         else:
@@ -330,6 +431,8 @@ class Builder:
         """Add `frag`, which `remake(source)` gives again when it is removed."""
         self.sources[spn] = source
         book = self.book
+        if book.ports is not None:
+            book.ports.setdefault(spn.service, set()).add(spn)
         for key in frag.shared:
             if book.refs[key] == 0:
                 objs = self.expand(key)
@@ -384,6 +487,12 @@ class Builder:
     def remove_fragment(self, spn: ServicePortName) -> None:
         frag = self.remake(self.sources.pop(spn))
         book = self.book
+        if book.ports is not None:
+            ports = book.ports.get(spn.service)
+            if ports is not None:
+                ports.discard(spn)
+                if not ports:
+                    del book.ports[spn.service]
         for c in frag.chains:
             self.drop_chain(c.name)
         claims = book.claims

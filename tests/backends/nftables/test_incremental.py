@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
+from kubeproxy.backends.nftables import rendering
 from kubeproxy.backends.nftables.diff import ElementOp, chunks, create_plan, plan, weight
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendering import Layered, NftRendering
+from kubeproxy.proxy.model import NodeView
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
 
@@ -205,3 +208,69 @@ def test_chunks_respect_the_limit_and_never_split_a_unit() -> None:
             if line.startswith("flush chain"):
                 chain = line.split()[-1]
                 assert f"add rule ip kube-proxy {chain} " in text
+
+
+def test_layered_map_acts_as_a_dict_and_leaves_its_parent_alone() -> None:
+    """Incremental renders layer their writes over the parent's maps (rendering.Layered): a child
+    reads, iterates and counts as a copied dict would, and the parent never changes."""
+    rng = random.Random(7)
+    base = {f"k{i}": i for i in range(50)}
+    parent: Mapping[str, int] = base
+    expected = dict(base)
+    for _ in range(60):
+        snapshot = dict(parent)
+        child = Layered.over(parent)
+        for _ in range(rng.randrange(1, 12)):
+            key = f"k{rng.randrange(70)}"
+            if rng.random() < 0.4:
+                assert child.pop(key) == expected.pop(key, None)
+            else:
+                child[key] = expected[key] = rng.randrange(1000)
+        assert dict(child) == expected and len(child) == len(expected) and sorted(child) == sorted(expected)
+        for key in (f"k{i}" for i in range(70)):
+            assert (key in child) == (key in expected) and child.get(key) == expected.get(key)
+        assert dict(parent) == snapshot  # the parent is as it was
+        parent = child
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_incremental_equals_full_when_layers_are_folded(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a tiny compaction threshold, overlays are folded into fresh bases every few renders:
+    the result still equals a full render and the parent rendering is left as it was."""
+    monkeypatch.setattr(rendering, "COMPACT_MIN", 2)
+    rng = random.Random(2000 + seed)
+    n = 12
+    objects = {i: random_service(rng, i) for i in range(n)}
+    opts = options()
+    prev = render(view([o for objs in objects.values() for o in objs]), opts)
+    for _ in range(20):
+        changed = rng.sample(range(n), rng.randrange(1, 4))
+        for i in changed:
+            objects[i] = random_service(rng, i)
+        v = view([o for objs in objects.values() for o in objs])
+        before = prev.text()
+        inc = render(v, opts, previous=prev, changed_services={(f"ns{i % 3}", f"svc{i}") for i in changed})
+        same(inc, render(v, opts))
+        assert prev.text() == before
+        prev = inc
+
+
+def test_indexed_view_and_scanned_view_render_the_same() -> None:
+    """The incremental render finds a changed Service's ports through the view's index when the
+    view has it (the live proxy's) and by a walk otherwise: both give the same rendering."""
+    rng = random.Random(11)
+    objects = {i: random_service(rng, i) for i in range(10)}
+    opts = options()
+    first = view([o for objs in objects.values() for o in objs])
+    objects[3] = random_service(rng, 3)
+    keys = {("ns0", "svc3")}
+    renders = []
+    for indexed in (False, True):
+        base = render(first, opts)
+        v = view([o for objs in objects.values() for o in objs])
+        if indexed:
+            v = NodeView.with_index(v.services, v.endpoints, v.by_service)
+        assert ("by_service" in v.__dict__) == indexed
+        renders.append(render(v, opts, previous=base, changed_services=keys))
+    same(renders[0], renders[1])
+    assert renders[0].text() == renders[1].text()
