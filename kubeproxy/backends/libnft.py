@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.proxy.memory import find_malloc_trim
 
 log = logging.getLogger("kubeproxy.nftables")
 
@@ -60,18 +61,6 @@ def _load() -> ctypes.CDLL | None:
     lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
     return lib
-
-
-def _malloc_trim() -> Callable[[], object] | None:
-    """glibc's `malloc_trim(0)`, or None where the C library has none (musl): then nothing is trimmed."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return lambda: trim(0)
 
 
 def _new_context(lib: ctypes.CDLL, netns_path: str | None) -> int:
@@ -119,7 +108,7 @@ class LibNft:
     _lib: ctypes.CDLL
     _ctx: int
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _trim: Callable[[], object] | None = field(default_factory=_malloc_trim)
+    _trim: Callable[[int], int] | None = field(default_factory=find_malloc_trim)
     trims: int = 0  # transactions after which memory was handed back (tests, metrics)
 
     @classmethod
@@ -147,7 +136,7 @@ class LibNft:
             err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode(errors="replace")
             if len(data) >= TRIM_AFTER_BYTES and self._trim is not None:
                 del data
-                self._trim()
+                self._trim(0)
                 self.trims += 1
         return (0 if rc == 0 else 1), out, err
 

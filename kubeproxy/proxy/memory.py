@@ -26,7 +26,7 @@ def _resident_bytes() -> int:
         return 0
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def find_malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None where the C library has none."""
     name = ctypes.util.find_library("c")
     if name is None:
@@ -51,7 +51,7 @@ def release_free_memory(trim: Callable[[int], int] | None = None) -> int:
     first sync, not on a hot path); pass another for tests. A no-op returning 0 where it is missing.
     """
     if trim is None:
-        trim = _malloc_trim()
+        trim = find_malloc_trim()
     if trim is None:
         return 0
     before = _resident_bytes()

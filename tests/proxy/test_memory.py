@@ -27,7 +27,7 @@ def test_never_negative(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_op_without_malloc_trim(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(memory, "_malloc_trim", lambda: None)
+    monkeypatch.setattr(memory, "find_malloc_trim", lambda: None)
     monkeypatch.setattr(memory, "_resident_bytes", lambda: pytest.fail("nothing to measure without a trim"))
     assert memory.release_free_memory() == 0
 
@@ -40,7 +40,7 @@ def test_resident_bytes_is_this_process() -> None:
 def test_gives_back_freed_pages_in_the_middle_of_the_heap() -> None:
     """The cold start's case: most of a large heap freed, a few live objects between the holes,
     so free() alone cannot shrink it (it only returns the top of the heap)."""
-    if memory._malloc_trim() is None:
+    if memory.find_malloc_trim() is None:
         pytest.skip("this C library has no malloc_trim (not glibc)")
     chunks = [bytes(1000) for _ in range(100_000)]  # above pymalloc's 512 bytes: glibc's heap
     kept = chunks[::50]
