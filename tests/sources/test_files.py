@@ -534,3 +534,17 @@ def test_a_batch_sink_gets_each_round_in_one_call(tmp_path: Path) -> None:
                 await task
 
     asyncio.run(main())
+
+
+def test_objects_are_kept_compressed_and_compared_as_before() -> None:
+    """Between reads an object is its JSON, compressed against a fixed dictionary: smaller than
+    the JSON, decoded back to an equal dict, and equal objects (same key order) give equal bytes,
+    so the byte comparison that spares decoding still says "unchanged" exactly when it did."""
+    big = svc("web", port=8080) | {"metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}}}
+    stored = files._stored(big)
+    assert isinstance(stored, bytes) and len(stored) < len(json.dumps(big, separators=(",", ":")))
+    assert files._dict(stored) == big
+    assert files._stored(json.loads(json.dumps(big))) == stored  # a fresh parse of the same text
+    assert files._stored(svc("web", port=8081)) != files._stored(svc("web", port=8080))
+    reordered = dict(reversed(list(big.items())))
+    assert files._stored(reordered) != stored and files._same(files._stored(reordered), stored)

@@ -19,9 +19,10 @@ Only non-service chains are tracked: the service chains are already left out by 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.iptables.names import is_service_chain
+from kubeproxy.backends.iptables.names import SERVICE_CHAIN_PREFIXES, is_service_chain
 
 ChainKey = tuple[str, str]  # (table, chain)
 
@@ -51,6 +52,36 @@ def _tracked_chain(line: str) -> str | None:
     return None if is_service_chain(chain) else chain
 
 
+# The `*table` lines and the lines of tracked chains (a `:CHAIN` or `-A CHAIN` line whose chain
+# is not a service chain), found by the regex engine: a full sync's text at 10k services is
+# 320k lines of which ~10k are tracked, and a Python loop over all of them (or a list of them)
+# costs 0.3 s and 80 MiB. Chain as `_tracked_chain` takes it: up to the first space.
+_TRACKED_LINE = re.compile(
+    r"^(?:\*(?P<table>[^\n]*)|(?::|-A )(?!"
+    + "|".join(map(re.escape, SERVICE_CHAIN_PREFIXES))
+    + r")(?P<chain>[^ \n]*)[^\n]*)$",
+    re.MULTILINE,
+)
+# Line breaks `str.splitlines` knows besides "\n" (ASCII ones; non-ASCII text takes the general path).
+_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
+
+
+def _tracked_lines(text: str) -> dict[ChainKey, list[str]] | None:
+    """Each tracked chain's lines in `text`, in order, as the general path groups them; None if
+    `text` has line breaks other than "\n" (that path's `splitlines` would cut it otherwise)."""
+    if not text.isascii() or any(c in text for c in _OTHER_BREAKS):
+        return None
+    table = ""
+    chains: dict[ChainKey, list[str]] = {}
+    for m in _TRACKED_LINE.finditer(text):
+        chain = m.group("chain")
+        if chain is None:
+            table = m.group("table")
+        else:
+            chains.setdefault((table, chain), []).append(m.group())
+    return chains
+
+
 @dataclass
 class AppliedChains:
     """Digests of the shared chains as the kernel holds them after our last successful restore."""
@@ -59,6 +90,14 @@ class AppliedChains:
 
     def filter(self, text: str, *, full: bool) -> Filtered:
         """`text` without the shared chains the kernel already holds unchanged (none on a full sync)."""
+        if full:
+            tracked = _tracked_lines(text)
+            if tracked is not None:  # nothing is left out: only the digests are wanted
+                return Filtered(text, (), {key: _digest(lines) for key, lines in tracked.items()})
+        return self._filter(text, full=full)
+
+    def _filter(self, text: str, *, full: bool) -> Filtered:
+        """The general path: every line keyed by its chain."""
         table = ""
         keyed: list[tuple[ChainKey | None, str]] = []
         chains: dict[ChainKey, list[str]] = {}

@@ -1,0 +1,131 @@
+"""The memory-light paths of an iptables sync give what the general ones gave (issue 17).
+
+- `AppliedChains.filter` on a full sync finds the tracked chains with a regex instead of keying
+  every line; it must record the same digests as the general path (a later partial sync compares
+  its own, general-path digests with them) and fall back to that path for text it does not
+  recognise (line breaks other than "\\n", non-ASCII).
+- `_with_missing_jumps` inserts the `-I` lines by string search; the result must be what the
+  former line-by-line rebuild gave (kept here as the reference).
+- The sync report keeps the counts but not the restore text.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeproxy import render as offline
+from kubeproxy.backends.iptables import jumps
+from kubeproxy.backends.iptables.applied import AppliedChains
+from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.iptables.proxier import IptablesProxier, _rule_args, _rule_spec
+from kubeproxy.proxy.config import ProxyConfig
+from tests.paths import DEMO
+
+CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
+
+
+def _demo_text(**kwargs: object) -> str:
+    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)  # type: ignore[arg-type]
+    return offline.render_iptables(offline.load([DEMO]).state, cfg).rendered.text
+
+
+TEXTS = {
+    "demo": _demo_text(),
+    "demo-localhost-nodeports": _demo_text(nodeport_addresses=("127.0.0.0/8",)),
+    "declared-only": "*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-FORWARD\n-A KUBE-FORWARD -j ACCEPT\nCOMMIT\n",
+    "odd-lines": "*nat\n:\n-A \n-A\n:KUBE-X - [0:0]\n-A KUBE-X\n\n-X KUBE-SVC-A\n-A KUBE-SEP-1 -j X\nCOMMIT\n",
+    "no-trailing-newline": "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\nCOMMIT",
+}
+
+
+def _general(text: str, applied: AppliedChains | None = None, *, full: bool = True):  # type: ignore[no-untyped-def]
+    return (applied or AppliedChains())._filter(text, full=full)
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_full_sync_fast_path_records_the_general_paths_digests(name: str) -> None:
+    text = TEXTS[name]
+    fast = AppliedChains().filter(text, full=True)
+    assert fast.text is text and fast.skipped == ()
+    assert fast.digests == _general(text).digests
+    assert fast.digests  # not vacuous: every text above has tracked chains
+
+
+@pytest.mark.parametrize("odd", ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "é"])
+def test_text_the_fast_path_does_not_know_takes_the_general_one(odd: str) -> None:
+    # splitlines cuts at these (or the text is not ASCII): the general path's grouping decides.
+    text = TEXTS["demo"].replace("kubernetes service portals", f"kubernetes{odd}service portals", 1)
+    assert AppliedChains().filter(text, full=True).digests == _general(text).digests
+
+
+def test_partial_sync_after_a_fast_full_sync_skips_the_unchanged_chains() -> None:
+    text = TEXTS["demo"]
+    fast, general = AppliedChains(), AppliedChains()
+    fast.applied(fast.filter(text, full=True), full=True)
+    general.applied(_general(text), full=True)
+    after_fast, after_general = fast.filter(text, full=False), general.filter(text, full=False)
+    assert after_fast == after_general
+    assert "nat/KUBE-SERVICES" in after_fast.skipped
+
+
+def _reference_with_jumps(text: str, missing: dict[str, list[jumps.Jump]]) -> str:
+    """The former `_with_missing_jumps` rebuild: every line, `-I` lines before each COMMIT."""
+    out: list[str] = []
+    table = ""
+    for line in text.splitlines():
+        if line == "COMMIT":
+            out.extend(f"-I {_rule_spec(j)}" for j in missing.get(table, []))
+        elif line.startswith("*"):
+            table = line[1:]
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _declared(text: str) -> dict[str, set[str]]:
+    declared: dict[str, set[str]] = {}
+    table = ""
+    for line in text.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+        elif line.startswith(":"):
+            declared.setdefault(table, set()).add(line[1:].split(" ", 1)[0])
+    return declared
+
+
+@pytest.mark.parametrize("name", ["demo", "demo-localhost-nodeports", "declared-only"])
+def test_missing_jumps_are_inserted_as_the_line_rebuild_did(name: str) -> None:
+    text = TEXTS[name]
+    proxier = IptablesProxier(run=FakeIptables().run)  # a fresh fake: every jump is missing
+    got, added = proxier._with_missing_jumps(text)
+    declared = _declared(text)
+    missing: dict[str, list[jumps.Jump]] = {}
+    for j in jumps.ENSURE_ORDER:
+        if j.target in declared.get(j.table, set()):
+            missing.setdefault(j.table, []).append(j)
+    assert got == _reference_with_jumps(text, missing)
+    assert added == sum(map(len, missing.values())) > 0
+
+
+def test_no_missing_jump_leaves_the_text_as_it_is() -> None:
+    fake = FakeIptables()
+    proxier = IptablesProxier(run=fake.run)
+    view_text = TEXTS["demo"]
+    for j in jumps.ENSURE_ORDER:
+        fake.run(["iptables", "-w", "-t", j.table, "-N", j.target], check=False)
+        fake.run(["iptables", "-w", "-t", j.table, "-I", *_rule_args(j)], check=True)
+    got, added = proxier._with_missing_jumps(view_text)
+    assert got is view_text and added == 0
+
+
+def test_the_report_keeps_counts_not_the_restore_text() -> None:
+    result = offline.render_iptables(offline.load([DEMO]).state, CFG, nfacct_counters=())
+    fake = FakeIptables()
+    proxier = IptablesProxier(run=fake.run)
+    proxier.prepare()
+    report = proxier.sync(result.view, result.options, None)
+    assert report.rendered.text == ""
+    assert report.rule_counts == {"filter": result.rendered.filter_rules, "nat": result.rendered.nat_rules_total}
+    declared = _declared(result.rendered.text)
+    assert report.jumps_added == sum(j.target in declared[j.table] for j in jumps.ENSURE_ORDER) > 0
+    saved = fake.run(["iptables-save", "-t", "nat"]).stdout
+    assert "-A KUBE-SERVICES" in saved  # the text was restored before it was dropped
