@@ -3,10 +3,11 @@
 One asyncio loop runs everything: a source (the API reflectors or the manifest-file watcher)
 delivers events to `on_events` (a list at once) or `on_event`, which update the cluster state,
 note what changed and ask the bounded-frequency runner for a sync; the runner calls `sync` at
-most every minSyncPeriod and at least every syncPeriod. A sync builds this node's view, takes the changes since the last one and
-hands both to the backend in a worker thread (rendering 10k services takes most of a second and
-must not stall the watches and the health servers), then clears stale UDP conntrack entries and
-updates health, the per-service health-check servers and the metrics.
+most every minSyncPeriod and at least every syncPeriod. A sync builds this node's view, takes
+the changes since the last one and hands both to the backend in a worker thread (a full render
+of 10k services takes a quarter of a second and must not stall the watches and the health
+servers), then clears stale UDP conntrack entries and updates health, the per-service
+health-check servers and the metrics.
 
 Failure handling, as upstream:
 - the first sync waits until the source has delivered its initial state, so that a restart
