@@ -167,7 +167,9 @@ def restore_gc() -> Any:
 
 @pytest.mark.parametrize("mode", ["iptables", "nftables"])
 @pytest.mark.usefixtures("restore_gc")
-def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="kubeproxy")
     gc.unfreeze()
     node = FakeNode()
