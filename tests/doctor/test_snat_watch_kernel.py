@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from kubeproxy.lab.cluster import METRICS_BIND, MiniCluster, poll
+from kubeproxy.lab.cluster import METRICS_BIND, NODE_IP, ClusterError, MiniCluster, poll
 from kubeproxy.lab.objects import Port, endpoint_slice, service
 
 pytestmark = pytest.mark.root
@@ -40,8 +40,6 @@ def _start(c: MiniCluster, *extra: str) -> None:
     objs = [c.node_object(), service("dns", "10.96.0.53", [DNS], external_ips=[EXTERNAL_IP]),
             endpoint_slice("dns", c.backends("a"), [DNS])]
     c.write_manifests(objs)
-    # The flows must outlive the slowest run of the test (the kernel's 30 s did not, under load).
-    c.node.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_udp_timeout=300"])
     c.start_proxy("--min-sync-period", "0s", "--cluster-cidr", CLUSTER_CIDR, *extra)
     c.wait_synced()
 
@@ -53,14 +51,14 @@ def test_snat_watch_exports_the_measured_count_and_warns_once_per_crossing(mode:
         _start(c, "--snat-watch", "100ms", "--snat-watch-threshold", str(30 / 64512))
         got = c.request("udp", c.client, f"{EXTERNAL_IP}:53", count=20)
         assert len(got) == 20 and all(isinstance(r, dict) for r in got), got
-        assert {r["src"].rsplit(":", 1)[0] for r in got} == {"192.168.0.2"}  # masqueraded to the node
+        assert {r["src"].rsplit(":", 1)[0] for r in got} == {NODE_IP}  # masqueraded to the node
         series = 'kubeproxy_snat_ports_in_use{service="default/dns:dns"}'
         # The gauge must equal what conntrack holds: 20 flows, or a few more if a loaded machine
         # made the probe resend a query from a new port (which the gauge rightly counts too).
-        first = poll("the gauge at conntrack's count", lambda: _gauge_is_conntrack(c, series, 20), timeout=60)
+        first = _await_gauge(c, series, 20)
         assert first <= 30 and WARNING not in c.proxy_log()
         c.request("udp", c.client, f"{EXTERNAL_IP}:53", count=20)
-        flows = poll("the gauge at conntrack's count", lambda: _gauge_is_conntrack(c, series, first + 20), timeout=60)
+        flows = _await_gauge(c, series, first + 20)
         text = _metrics(c)
         assert _value(text, 'kubeproxy_snat_port_utilization{service="default/dns:dns"}') == pytest.approx(flows / 64512)
         assert _value(text, "kubeproxy_snat_ports") == 64512
@@ -83,8 +81,10 @@ def test_snat_watch_exports_the_measured_count_and_warns_once_per_crossing(mode:
 
 
 def _flows(c: MiniCluster) -> int:
-    """The UDP flows to the Service's external IP that conntrack holds in the node's namespace."""
-    out = c.node.run(["conntrack", "-L", "-p", "udp", "--orig-dst", EXTERNAL_IP], check=False).stdout
+    """What the gauge counts, read by the conntrack tool instead of our ctnetlink parser: UDP flows
+    to the Service's external IP whose replies go to the node's address (masqueraded)."""
+    argv = ["conntrack", "-L", "-p", "udp", "--orig-dst", EXTERNAL_IP, "--reply-dst", NODE_IP]
+    out = c.node.run(argv, check=False).stdout
     return sum(1 for line in out.splitlines() if line.startswith("udp"))
 
 
@@ -92,6 +92,17 @@ def _gauge_is_conntrack(c: MiniCluster, series: str, at_least: int) -> int | Non
     """conntrack's count once it is at least `at_least` and the gauge shows the same, else None."""
     flows = _flows(c)
     return flows if flows >= at_least and _value(_metrics(c), series) == flows else None
+
+
+def _await_gauge(c: MiniCluster, series: str, at_least: int) -> int:
+    try:
+        return poll("the gauge at conntrack's count", lambda: _gauge_is_conntrack(c, series, at_least), timeout=60)
+    except ClusterError as exc:  # say what each side saw, and the proxy's last words
+        table = c.node.run(["conntrack", "-L", "-p", "udp"], check=False).stdout
+        raise AssertionError(
+            f"{exc}: gauge {_value(_metrics(c), series)}, conntrack {_flows(c)} (at least {at_least})\n"
+            f"{table}\n{c.proxy_log()[-3000:]}"
+        ) from None
 
 
 def _more_samples(c: MiniCluster, earlier: str) -> bool:
