@@ -342,7 +342,7 @@ class _Server:
 
     def __init__(self, ns: Any, objects: Path, kubeconfig: Path) -> None:
         py = str(ROOT / ".venv" / "bin" / "python")
-        self.proc = ns.popen([py, str(ROOT / "bench" / "coldstart.py"), "--serve", str(objects), str(kubeconfig)],
+        self.proc = ns.popen([py, str(ROOT / "bench" / "coldstart.py"), "--serve", str(objects), str(kubeconfig), "fast"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
         if self.proc.stdout.readline().strip() != "ready":
             raise SystemExit("the test API server did not start")
