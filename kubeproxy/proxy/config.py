@@ -483,17 +483,22 @@ def _conntrack(path: str, section: _Conntrack, base: ConntrackConfig) -> Conntra
         changes["max_per_core"] = section.maxPerCore
     if section.min is not None:
         changes["min"] = section.min
-    for attr, name in (("tcp_established_timeout", "tcpEstablishedTimeout"), ("tcp_close_wait_timeout", "tcpCloseWaitTimeout")):
-        value = _seconds(path, f"conntrack.{name}", getattr(section, name))
-        if value is not None:
-            changes[attr] = value
     if section.tcpBeLiberal is not None:
         changes["tcp_be_liberal"] = section.tcpBeLiberal
-    for attr, name in (("udp_timeout", "udpTimeout"), ("udp_stream_timeout", "udpStreamTimeout")):
+    for attr, name in _CONNTRACK_TIMEOUTS:
         value = _seconds(path, f"conntrack.{name}", getattr(section, name))
         if value is not None:
             changes[attr] = value
     return replace(base, **changes)
+
+
+# ConntrackConfig's timeouts and their names in the file, in the file's order (the first bad one is reported).
+_CONNTRACK_TIMEOUTS = (
+    ("tcp_established_timeout", "tcpEstablishedTimeout"),
+    ("tcp_close_wait_timeout", "tcpCloseWaitTimeout"),
+    ("udp_timeout", "udpTimeout"),
+    ("udp_stream_timeout", "udpStreamTimeout"),
+)
 
 
 def _unused_file_fields(doc: _KubeProxyConfiguration) -> list[str]:
