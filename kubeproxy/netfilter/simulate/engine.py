@@ -135,12 +135,7 @@ class Simulator(NftEvaluator):
     def _stage(self, b: Branch) -> list[Branch]:
         st = b.stage
         if st == "route_out":
-            r = self.node.route(b.dst, b.v6)
-            if r is None:
-                return [self._end(b, "DROP", "no route to the destination (ENETUNREACH)")]
-            b.out_iface, b.via = r
-            b.stage = "output"
-            return [b]
+            return self._route(b, "output", "no route to the destination (ENETUNREACH)")
         if st == "prerouting" or st == "lo_prerouting":
             nxt = "route_in" if st == "prerouting" else "input"
             if st == "prerouting" and b.phys_out is not None:
@@ -165,12 +160,7 @@ class Simulator(NftEvaluator):
                 b.stage = "input"
                 b.local = True
                 return [b]
-            r = self.node.route(b.dst, b.v6)
-            if r is None:
-                return [self._end(b, "DROP", "no route to the destination")]
-            b.out_iface, b.via = r
-            b.stage = "forward"
-            return [b]
+            return self._route(b, "forward", "no route to the destination")
         if self.ipvs is not None and (st.startswith("ipvs") or (st in ("input", "output") and self.ipvs.service_for(b))):
             from kubeproxy.netfilter.ipvs import stage as ipvs_stage
 
@@ -195,6 +185,16 @@ class Simulator(NftEvaluator):
         if st == "sent":
             return [self._end(b, "ACCEPT")]
         raise AssertionError(st)
+
+    def _route(self, b: Branch, nxt: str, unreachable: str) -> list[Branch]:
+        """Route `b` to its destination and go on to stage `nxt`; without a route it is dropped,
+        `unreachable` saying why (a local sender is told ENETUNREACH, a forwarded packet is not)."""
+        r = self.node.route(b.dst, b.v6)
+        if r is None:
+            return [self._end(b, "DROP", unreachable)]
+        b.out_iface, b.via = r
+        b.stage = nxt
+        return [b]
 
     def _end(self, b: Branch, verdict: str, note: str = "") -> Branch:
         b.stage, b.verdict = "done", verdict
