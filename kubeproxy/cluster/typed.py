@@ -125,14 +125,20 @@ def parse_item(item: Item, options: ParseOptions, checks: CheckCache) -> Parsed 
     return None
 
 
-def _metadata(item: Item, check_name: Callable[[str], str | None], checks: CheckCache) -> tuple[str, str, Metadata]:
-    """(namespace, name, metadata), checked as `objects._metadata` checks them."""
+def _named(item: Item, check_name: Callable[[str], str | None]) -> tuple[str, Metadata]:
+    """(name, metadata): metadata present and a name `check_name` accepts."""
     meta = item.metadata
     if type(meta) is not Metadata:
         raise _Skip
     name = meta.name
     if type(name) is not str or not name or check_name(name) is not None:
         raise _Skip
+    return name, meta
+
+
+def _metadata(item: Item, check_name: Callable[[str], str | None], checks: CheckCache) -> tuple[str, str, Metadata]:
+    """(namespace, name, metadata), checked as `objects._metadata` checks them."""
+    name, meta = _named(item, check_name)
     namespace = checks.canonical(dns1123_label, meta.namespace or "default")
     if namespace is None:
         raise _Skip
@@ -398,13 +404,8 @@ def _hints(entries: list[Hint] | Any, check: Callable[[str], str | None]) -> fro
 
 
 def _node(item: Item, checks: CheckCache) -> Node:
-    meta = item.metadata
-    if type(meta) is not Metadata:
-        raise _Skip
-    name = meta.name
     # A Node has no namespace: `object_ref(namespaced=False)` reads none, so none is checked.
-    if type(name) is not str or not name or dns1123_subdomain(name) is not None:
-        raise _Skip
+    name, meta = _named(item, dns1123_subdomain)
     spec, status = item.spec or _NO_SPEC, item.status or _NO_STATUS
     addresses = []
     for a in status.addresses or ():
