@@ -26,9 +26,9 @@ compared; otherwise everything is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from kubeproxy.backends.nftables.model import ELEMENTS_PER_LINE, TABLE_COMMENT, Element, element_lines, quote
 from kubeproxy.backends.nftables.rendering import NftRendering
@@ -70,6 +70,28 @@ class Plan:
         return sum(weight(u) for u in self.units)
 
 
+class _Declared(Protocol):
+    """A set, map or ct timeout object: declared once, never altered in place."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def declaration(self) -> str: ...
+
+
+def _declare_new(
+    head: list[Op], t: str, names: Iterable[str], old: Mapping[str, _Declared], new: Mapping[str, _Declared]
+) -> None:
+    """Add to `head` the declaration of each of `names` that `new` has and `old` has not; one whose
+    declaration changed needs a full sync (nft cannot alter a set's type or an object in place)."""
+    for name in names:
+        o, n = old.get(name), new.get(name)
+        if n is not None and o is None:
+            head.append(f"add {n.kind} {t} {name}{n.declaration()}")
+        elif n is not None and o != n:
+            raise NeedsFullSync(f"{n.kind} {name} changed")
+
+
 def plan(old: NftRendering, new: NftRendering) -> Plan:
     """Commands that turn the table `old` describes into `new` (same family)."""
     t = new.table
@@ -88,18 +110,8 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
         element_sets = dict.fromkeys(old.elements.keys() | new.elements.keys())
 
     chains, sets, objects = sorted(chains), sorted(sets), sorted(objects)
-    for name in objects:
-        o, n = old.objects.get(name), new.objects.get(name)
-        if n is not None and o is None:
-            head.append(f"add ct timeout {t} {name}{n.declaration()}")
-        elif n is not None and o != n:
-            raise NeedsFullSync(f"ct timeout {name} changed")
-    for name in sets:
-        os_, ns = old.sets.get(name), new.sets.get(name)
-        if ns is not None and os_ is None:
-            head.append(f"add {ns.kind} {t} {name}{ns.declaration()}")
-        elif ns is not None and os_ != ns:
-            raise NeedsFullSync(f"{ns.kind} {name} changed")
+    _declare_new(head, t, objects, old.objects, new.objects)
+    _declare_new(head, t, sets, old.sets, new.sets)
     changed_chains = []
     for name in chains:
         oc, nc = old.chains.get(name), new.chains.get(name)

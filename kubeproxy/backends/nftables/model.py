@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from kubeproxy.backends.kernel_text import nft_quoted
 
@@ -106,6 +106,7 @@ class CtTimeout:
     protocol: str
     l3proto: str
     policy: tuple[tuple[str, int], ...]
+    kind: ClassVar[str] = "ct timeout"  # as `nft add` names it, beside a set's "set" or "map"
 
     def declaration(self) -> str:
         policy = ", ".join(f"{state} : {seconds}" for state, seconds in self.policy)
