@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.exec import CommandError
+from kubeproxy.backends.fake_tool import Refused, answer
 
 BUILTIN = {
     "filter": ("INPUT", "FORWARD", "OUTPUT"),
@@ -29,10 +29,6 @@ BUILTIN = {
 TARGETS = frozenset(
     {"ACCEPT", "DROP", "RETURN", "REJECT", "MASQUERADE", "DNAT", "SNAT", "MARK", "CONNMARK", "LOG", "NOTRACK", "CT", "REDIRECT"}
 )
-
-
-class _Refused(Exception):
-    pass
 
 
 Table = dict[str, list[str]]  # chain -> its rules, as `-A CHAIN ...` lines
@@ -53,16 +49,7 @@ class FakeIptables:
     def run(
         self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]:
-        argv = list(argv)
-        self.calls.append(argv)
-        try:
-            out = self._dispatch(argv, input)
-            proc = subprocess.CompletedProcess(argv, 0, out, "")
-        except _Refused as exc:
-            proc = subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: {exc}")
-        if check and proc.returncode != 0:  # as local_run
-            raise CommandError(f"{argv[0]} exited {proc.returncode}: {proc.stderr}")
-        return proc
+        return answer(self.calls, argv, lambda args: self._dispatch(args, input), check=check, stderr_prefix=f"{argv[0]}: ")
 
     # ------------------------------------------------------------------ views for tests
     def tables(self, ipv6: bool = False) -> dict[str, Table]:
@@ -79,13 +66,13 @@ class FakeIptables:
         base = tool.removesuffix("-save").removesuffix("-restore")
         family = "6" if base.startswith("ip6tables") else "4"
         if base not in ("iptables", "iptables-legacy", "iptables-nft", "ip6tables", "ip6tables-legacy", "ip6tables-nft"):
-            raise _Refused(f"the fake does not know {tool}")
+            raise Refused(f"the fake does not know {tool}")
         tables = self.families[family]
         if tool.endswith("-save"):
             return self._save(tables, _option(argv, "-t"))
         if tool.endswith("-restore"):
             if "--noflush" not in argv:
-                raise _Refused("the fake only restores with --noflush")
+                raise Refused("the fake only restores with --noflush")
             self._restore(tables, stdin or "", commit="--test" not in argv)
             return ""
         return self._command(tables, [a for a in argv[1:] if a != "-w"])
@@ -118,36 +105,36 @@ class FakeIptables:
             return ""
         if verb == "-S":
             if chain not in table:
-                raise _Refused(f"chain `{chain}' in table `{table_name}' is incompatible or does not exist")
+                raise Refused(f"chain `{chain}' in table `{table_name}' is incompatible or does not exist")
             head = f"-P {chain} ACCEPT" if chain in BUILTIN[table_name] else f"-N {chain}"
             return "\n".join([head, *table[chain]]) + "\n"
         if verb == "-N":
             if chain in table:
-                raise _Refused("Chain already exists.")
+                raise Refused("Chain already exists.")
             table[chain] = []
         elif verb in ("-X", "-F"):
             if chain not in table:
-                raise _Refused("No chain/target/match by that name.")
+                raise Refused("No chain/target/match by that name.")
             if verb == "-F":
                 table[chain] = []
             elif table[chain] or _users(table, chain) or chain in BUILTIN[table_name]:
-                raise _Refused("Directory not empty / Too many links")
+                raise Refused("Directory not empty / Too many links")
             else:
                 del table[chain]
         elif verb in ("-C", "-I", "-D", "-A"):
             if chain not in table:
-                raise _Refused("No chain/target/match by that name.")
+                raise Refused("No chain/target/match by that name.")
             rule = _rule_text(chain, rest)
             present = rule in table[chain]
             if verb in ("-I", "-A"):
                 self._check_rule(table, rule)
                 table[chain].insert(0 if verb == "-I" else len(table[chain]), _canonical(rule))
             elif not present:
-                raise _Refused("Bad rule (does a matching rule exist in that chain?).")
+                raise Refused("Bad rule (does a matching rule exist in that chain?).")
             elif verb == "-D":
                 table[chain].remove(rule)
         else:
-            raise _Refused(f"the fake does not know {verb}")
+            raise Refused(f"the fake does not know {verb}")
         return ""
 
     def _restore(self, tables: dict[str, Table], text: str, *, commit: bool) -> None:
@@ -162,7 +149,7 @@ class FakeIptables:
                     work = {c: list(r) for c, r in tables[name].items()}
                     continue
                 if work is None:
-                    raise _Refused("no table given")
+                    raise Refused("no table given")
                 if line == "COMMIT":
                     if commit:
                         tables[name] = work
@@ -173,15 +160,15 @@ class FakeIptables:
                         work[chain] = []  # --noflush still flushes a chain it declares
                 else:
                     self._restore_line(name, work, line)
-            except _Refused as exc:
-                raise _Refused(f"line {n} failed: {exc}") from None
+            except Refused as exc:
+                raise Refused(f"line {n} failed: {exc}") from None
 
     def _restore_line(self, table_name: str, work: Table, line: str) -> None:
         args = shlex.split(line)
         verb, chain = args[0], args[1] if len(args) > 1 else ""
         if verb in ("-A", "-I"):
             if chain not in work:
-                raise _Refused(f"chain {chain} does not exist")
+                raise Refused(f"chain {chain} does not exist")
             rule = _rule_text(chain, args[2:]) if verb == "-I" else line
             self._check_rule(work, rule)
             if verb == "-A":
@@ -190,40 +177,40 @@ class FakeIptables:
                 work[chain].insert(0, rule)
         elif verb == "-X":
             if chain not in work or chain in BUILTIN[table_name]:
-                raise _Refused(f"no chain {chain} to delete")
+                raise Refused(f"no chain {chain} to delete")
             if _users(work, chain):
-                raise _Refused(f"chain {chain} is still in use")
+                raise Refused(f"chain {chain} is still in use")
             del work[chain]
         elif verb == "-F":
             work[chain] = []
         else:
-            raise _Refused(f"the fake does not know {verb}")
+            raise Refused(f"the fake does not know {verb}")
 
     @staticmethod
     def _check_rule(table: Table, rule: str) -> None:
         """What the kernel and iptables' extensions would refuse, as far as our rules go."""
         target = _target(rule)
         if target and target not in TARGETS and target not in table:
-            raise _Refused(f"Couldn't load target `{target}'")
+            raise Refused(f"Couldn't load target `{target}'")
         parts = shlex.split(rule)
         for flag, valid in _VALUES.items():
             if flag in parts and not valid(parts[parts.index(flag) + 1]):
-                raise _Refused(f"{flag}: bad value `{parts[parts.index(flag) + 1]}'")
+                raise Refused(f"{flag}: bad value `{parts[parts.index(flag) + 1]}'")
 
     def _nfacct(self, args: list[str]) -> str:
         if self.nfacct is None:
-            raise _Refused("nfacct: no such file or directory")
+            raise Refused("nfacct: no such file or directory")
         verb, name = args[0], args[1] if len(args) > 1 else ""
         if verb == "add":
             if name in self.nfacct:
-                raise _Refused("File exists")
+                raise Refused("File exists")
             self.nfacct[name] = 0
             return ""
         if verb == "get":
             if name not in self.nfacct:
-                raise _Refused("No such file or directory")
+                raise Refused("No such file or directory")
             return f"{{ pkts = {self.nfacct[name]:020d}, bytes = {0:020d} }} = {name};\n"
-        raise _Refused(f"the fake does not know nfacct {verb}")
+        raise Refused(f"the fake does not know nfacct {verb}")
 
 
 def _number(text: str) -> bool:

@@ -17,13 +17,9 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.exec import CommandError
+from kubeproxy.backends.fake_tool import Refused, answer
 from kubeproxy.backends.ipvs.apply import _PROTO_OPT, _split_hostport
 from kubeproxy.backends.ipvs.render import DUMMY_DEVICE, RealServer, VirtualServer, ipvsadm_save_text
-
-
-class _Refused(Exception):
-    pass
 
 
 def _inet(addr: str) -> str:
@@ -83,16 +79,7 @@ class FakeIpvs:
     def run(
         self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]:
-        args = list(argv)
-        self.calls.append(args)
-        try:
-            out = self._dispatch(args, input or "")
-            proc = subprocess.CompletedProcess(args, 0, out, "")
-        except _Refused as exc:
-            proc = subprocess.CompletedProcess(args, 1, "", str(exc))
-        if check and proc.returncode != 0:
-            raise CommandError(f"{args[0]} exited 1: {proc.stderr}")
-        return proc
+        return answer(self.calls, argv, lambda args: self._dispatch(args, input or ""), check=check)
 
     def table(self) -> dict[VirtualServer, tuple[RealServer, ...]]:
         return {vs: tuple(sorted(reals.values())) for vs, reals in self.services.values()}
@@ -101,11 +88,11 @@ class FakeIpvs:
         tool = args[0]
         if tool == "modprobe":
             if not self.has_ipvs and args[1].startswith("ip_vs"):
-                raise _Refused(f"modprobe: FATAL: Module {args[1]} not found")
+                raise Refused(f"modprobe: FATAL: Module {args[1]} not found")
             return ""
         if tool == "cat":
             if not self.has_ipvs:
-                raise _Refused(f"cat: {args[1]}: No such file or directory")
+                raise Refused(f"cat: {args[1]}: No such file or directory")
             return "IP Virtual Server version 1.2.1 (size=4096)\n"
         if tool == "sysctl":
             key, _, value = args[-1].partition("=")
@@ -146,7 +133,7 @@ class FakeIpvs:
                     a, i = self.connections.get((vs.protocol, vs.address, vs.port, rs.address, rs.port), (0, 0))
                     out.append(f"  -> {rs.address}:{rs.port}  Masq    {rs.weight}      {a}          {i}")
             return "\n".join(out) + "\n"
-        raise _Refused(f"ipvsadm: unsupported in the fake: {args}")
+        raise Refused(f"ipvsadm: unsupported in the fake: {args}")
 
     def _restore_ipvs(self, text: str) -> None:
         # ipvsadm -R stops at the first failing line, having applied those before it.
@@ -156,7 +143,7 @@ class FakeIpvs:
                 continue
             op, proto = words[0], _PROTO_OPT.get(words[1])
             if proto is None:
-                raise _Refused(f"line {n}: unknown service option {words[1]}")
+                raise Refused(f"line {n}: unknown service option {words[1]}")
             addr, port = _split_hostport(words[2])
             key = (proto, addr, port)
             opts = dict(zip(words[3::2], words[4::2], strict=False))
@@ -164,30 +151,30 @@ class FakeIpvs:
                 flags = tuple(opts["-b"].split(",")) if "-b" in opts else ()
                 vs = VirtualServer(proto, addr, port, opts.get("-s", "wlc"), int(opts.get("-p", "0")), flags)
                 if op == "-A" and key in self.services:
-                    raise _Refused(f"line {n}: Service already exists")
+                    raise Refused(f"line {n}: Service already exists")
                 if op == "-E" and key not in self.services:
-                    raise _Refused(f"line {n}: No such service")
+                    raise Refused(f"line {n}: No such service")
                 self.services[key] = (vs, self.services[key][1] if op == "-E" else {})
             elif op == "-D":
                 if self.services.pop(key, None) is None:
-                    raise _Refused(f"line {n}: No such service")
+                    raise Refused(f"line {n}: No such service")
             elif op in ("-a", "-e", "-d"):
                 if key not in self.services:
-                    raise _Refused(f"line {n}: Service not defined")
+                    raise Refused(f"line {n}: Service not defined")
                 reals = self.services[key][1]
                 raddr, rport = _split_hostport(words[words.index("-r") + 1])
                 weight = int(words[words.index("-w") + 1]) if "-w" in words else 1
                 rkey = (raddr, rport)
                 if op == "-a" and rkey in reals:
-                    raise _Refused(f"line {n}: Destination already exists")
+                    raise Refused(f"line {n}: Destination already exists")
                 if op in ("-e", "-d") and rkey not in reals:
-                    raise _Refused(f"line {n}: No such destination")
+                    raise Refused(f"line {n}: No such destination")
                 if op == "-d":
                     del reals[rkey]
                 else:
                     reals[rkey] = RealServer(raddr, rport, weight)
             else:
-                raise _Refused(f"line {n}: unknown command {op}")
+                raise Refused(f"line {n}: unknown command {op}")
 
     def _ipset(self, args: list[str], stdin: str) -> str:
         if args == ["save"]:
@@ -199,7 +186,7 @@ class FakeIpvs:
         if args[:1] == ["destroy"]:
             self.families.pop(args[1], None)
             if self.sets.pop(args[1], None) is None:
-                raise _Refused(f"ipset v7.17: The set with the given name does not exist: {args[1]}")
+                raise Refused(f"ipset v7.17: The set with the given name does not exist: {args[1]}")
             return ""
         if args[:1] == ["restore"]:
             exist = "-exist" in args
@@ -211,57 +198,57 @@ class FakeIpvs:
                     continue
                 if words[0] == "create":
                     if words[1] in work and not exist:
-                        raise _Refused(f"ipset v7.17: Error in line {n}: Set cannot be created: "
+                        raise Refused(f"ipset v7.17: Error in line {n}: Set cannot be created: "
                                        "set with the same name already exists")
                     work.setdefault(words[1], (words[2], set()))
                     fam = words[words.index("family") + 1] if "family" in words else "inet"
                     families.setdefault(words[1], fam)
                 elif words[0] in ("add", "del"):
                     if words[1] not in work:
-                        raise _Refused(f"ipset v7.17: Error in line {n}: The set with the given name does not exist")
+                        raise Refused(f"ipset v7.17: Error in line {n}: The set with the given name does not exist")
                     typ, entries = work[words[1]]
                     if not _valid_entry(typ, words[2], families.get(words[1], "inet")):
-                        raise _Refused(f"ipset v7.17: Error in line {n}: Syntax error: '{words[2]}' is invalid for {typ}")
+                        raise Refused(f"ipset v7.17: Error in line {n}: Syntax error: '{words[2]}' is invalid for {typ}")
                     if words[0] == "add":
                         entries.add(words[2])
                     else:
                         entries.discard(words[2])
                 else:
-                    raise _Refused(f"ipset v7.17: Error in line {n}: unknown command {words[0]}")
+                    raise Refused(f"ipset v7.17: Error in line {n}: unknown command {words[0]}")
             self.sets = work  # restore is all or nothing in this fake; the kernel's stops at the error
             self.families = {k: v for k, v in families.items() if k in work}
             return ""
-        raise _Refused(f"ipset: unsupported in the fake: {args}")
+        raise Refused(f"ipset: unsupported in the fake: {args}")
 
     def _ip(self, args: list[str]) -> str:
         if args[:3] == ["-o", "addr", "show"]:
             if args[3:] == ["dev", DUMMY_DEVICE]:
                 if self.dummy is None:
-                    raise _Refused(f'Device "{DUMMY_DEVICE}" does not exist.')
+                    raise Refused(f'Device "{DUMMY_DEVICE}" does not exist.')
                 return "".join(f"9: {DUMMY_DEVICE}    {_inet(a)} scope global {DUMMY_DEVICE}\n" for a in sorted(self.dummy))
             listed = [*self.local_addresses, *((DUMMY_DEVICE, a) for a in sorted(self.dummy or ()))]
             return "".join(f"{i}: {dev}    {_inet(a)} scope global {dev}\n" for i, (dev, a) in enumerate(listed, 1))
         if args[:2] == ["link", "add"]:
             if self.dummy is not None:
-                raise _Refused("RTNETLINK answers: File exists")
+                raise Refused("RTNETLINK answers: File exists")
             self.dummy = set()
             return ""
         if args[:2] == ["link", "del"]:
             if self.dummy is None:
-                raise _Refused("Cannot find device")
+                raise Refused("Cannot find device")
             self.dummy = None
             return ""
         if args[:1] == ["addr"] and args[1] in ("add", "del"):
             if self.dummy is None:
-                raise _Refused("Cannot find device")
+                raise Refused("Cannot find device")
             addr = args[2].split("/")[0]
             if args[1] == "add":
                 if addr in self.dummy:
-                    raise _Refused("RTNETLINK answers: File exists")
+                    raise Refused("RTNETLINK answers: File exists")
                 self.dummy.add(addr)
             else:
                 if addr not in self.dummy:
-                    raise _Refused("RTNETLINK answers: Cannot assign requested address")
+                    raise Refused("RTNETLINK answers: Cannot assign requested address")
                 self.dummy.discard(addr)
             return ""
-        raise _Refused(f"ip: unsupported in the fake: {args}")
+        raise Refused(f"ip: unsupported in the fake: {args}")

@@ -27,12 +27,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.exec import CommandError
+from kubeproxy.backends.fake_tool import Refused, answer
 from kubeproxy.backends.kernel_text import NFT_COMMENT_MAX
-
-
-class _Refused(Exception):
-    pass
 
 
 @dataclass
@@ -78,15 +74,7 @@ class FakeNft:
     def run(
         self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]:
-        argv = list(argv)
-        self.calls.append(argv)
-        try:
-            proc = subprocess.CompletedProcess(argv, 0, self._dispatch(argv[1:], input or ""), "")
-        except _Refused as exc:
-            proc = subprocess.CompletedProcess(argv, 1, "", f"Error: {exc}")
-        if check and proc.returncode != 0:
-            raise CommandError(f"nft exited 1: {proc.stderr}")  # as local_run
-        return proc
+        return answer(self.calls, argv, lambda args: self._dispatch(args[1:], input or ""), check=check, stderr_prefix="Error: ")
 
     # ------------------------------------------------------------------ commands
     def _dispatch(self, args: list[str], stdin: str) -> str:
@@ -99,25 +87,25 @@ class FakeNft:
                 if line.strip():
                     try:
                         self._statement(work, line.strip())
-                    except _Refused as exc:
-                        raise _Refused(f"/dev/stdin:{n}: {exc}\n{line[:300]}") from None
+                    except Refused as exc:
+                        raise Refused(f"/dev/stdin:{n}: {exc}\n{line[:300]}") from None
             if not checking:
                 self.tables = work
             return ""
         if args[:2] == ["delete", "table"]:
             key = (args[2], args[3])
             if key not in self.tables:
-                raise _Refused("No such file or directory")
+                raise Refused("No such file or directory")
             del self.tables[key]
             return ""
         if args[:1] == ["list"] and as_json:
             return self._list_json(args[1:])
-        raise _Refused(f"the fake does not know `nft {' '.join(args)}`")
+        raise Refused(f"the fake does not know `nft {' '.join(args)}`")
 
     def _statement(self, tables: dict[tuple[str, str], _Table], line: str) -> None:
         for comment in _COMMENT.findall(line):
             if len(comment) > NFT_COMMENT_MAX:
-                raise _Refused(f"comment too long, {NFT_COMMENT_MAX} characters maximum allowed")
+                raise Refused(f"comment too long, {NFT_COMMENT_MAX} characters maximum allowed")
         words = line.split()
         verb, kind = words[0], words[1]
         if kind == "ct":  # `ct timeout`
@@ -128,18 +116,18 @@ class FakeNft:
             if verb == "add":
                 tables.setdefault(key, _Table(_block(line)))
             elif verb == "delete" and tables.pop(key, None) is None:
-                raise _Refused("No such file or directory")
+                raise Refused("No such file or directory")
             return
         table = tables.get(key)
         if table is None:
-            raise _Refused("No such file or directory (table)")
+            raise Refused("No such file or directory (table)")
         name = words[4]
         if kind == "chain":
             self._chain(table, verb, name, _block(line))
         elif kind == "rule":
             body = line.split(None, 5)[5]
             if name not in table.chains:
-                raise _Refused(f"No such file or directory (chain {name})")
+                raise Refused(f"No such file or directory (chain {name})")
             self._check_refs(table, body)
             table.chains[name].rules.append(body)
         elif kind in ("set", "map"):
@@ -150,15 +138,15 @@ class FakeNft:
             if verb == "add":
                 old = table.objects.setdefault(name, _block(line))
                 if old != _block(line):
-                    raise _Refused("File exists (ct timeout)")
+                    raise Refused("File exists (ct timeout)")
             elif verb == "delete":
                 if name not in table.objects:
-                    raise _Refused("No such file or directory")
+                    raise Refused("No such file or directory")
                 if any(f'"{name}"' in r for c in table.chains.values() for r in c.rules):
-                    raise _Refused("Device or resource busy")
+                    raise Refused("Device or resource busy")
                 del table.objects[name]
         else:
-            raise _Refused(f"the fake does not know `{verb} {kind}`")
+            raise Refused(f"the fake does not know `{verb} {kind}`")
 
     @staticmethod
     def _chain(table: _Table, verb: str, name: str, declaration: str) -> None:
@@ -167,15 +155,15 @@ class FakeNft:
             if old is None:
                 table.chains[name] = _Chain(declaration)
             elif _hook(old.declaration) != _hook(declaration) and declaration:
-                raise _Refused("Device or resource busy (a base chain's hook cannot change)")
+                raise Refused("Device or resource busy (a base chain's hook cannot change)")
             return
         if name not in table.chains:
-            raise _Refused(f"No such file or directory (chain {name})")
+            raise Refused(f"No such file or directory (chain {name})")
         if verb == "flush":
             table.chains[name].rules = []
         elif verb == "delete":
             if table.chains[name].rules or _chain_users(table, name):
-                raise _Refused("Device or resource busy")
+                raise Refused("Device or resource busy")
             del table.chains[name]
 
     @staticmethod
@@ -186,62 +174,62 @@ class FakeNft:
             if old is None:
                 table.sets[name] = _Set(kind, declaration, flags)
             elif _type(old.declaration) != _type(declaration) or old.kind != kind:
-                raise _Refused("File exists (set of another type)")
+                raise Refused("File exists (set of another type)")
             return
         if name not in table.sets:
-            raise _Refused(f"No such file or directory ({kind} {name})")
+            raise Refused(f"No such file or directory ({kind} {name})")
         if verb == "flush":
             table.sets[name].elements.clear()
         elif verb == "delete":
             if any(_uses(r, name) for c in table.chains.values() for r in c.rules):
-                raise _Refused("Device or resource busy")
+                raise Refused("Device or resource busy")
             del table.sets[name]
 
     def _elements(self, table: _Table, verb: str, name: str, block: str) -> None:
         s = table.sets.get(name)
         if s is None:
-            raise _Refused(f"No such file or directory (set {name})")
+            raise Refused(f"No such file or directory (set {name})")
         for raw in _split_elements(block):
             elem_key, value = _element(raw)
             if verb == "delete":
                 if elem_key not in s.elements:
-                    raise _Refused(f"No such file or directory (element {elem_key})")
+                    raise Refused(f"No such file or directory (element {elem_key})")
                 del s.elements[elem_key]
                 continue
             if value is not None:
                 self._check_refs(table, value)
             if elem_key in s.elements:
                 if s.elements[elem_key] != value:
-                    raise _Refused(f"File exists (element {elem_key})")
+                    raise Refused(f"File exists (element {elem_key})")
                 continue
             if s.interval and any(_overlap(elem_key, other) for other in s.elements):
-                raise _Refused("Could not process rule: File exists (interval overlaps)")
+                raise Refused("Could not process rule: File exists (interval overlaps)")
             s.elements[elem_key] = value
 
     @staticmethod
     def _check_refs(table: _Table, text: str) -> None:
         for chain in _REFS.findall(text):
             if chain not in table.chains:
-                raise _Refused(f"Could not process rule: No such file or directory (chain {chain})")
+                raise Refused(f"Could not process rule: No such file or directory (chain {chain})")
         for name in _SET_REFS.findall(text):
             if name not in table.sets:
-                raise _Refused(f"Could not process rule: No such file or directory (set {name})")
+                raise Refused(f"Could not process rule: No such file or directory (set {name})")
         for name in _TIMEOUT_REF.findall(text):
             if name not in table.objects:
-                raise _Refused(f"Could not process rule: No such file or directory (ct timeout {name})")
+                raise Refused(f"Could not process rule: No such file or directory (ct timeout {name})")
 
     # ------------------------------------------------------------------ listings
     def _list_json(self, args: list[str]) -> str:
         what, family, table_name = args[0], args[1], args[2]
         table = self.tables.get((family, table_name))
         if table is None:
-            raise _Refused("No such file or directory")
+            raise Refused("No such file or directory")
         items: list[dict[str, object]] = [{"metainfo": {"json_schema_version": 1}}]
         base = {"family": family, "table": table_name}
         if what == "chain":
             name = args[3]
             if name not in table.chains:
-                raise _Refused("No such file or directory")
+                raise Refused("No such file or directory")
             chains = {name: table.chains[name]}
         else:
             items.append({"table": {"family": family, "name": table_name}})
