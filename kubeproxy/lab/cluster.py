@@ -85,12 +85,13 @@ METRICS_BIND = "127.0.0.1:10249"
 SYNC_METRIC = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 
 _POD_GATEWAY = "169.254.1.1"
+_POD_GATEWAY6 = "fe80::1"  # as the IPv4 one: only its MAC (the node's veth end) matters
 _GATEWAY_MAC = "ee:ee:ee:ee:ee:ee"  # Calico gives every host-side veth this MAC
 _FIRST_POD_HOST = 10
 PROBE = [sys.executable, "-m", "kubeproxy.lab.probe"]
 _METRICS_GET = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())"
 # One GET, run inside a namespace; prints {"status", "headers", "body"} whatever the status (a 503 is an answer too).
-_HTTP_GET = """
+HTTP_GET = """
 import json, sys, urllib.error, urllib.request
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 try:
@@ -213,10 +214,10 @@ class MiniCluster:
         L.link(self.client, "eth0", f"{CLIENT_IP}/{UPLINK_PREFIX}", self.node, "eth0", f"{NODE_IP}/{UPLINK_PREFIX}")
         client_cmds = [f"addr add {ip}/{UPLINK_PREFIX} dev eth0" for ip in CLIENT_EXTRA_IPS]
         client_cmds += [f"route add {cidr} via {NODE_IP}" for cidr in (SERVICE_CIDR, *EXTERNAL_CIDRS)]
-        _ip_batch(self.client, client_cmds)
+        L.ip_batch(self.client, client_cmds)
         # a node's uplink has a gateway; without a route the node's own connections to service IPs
         # would fail before netfilter sees them
-        _ip_batch(self.node, [f"route add default via {CLIENT_IP}"])
+        L.ip_batch(self.node, [f"route add default via {CLIENT_IP}"])
         self.node.run(
             [
                 "sysctl",
@@ -242,24 +243,11 @@ class MiniCluster:
         self._next_host[node_name] = host + 1
         ip = str(cidr[host])
         ns = L.create("kppod")
-        host_if = "cali" + hashlib.sha1(f"{ns.name}/{name}".encode()).hexdigest()[:11]
+        host_if = pod_interface(ns, name)
         pod = Pod(name, ip, node_name, ns, host_if)
         self.pods[name] = pod
         self._stack.callback(self._delete_pod, pod)
-        self.node.run(
-            ["ip", "link", "add", host_if, "address", _GATEWAY_MAC, "type", "veth", "peer", "name", "eth0", "netns", ns.name]
-        )
-        _ip_batch(self.node, [f"link set {host_if} up", f"route add {ip}/32 dev {host_if} scope link"])
-        _ip_batch(
-            ns,
-            [
-                f"addr add {ip}/32 dev eth0",
-                "link set eth0 up",
-                f"route add {_POD_GATEWAY} dev eth0 scope link",
-                f"route add default via {_POD_GATEWAY} dev eth0",
-                f"neigh replace {_POD_GATEWAY} lladdr {_GATEWAY_MAC} dev eth0 nud permanent",
-            ],
-        )
+        wire_pod(self.node, ns, host_if, ip)
         self._serve(pod)
         return pod
 
@@ -271,12 +259,12 @@ class MiniCluster:
             if ports
         ]
         for what, child in children:
-            _await_ready(what, child, timeout=self.start_timeout)
+            await_ready(what, child, timeout=self.start_timeout)
 
     def serve(self, where: Source, proto: str, listens: Sequence[str]) -> None:
         """Start a probe receiver in any namespace of the bed (e.g. the node or the client) on `ip:port`s."""
         ns = where.ns if isinstance(where, Pod) else where
-        _await_ready(*self._start_probe(ns, proto, listens, ns.name), timeout=self.start_timeout)
+        await_ready(*self._start_probe(ns, proto, listens, ns.name), timeout=self.start_timeout)
 
     def _start_probe(self, ns: L.NetNS, proto: str, listens: Sequence[str], label: str) -> tuple[str, subprocess.Popen[str]]:
         args = [arg for spec in listens for arg in ("--listen", spec)]
@@ -343,7 +331,7 @@ class MiniCluster:
 
         def written() -> bool:
             if self.apiserver is not None and self.apiserver.poll() is not None:
-                tail = _tail((self.workdir / "apiserver.log").read_text(errors="replace"))
+                tail = last_lines((self.workdir / "apiserver.log").read_text(errors="replace"))
                 raise ClusterError(f"the API server exited with status {self.apiserver.returncode}:\n{tail}")
             # written after the server listens; complete once its last key is there
             return path.exists() and "preferences" in path.read_text()
@@ -452,13 +440,7 @@ class MiniCluster:
         proc, self.proxy = self.proxy, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
+        L.stop_process(proc, timeout)
         return proc.returncode
 
     def proxy_log(self) -> str:
@@ -546,7 +528,7 @@ class MiniCluster:
 
     def _check_proxy_alive(self) -> None:
         if self.proxy is not None and self.proxy.poll() is not None:
-            raise ProxyExited(f"the proxy exited with status {self.proxy.returncode}:\n{_tail(self.proxy_log())}")
+            raise ProxyExited(f"the proxy exited with status {self.proxy.returncode}:\n{last_lines(self.proxy_log())}")
 
     def _poll_with_log(
         self, what: str, check: Callable[[], T | None], timeout: float, seen: Callable[[], str] | None = None
@@ -563,7 +545,7 @@ class MiniCluster:
             message = f"{exc}; {seen()}" if seen is not None else str(exc)
             if self.proxy is None:
                 raise ClusterError(message) from None
-            raise ClusterError(f"{message}; proxy log:\n{_tail(self.proxy_log())}") from None
+            raise ClusterError(f"{message}; proxy log:\n{last_lines(self.proxy_log())}") from None
 
     # ---- traffic ---------------------------------------------------------------------------
 
@@ -602,12 +584,7 @@ class MiniCluster:
 
     def http_get(self, src: Source, url: str, timeout: float = 2.0) -> HttpAnswer:
         """One HTTP GET from `src`'s namespace; any status is an answer (a refused connection raises)."""
-        ns = src.ns if isinstance(src, Pod) else src
-        proc = ns.run([sys.executable, "-c", _HTTP_GET, url, str(timeout)], check=False, timeout=timeout + 30)
-        if proc.returncode != 0:
-            raise ClusterError(f"GET {url} from {ns.name} failed: {_tail(proc.stderr, 3)}")
-        got = json.loads(proc.stdout)
-        return HttpAnswer(got["status"], got["headers"], got["body"])
+        return http_get(src.ns if isinstance(src, Pod) else src, url, timeout)
 
     @contextmanager
     def traffic(self, proto: str, src: Source, dst: str, batch: int = 10, timeout: float = 1.0) -> Iterator[Traffic]:
@@ -656,12 +633,39 @@ class Traffic:
         poll(f"{count} more probes of {self.what}", lambda: len(self.results) >= target, timeout=timeout)
 
 
-def _ip_batch(ns: L.NetNS, commands: Sequence[str]) -> None:
-    """Several `ip` commands in one process: building a pod takes one spawn instead of five."""
-    ns.run(["ip", "-batch", "-"], input="\n".join(commands) + "\n")
+def pod_interface(pod: L.NetNS, name: str) -> str:
+    """The node's end of pod `name`'s veth: `cali` and a hash, as Calico names it (15 characters at most)."""
+    return "cali" + hashlib.sha1(f"{pod.name}/{name}".encode()).hexdigest()[:11]
 
 
-def _await_ready(what: str, child: subprocess.Popen[str], timeout: float) -> None:
+def wire_pod(node: L.NetNS, pod: L.NetNS, host_if: str, ip: str, ip6: str = "") -> None:
+    """Wire a pod as Calico does: a veth from `host_if` on the node (every node end has the same
+    MAC) to the pod's eth0, a /32 route (/128 for `ip6`) to the pod on the node, and in the pod a
+    default route via a link-local gateway whose neighbour entry is that MAC."""
+    node.run(["ip", "link", "add", host_if, "address", _GATEWAY_MAC, "type", "veth", "peer", "name", "eth0", "netns", pod.name])
+    host_routes = [f"route add {ip}/32 dev {host_if} scope link"]
+    host_routes += [f"route add {ip6}/128 dev {host_if}"] if ip6 else []
+    L.ip_batch(node, [f"link set {host_if} up", *host_routes])
+    v6 = [
+        f"addr add {ip6}/128 dev eth0 nodad",
+        f"neigh replace {_POD_GATEWAY6} lladdr {_GATEWAY_MAC} dev eth0 nud permanent",
+        f"route add default via {_POD_GATEWAY6} dev eth0",
+    ]
+    L.ip_batch(
+        pod,
+        [
+            f"addr add {ip}/32 dev eth0",
+            "link set eth0 up",
+            f"route add {_POD_GATEWAY} dev eth0 scope link",
+            f"route add default via {_POD_GATEWAY} dev eth0",
+            f"neigh replace {_POD_GATEWAY} lladdr {_GATEWAY_MAC} dev eth0 nud permanent",
+            *(v6 if ip6 else []),
+        ],
+    )
+
+
+def await_ready(what: str, child: subprocess.Popen[str], timeout: float) -> None:
+    """Until `child` (a probe) says "ready" on its first line, or `timeout` s."""
     assert child.stdout is not None
     with selectors.DefaultSelector() as sel:
         sel.register(child.stdout, selectors.EVENT_READ)
@@ -669,6 +673,15 @@ def _await_ready(what: str, child: subprocess.Popen[str], timeout: float) -> Non
     if line.strip() != "ready":
         status = child.poll()
         raise ClusterError(f"{what} did not start (exit status {status}, said {line.strip()!r})")
+
+
+def http_get(ns: L.NetNS, url: str, timeout: float) -> HttpAnswer:
+    """One HTTP GET from inside `ns`; any status is an answer (a refused connection raises)."""
+    proc = ns.run([sys.executable, "-c", HTTP_GET, url, str(timeout)], check=False, timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise ClusterError(f"GET {url} from {ns.name} failed: {last_lines(proc.stderr, 3)}")
+    got = json.loads(proc.stdout)
+    return HttpAnswer(got["status"], got["headers"], got["body"])
 
 
 def kubeproxy_binary() -> str:
@@ -684,5 +697,5 @@ def _object_key(obj: objects.JSON) -> tuple[str, str, str]:
     return (str(obj.get("kind")), str(meta.get("namespace", "")), str(meta.get("name")))
 
 
-def _tail(text: str, lines: int = 30) -> str:
+def last_lines(text: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(empty)"

@@ -140,10 +140,4 @@ class BindServer:
             time.sleep(0.1)
 
     def stop(self, timeout: float = 5) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
+        L.stop_process(self.process, timeout)

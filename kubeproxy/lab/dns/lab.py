@@ -370,13 +370,7 @@ class _Agent:
             raise LabError(f"the {self.what} agent exited with status {self.proc.returncode}: {''.join(self._stderr).strip()}")
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(3)
+        L.stop_process(self.proc, 3)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 with contextlib.suppress(OSError):

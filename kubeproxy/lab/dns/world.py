@@ -28,7 +28,16 @@ import yaml
 
 from kubeproxy.lab import netns as L
 from kubeproxy.lab import objects
-from kubeproxy.lab.cluster import CLUSTER_CIDR, NODE_IP, NODE_NAME, POD_CIDR, ClusterError, MiniCluster, kubeproxy_binary
+from kubeproxy.lab.cluster import (
+    CLUSTER_CIDR,
+    NODE_IP,
+    NODE_NAME,
+    POD_CIDR,
+    ClusterError,
+    MiniCluster,
+    kubeproxy_binary,
+    last_lines,
+)
 from kubeproxy.lab.dns.bind import ANSWER_IP, ANSWER_NAME, DNS_PORT, BindServer
 from kubeproxy.lab.dns.scenarios import Scenario
 from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
@@ -112,12 +121,12 @@ class DnsWorld:
             if c.proxy is not None and c.proxy.poll() is not None:
                 raise LabError(
                     f"scenario {self.scenario.name}: `kubeproxy run --proxy-mode {self.scenario.proxy_mode}` "
-                    f"exited with status {c.proxy.returncode}:\n{_tail(c.proxy_log())}"
+                    f"exited with status {c.proxy.returncode}:\n{last_lines(c.proxy_log(), 20)}"
                 )
             if time.monotonic() >= deadline:
                 raise LabError(
                     f"scenario {self.scenario.name}: {EXTERNAL_IP}:53 did not answer within {timeout:g} s of starting "
-                    f"the proxy; proxy log:\n{_tail(c.proxy_log())}"
+                    f"the proxy; proxy log:\n{last_lines(c.proxy_log(), 20)}"
                 )
             time.sleep(0.2)
 
@@ -220,7 +229,9 @@ def check_proxy_mode(mode: str, wait: float = 3.0) -> None:
             output, _ = proc.communicate(timeout=wait)
         except subprocess.TimeoutExpired:
             return  # still running: the mode works (the namespace's removal stops it)
-        raise LabError(f"`kubeproxy run --proxy-mode {mode}` cannot run here (exit status {proc.returncode}): {_tail(output, 5)}")
+        raise LabError(
+            f"`kubeproxy run --proxy-mode {mode}` cannot run here (exit status {proc.returncode}): {last_lines(output, 5)}"
+        )
 
 
 def service_objects(cluster: MiniCluster, scenario: Scenario, pod_names: list[str]) -> list[JSON]:
@@ -252,9 +263,5 @@ def _add_sources(cluster: MiniCluster, cidr: str) -> int:
     net = ipaddress.ip_network(cidr)
     hosts = [str(ip) for ip in net.hosts()] or [str(net.network_address)]
     commands = [f"addr add {ip}/32 dev eth0" for ip in hosts] + [f"route add {POD_CIDR} via {NODE_IP}"]
-    cluster.client.run(["ip", "-batch", "-"], input="\n".join(commands) + "\n")
+    L.ip_batch(cluster.client, commands)
     return len(hosts)
-
-
-def _tail(text: str, lines: int = 20) -> str:
-    return "\n".join(text.splitlines()[-lines:]) or "(empty)"

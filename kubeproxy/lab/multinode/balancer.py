@@ -88,13 +88,7 @@ class LoadBalancer:
             self._cond.notify_all()
 
     def stop(self, timeout: float = 10) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
+        L.stop_process(self.proc, timeout)
         if self._reader is not None:
             self._reader.join(timeout)
 

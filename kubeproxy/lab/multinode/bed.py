@@ -25,10 +25,8 @@ watching the one API server; the test publishes Services, EndpointSlices and Nod
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
-import selectors
 import shutil
 import subprocess
 import sys
@@ -43,7 +41,23 @@ from kubeproxy.cluster.objects import LABEL_ZONE
 from kubeproxy.lab import netns as L
 from kubeproxy.lab import node_rules, objects
 from kubeproxy.lab.apiserver import ApiServer
-from kubeproxy.lab.cluster import PROBE, ClusterError, HttpAnswer, Pod, ProxyExited, kubeproxy_binary, poll
+from kubeproxy.lab.cluster import (
+    HTTP_GET,
+    METRICS_BIND,
+    PROBE,
+    SYNC_METRIC,
+    ClusterError,
+    HttpAnswer,
+    Pod,
+    ProxyExited,
+    await_ready,
+    http_get,
+    kubeproxy_binary,
+    last_lines,
+    pod_interface,
+    poll,
+    wire_pod,
+)
 from kubeproxy.lab.multinode.balancer import LoadBalancer
 from kubeproxy.lab.multinode.control import start_in
 from kubeproxy.proxy.health import TO_BE_DELETED_TAINT
@@ -68,22 +82,7 @@ CLUSTER_CIDR6 = "fd00:244::/48"
 SERVICE_CIDR6 = "fd00:96::/108"
 DEFAULT_ZONES = ("zone-a", "zone-b", "zone-b")
 HEALTHZ_PORT = 10256
-METRICS_BIND = "127.0.0.1:10249"
-SYNC_METRIC = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
-
-_POD_GATEWAY = "169.254.1.1"
-_POD_GATEWAY6 = "fe80::1"  # as the IPv4 one: only its MAC (the node's veth end) matters
-_GATEWAY_MAC = "ee:ee:ee:ee:ee:ee"
 _FIRST_POD_HOST = 10
-_GET = """
-import json, sys, urllib.error, urllib.request
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-try:
-    r = opener.open(sys.argv[1], timeout=float(sys.argv[2]))
-except urllib.error.HTTPError as e:
-    r = e
-print(json.dumps({"status": r.status, "headers": dict(r.headers.items()), "body": r.read().decode(errors="replace")}))
-"""
 _NODE_SYSCTLS = [
     "net.ipv4.ip_forward=1",
     # kube-proxy needs loose reverse-path filtering (DNATed replies come back on another path)
@@ -204,7 +203,7 @@ class MultiNodeCluster:
             yield bed
 
     def _wire_switch(self) -> None:
-        _ip_batch(self.switch, ["link add br0 type bridge", "link set br0 up"])
+        L.ip_batch(self.switch, ["link add br0 type bridge", "link set br0 up"])
         # If br_netfilter is loaded, bridged frames would pass the switch's (empty) netfilter; a
         # switch should just switch.
         self.switch.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0"], check=False)
@@ -213,10 +212,10 @@ class MultiNodeCluster:
         """A veth from `ns` (named eth0 there) to a port of the underlay bridge."""
         port = f"p{len(self._ports_seen())}"
         self.switch.run(["ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns.name])
-        _ip_batch(self.switch, [f"link set {port} master br0", f"link set {port} up"])
+        L.ip_batch(self.switch, [f"link set {port} master br0", f"link set {port} up"])
         # nodad: the address is usable at once (no second of duplicate detection to wait out)
         v6 = [f"addr add {cidr6} dev eth0 nodad"] if self.dual_stack and cidr6 else []
-        _ip_batch(ns, [f"addr add {cidr} dev eth0", *v6, "link set eth0 up"])
+        L.ip_batch(ns, [f"addr add {cidr} dev eth0", *v6, "link set eth0 up"])
 
     def _ports_seen(self) -> list[str]:
         out = self.switch.run(["ip", "-o", "link", "show", "master", "br0"]).stdout
@@ -225,16 +224,16 @@ class MultiNodeCluster:
     def _wire_client(self) -> None:
         prefix = CLIENT_NET.prefixlen
         self.lb.run(["ip", "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", self.client.name])
-        _ip_batch(self.lb, [f"addr add {CLIENT_GATEWAY}/{prefix} dev eth1", "link set eth1 up"])
-        _ip_batch(
+        L.ip_batch(self.lb, [f"addr add {CLIENT_GATEWAY}/{prefix} dev eth1", "link set eth1 up"])
+        L.ip_batch(
             self.client,
             [f"addr add {CLIENT_IP}/{prefix} dev eth0", "link set eth0 up", f"route add default via {CLIENT_GATEWAY}"],
         )
         self.lb.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         if self.dual_stack:
             prefix6 = CLIENT_NET6.prefixlen
-            _ip_batch(self.lb, [f"addr add {CLIENT_GATEWAY6}/{prefix6} dev eth1 nodad"])
-            _ip_batch(
+            L.ip_batch(self.lb, [f"addr add {CLIENT_GATEWAY6}/{prefix6} dev eth1 nodad"])
+            L.ip_batch(
                 self.client, [f"addr add {CLIENT_IP6}/{prefix6} dev eth0 nodad", f"route add default via {CLIENT_GATEWAY6}"]
             )
             self.lb.run(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
@@ -249,7 +248,7 @@ class MultiNodeCluster:
             node.ip6, node.pod_cidr6 = str(UNDERLAY6[0x10 + index]), f"fd00:244:{index}::/64"
         self.nodes[name] = node
         self._attach(ns, f"{ip}/{UNDERLAY.prefixlen}", f"{node.ip6}/{UNDERLAY6.prefixlen}")
-        _ip_batch(
+        L.ip_batch(
             ns, [f"route add default via {ROUTER_IP}", *([f"route add default via {ROUTER_IP6}"] if self.dual_stack else [])]
         )
         ns.run(["sysctl", "-qw", *_NODE_SYSCTLS, *(_NODE_SYSCTLS6 if self.dual_stack else [])])
@@ -259,12 +258,12 @@ class MultiNodeCluster:
             others = [n for n in self.nodes.values() if n is not node]
             routes = [f"route add {n.pod_cidr} via {n.ip}" for n in others]
             routes += [f"route add {n.pod_cidr6} via {n.ip6}" for n in others if n.pod_cidr6]
-            _ip_batch(node.ns, routes or ["link show lo"])
+            L.ip_batch(node.ns, routes or ["link show lo"])
         # The router sends pod traffic straight to the node that hosts it, as a fabric that
         # learned the pod CIDRs would (used by answers to clients that reach pods directly).
         routes = [f"route add {n.pod_cidr} via {n.ip}" for n in self.nodes.values()]
         routes += [f"route add {n.pod_cidr6} via {n.ip6}" for n in self.nodes.values() if n.pod_cidr6]
-        _ip_batch(self.lb, routes)
+        L.ip_batch(self.lb, routes)
 
     def node(self, name: str) -> Node:
         try:
@@ -284,39 +283,18 @@ class MultiNodeCluster:
         node.next_host += 1
         ns = L.create("kppod")
         _no_dad(ns, self.dual_stack)
-        host_if = "cali" + hashlib.sha1(f"{ns.name}/{name}".encode()).hexdigest()[:11]
+        host_if = pod_interface(ns, name)
         pod = DualPod(name, ip, node.name, ns, host_if, ip6=ip6)
         self.pods[name] = pod
         self._stack.callback(self._delete_pod, pod)
-        node.ns.run(
-            ["ip", "link", "add", host_if, "address", _GATEWAY_MAC, "type", "veth", "peer", "name", "eth0", "netns", ns.name]
-        )
-        host_routes = [f"route add {ip}/32 dev {host_if} scope link"]
-        host_routes += [f"route add {ip6}/128 dev {host_if}"] if ip6 else []
-        _ip_batch(node.ns, [f"link set {host_if} up", *host_routes])
-        v6 = [
-            f"addr add {ip6}/128 dev eth0 nodad",
-            f"neigh replace {_POD_GATEWAY6} lladdr {_GATEWAY_MAC} dev eth0 nud permanent",
-            f"route add default via {_POD_GATEWAY6} dev eth0",
-        ]
-        _ip_batch(
-            ns,
-            [
-                f"addr add {ip}/32 dev eth0",
-                "link set eth0 up",
-                f"route add {_POD_GATEWAY} dev eth0 scope link",
-                f"route add default via {_POD_GATEWAY} dev eth0",
-                f"neigh replace {_POD_GATEWAY} lladdr {_GATEWAY_MAC} dev eth0 nud permanent",
-                *(v6 if ip6 else []),
-            ],
-        )
+        wire_pod(node.ns, ns, host_if, ip, ip6)
         if self.tcp_ports:
             listens = [a for p in self.tcp_ports for a in ("--listen", f"{ip}:{p}")]
             listens += [a for p in self.tcp_ports for a in ("--listen", f"[{ip6}]:{p}")] if ip6 else []
             child = ns.popen(
                 [*PROBE, "serve", "--proto", "tcp", *listens], stdout=subprocess.PIPE, stderr=self.log(f"pod-{name}.log")
             )
-            _await_ready(f"the probe in pod {name}", child, timeout=15)
+            await_ready(f"the probe in pod {name}", child, timeout=15)
         return pod
 
     def remove_pod(self, name: str) -> None:
@@ -406,14 +384,8 @@ class MultiNodeCluster:
     def stop_proxies(self, timeout: float = 10) -> None:
         for node in self.nodes.values():
             proc, node.proxy = node.proxy, None
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
+            if proc is not None:
+                L.stop_process(proc, timeout)
 
     def proxy_log(self, name: str) -> str:
         path = self.workdir / f"proxy-{name}.log"
@@ -423,7 +395,7 @@ class MultiNodeCluster:
         for node in self.nodes.values():
             if node.proxy is not None and node.proxy.poll() is not None:
                 raise ProxyExited(
-                    f"{node.name}'s proxy exited with status {node.proxy.returncode}:\n{_tail(self.proxy_log(node.name))}"
+                    f"{node.name}'s proxy exited with status {node.proxy.returncode}:\n{last_lines(self.proxy_log(node.name))}"
                 )
 
     def wait_synced(self, timeout: float = 30) -> None:
@@ -432,7 +404,7 @@ class MultiNodeCluster:
 
             def synced(node: Node = node) -> bool:
                 self._check_alive()
-                proc = node.ns.run([sys.executable, "-c", _GET, f"http://{METRICS_BIND}/metrics", "2"], check=False)
+                proc = node.ns.run([sys.executable, "-c", HTTP_GET, f"http://{METRICS_BIND}/metrics", "2"], check=False)
                 if proc.returncode != 0:
                     return False
                 body = json.loads(proc.stdout)["body"]
@@ -469,7 +441,7 @@ class MultiNodeCluster:
         try:
             poll(f"{name}'s rules: {what}", holds, timeout=timeout, interval=0.1)
         except ClusterError as exc:
-            raise ClusterError(f"{exc}; proxy log:\n{_tail(self.proxy_log(name))}") from None
+            raise ClusterError(f"{exc}; proxy log:\n{last_lines(self.proxy_log(name))}") from None
 
     def wait_endpoints(
         self, service_port: str, expected: dict[str, Iterable[str]], timeout: float = 20, *, family: Family = Family.IPV4
@@ -506,12 +478,7 @@ class MultiNodeCluster:
 
     def http_get(self, src: Source, url: str, timeout: float = 2.0) -> HttpAnswer:
         """One GET from `src`'s namespace; any status is an answer (no answer raises)."""
-        ns = src if isinstance(src, L.NetNS) else src.ns
-        proc = ns.run([sys.executable, "-c", _GET, url, str(timeout)], check=False, timeout=timeout + 30)
-        if proc.returncode != 0:
-            raise ClusterError(f"GET {url} from {ns.name} failed: {_tail(proc.stderr, 3)}")
-        got = json.loads(proc.stdout)
-        return HttpAnswer(got["status"], got["headers"], got["body"])
+        return http_get(src if isinstance(src, L.NetNS) else src.ns, url, timeout)
 
     def wait_health_checks(
         self, port: int, want: dict[str, int], timeout: float = 20, *, family: Family = Family.IPV4
@@ -613,20 +580,3 @@ def _no_dad(ns: L.NetNS, dual_stack: bool) -> None:
     two later. Only needed, and only set, when the bed has IPv6."""
     if dual_stack:
         ns.run(["sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"])
-
-
-def _ip_batch(ns: L.NetNS, commands: Sequence[str]) -> None:
-    ns.run(["ip", "-batch", "-"], input="\n".join(commands) + "\n")
-
-
-def _await_ready(what: str, child: subprocess.Popen[str], timeout: float) -> None:
-    assert child.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(child.stdout, selectors.EVENT_READ)
-        line = child.stdout.readline() if sel.select(timeout) else ""
-    if line.strip() != "ready":
-        raise ClusterError(f"{what} did not start (exit status {child.poll()}, said {line.strip()!r})")
-
-
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
