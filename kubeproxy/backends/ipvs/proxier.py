@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from kubeproxy.proxy.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.ipvs")
 
-# Upstream's sysctls for IPVS mode (NewProxier); conn_reuse_mode is left as-is on kernels >= 5.9.
+# Upstream's sysctls for IPVS mode (NewProxier); conn_reuse_mode depends on the kernel (conn_reuse_sysctls).
 SYSCTLS: tuple[tuple[str, int], ...] = (
     ("net/ipv4/vs/conntrack", 1),
     ("net/ipv4/vs/expire_nodest_conn", 1),
@@ -43,6 +44,27 @@ SYSCTLS: tuple[tuple[str, int], ...] = (
     ("net/ipv4/ip_forward", 1),
 )
 STRICT_ARP: tuple[tuple[str, int], ...] = (("net/ipv4/conf/all/arp_ignore", 1), ("net/ipv4/conf/all/arp_announce", 2))
+CONN_REUSE = "net/ipv4/vs/conn_reuse_mode"
+
+
+def conn_reuse_sysctls(kernel_release: str) -> tuple[tuple[str, int], ...]:
+    """conn_reuse_mode as upstream sets it for this kernel: 0 from 4.1 until 5.9, where the kernel
+    fixed the 1 s delay of reused connections with conntrack on (kubernetes issue 93297); left
+    as-is after, and unsettable before (the sysctl is missing)."""
+    parts = kernel_release.split("-", 1)[0].split(".")
+    try:
+        version = (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0)
+    except ValueError:
+        log.warning("Cannot read the kernel version %r: %s left as-is", kernel_release, CONN_REUSE)
+        return ()
+    if version < (4, 1):
+        log.error("Can't set sysctl, kernel version doesn't satisfy minimum version requirements "
+                  "sysctl=%s minimumKernelVersion=4.1", CONN_REUSE)
+        return ()
+    if version >= (5, 9):
+        log.debug("Left as-is sysctl=%s", CONN_REUSE)
+        return ()
+    return ((CONN_REUSE, 0),)
 SHARED_MARK_CHAIN = "KUBE-MARK-MASQ"  # kubelet jumps to it too
 
 
@@ -77,6 +99,7 @@ class IpvsProxier:
     options: IpvsOptions = field(default_factory=IpvsOptions)
     family: Family = Family.IPV4
     nfacct_counters: tuple[str, ...] = ()
+    kernel_release: str = field(default_factory=lambda: os.uname().release)  # which sysctls upstream sets
     applier: Applier = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,7 +114,7 @@ class IpvsProxier:
     def prepare(self) -> None:
         """Upstream's NewProxier and CanUseIPVSProxier: the modules, the sysctls, the timeouts."""
         check_kernel(self.run, self.options.scheduler)
-        wanted = SYSCTLS + (STRICT_ARP if self.options.strict_arp else ())
+        wanted = conn_reuse_sysctls(self.kernel_release) + SYSCTLS + (STRICT_ARP if self.options.strict_arp else ())
         for key, value in wanted:
             self.run(["sysctl", "-q", "-w", f"{key.replace('/', '.')}={value}"], check=True)
         o = self.options

@@ -140,3 +140,31 @@ def test_a_new_service_leaves_the_others_alone() -> None:
     report = proxier.sync(view, OPTS, None)
     assert report.ipvs_ops.lines == ("-A -t 10.96.30.30:81 -s rr", "-a -t 10.96.30.30:81 -r 10.244.3.10:81 -m -w 1")
     assert node.ipvs.table()[VS] == (RealServer("10.244.1.10", 8080),)
+
+
+@pytest.mark.parametrize(
+    ("release", "conn_reuse"),
+    [("5.4.0-150-generic", "0"), ("4.19.0", "0"), ("5.9.0", None), ("6.1.0-28-amd64", None), ("3.10.0-1160.el7", None)],
+)
+def test_conn_reuse_mode_is_set_only_where_upstream_sets_it(release: str, conn_reuse: str | None) -> None:
+    node = FakeNode()
+    IpvsProxier(run=node.run, kernel_release=release).prepare()
+    # 0 on 4.1-5.8 (reused connections waited 1 s with conntrack on); the kernel's own value elsewhere
+    assert node.ipvs.sysctls.get("net.ipv4.vs.conn_reuse_mode") == conn_reuse
+    assert node.ipvs.sysctls["net.ipv4.vs.expire_nodest_conn"] == "1"
+
+
+def test_strict_arp_and_timeouts_reach_the_kernel_tools() -> None:
+    from kubeproxy.backends.ipvs.render import IpvsOptions
+
+    node = FakeNode()
+    IpvsProxier(run=node.run).prepare()
+    assert "net.ipv4.conf.all.arp_ignore" not in node.ipvs.sysctls
+    assert not any(c[:2] == ["ipvsadm", "--set"] for c in node.ipvs.calls)
+
+    node = FakeNode()
+    options = IpvsOptions(strict_arp=True, tcp_timeout=900, tcpfin_timeout=0, udp_timeout=60)
+    IpvsProxier(run=node.run, options=options).prepare()
+    assert (node.ipvs.sysctls["net.ipv4.conf.all.arp_ignore"], node.ipvs.sysctls["net.ipv4.conf.all.arp_announce"]) == ("1", "2")
+    # 0 keeps the kernel's value, as upstream's ConfigureTimeouts
+    assert ["ipvsadm", "--set", "900", "0", "60"] in node.ipvs.calls
