@@ -97,6 +97,7 @@ def proxy_options(func: Any) -> Any:
         ),
         click.option("--nodeport-addresses", multiple=True, help="CIDRs (or 'primary') where NodePorts answer."),
         click.option("--iptables-random-fully/--no-iptables-random-fully", default=None, help="MASQUERADE --random-fully."),
+        click.option("--ipvs-scheduler", help="IPVS scheduler for ipvs mode (rr, wrr, lc, wlc, sh, dh, sed, nq, mh)."),
         click.option(
             "--service-node-port-range",
             help="The API server's node port range (default 30000-32767): manifest objects with a nodePort "
@@ -130,6 +131,8 @@ def build_config(**flags: Any) -> ProxyConfig:
         changes["cluster_cidr"] = _split_csv(flags["cluster_cidr"])
     if flags.get("nodeport_addresses"):
         changes["nodeport_addresses"] = _split_csv(flags["nodeport_addresses"])
+    if flags.get("ipvs_scheduler"):
+        changes["ipvs"] = {**cfg.ipvs, "scheduler": flags["ipvs_scheduler"]}
     return validate(replace(cfg, **changes))
 
 

@@ -132,6 +132,17 @@ def test_cli_render_refuses_unknown_scheduler(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+def test_cli_render_takes_the_scheduler_flag_over_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+                   "mode: ipvs\nipvs:\n  scheduler: lc\n")
+    result = CliRunner().invoke(main, ["render", "--manifests", str(DEMO), "--config", str(cfg), "--ipvs-scheduler", "wlc"])
+    assert result.exit_code == 0, result.output
+    assert "-A -t 10.96.10.10:80 -s wlc" in result.stdout and " -s lc" not in result.stdout
+    bad = CliRunner().invoke(main, ["render", "--manifests", str(DEMO), "--proxy-mode", "ipvs", "--ipvs-scheduler", "fastest"])
+    assert bad.exit_code != 0 and "ipvs.scheduler: 'fastest' is not an IPVS scheduler" in bad.output
+
+
 def test_kernel_without_ipvs_names_the_modules() -> None:
     def run(argv: Sequence[str], **_: object) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(list(argv), 1, "", "not found")
