@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
 from kubeproxy.backends.conntrack.stale import ALL_LOCAL_NODE_PORTS, UDP, Filter, NodePortDestinations, NodePorts, stale_filters
 from kubeproxy.backends.exec import Runner, local_run
@@ -28,7 +29,7 @@ _DELETED = re.compile(r"(\d+) flow entries have been deleted")
 _NOT_FOUND = re.compile(r'exec of ".*" failed: No such file or directory')
 
 
-class ConntrackError(RuntimeError):
+class ConntrackError(SyncError):
     """conntrack failed; the message carries the command and its complaint."""
 
 
