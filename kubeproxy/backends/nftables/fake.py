@@ -220,6 +220,9 @@ class FakeNft:
 
     # ------------------------------------------------------------------ listings
     def _list_json(self, args: list[str]) -> str:
+        if args[0] == "ruleset":  # `list ruleset FAMILY`: each table of the family, as `list table` lists it
+            tables = [json.loads(self._list_json(["table", f, t]))["nftables"][1:] for f, t in self.tables if f == args[1]]
+            return json.dumps({"nftables": [{"metainfo": {"json_schema_version": 1}}, *(i for t in tables for i in t)]})
         what, family, table_name = args[0], args[1], args[2]
         table = self.tables.get((family, table_name))
         if table is None:

@@ -1,0 +1,266 @@
+"""Large plans streamed into a pipeline of `nft` processes (stream.py, NftApplier._stream).
+
+Without root: the StreamingFakeNft shows that a streamed plan leaves the same table as chunks
+sent one after the other, and that whatever fails (nft refuses a chunk, a process stops reading,
+an exception while a chunk is written) kills the process still being written to, so none of its
+chunk is applied, and the applier reports it as it reports a refused `nft -f`. As root, in a
+namespace: a killed stream commits nothing even when its whole text was written, a failure
+mid-stream leaves the kernel with exactly the chunks committed before, and error messages read
+as nft's own for `-f -`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from kubeproxy.backends import exec as kexec
+from kubeproxy.backends.nftables import apply as apply_mod
+from kubeproxy.backends.nftables import stream
+from kubeproxy.backends.nftables.apply import NftApplier, NftError
+from kubeproxy.backends.nftables.diff import create_plan
+from kubeproxy.backends.nftables.fake import FakeNft
+from kubeproxy.backends.nftables.fake_stream import FakeStream, StreamingFakeNft
+from kubeproxy.backends.nftables.render import render
+from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.lab import netns as L
+from tests.backends.nftables.helpers import canonical, options, view
+from tests.backends.nftables.test_incremental import random_service
+
+CHUNK = 40  # operations per chunk: a dozen chunks for the rendering below
+
+
+def _rendering(services: int = 12) -> NftRendering:
+    rng = random.Random(5)
+    return render(view([o for i in range(services) for o in random_service(rng, i)]), options())
+
+
+def _streamed(run: Callable[..., subprocess.CompletedProcess[str]]) -> NftApplier:
+    return NftApplier("ip", run, chunk_size=CHUNK, stream_min_operations=0)
+
+
+def _serial(run: Callable[..., subprocess.CompletedProcess[str]]) -> NftApplier:
+    return NftApplier("ip", run, chunk_size=CHUNK, stream_min_operations=None)
+
+
+def test_a_streamed_create_leaves_the_same_table_as_serial_chunks() -> None:
+    r = _rendering()
+    streamed, serial = StreamingFakeNft(), FakeNft()
+    a, b = _streamed(streamed.run), _serial(serial.run)
+    ra, rb = a.apply(r), b.apply(r)
+    assert streamed.tables == serial.tables
+    assert (ra.mode, ra.operations, ra.invocations, ra.chunks) == (rb.mode, rb.operations, rb.invocations, rb.chunks)
+    assert ra.chunks > 3
+    assert [s.state for s in streamed.streams] == ["closed"] * ra.chunks
+    assert all(s.argv == ["nft", "-f", stream.STREAM_FILE] for s in streamed.streams)
+
+
+def test_small_plans_are_not_streamed() -> None:
+    fake = StreamingFakeNft()
+    applier = NftApplier("ip", fake.run, chunk_size=CHUNK, stream_min_operations=10**9)
+    applier.apply(_rendering())
+    assert not fake.streams
+    assert fake.table() is not None
+
+
+def _refusing(index: int, **what: Any) -> Callable[[FakeStream], None]:
+    seen = [0]
+
+    def on_spawn(s: FakeStream) -> None:
+        if seen[0] == index:
+            for key, value in what.items():
+                setattr(s, key, value)
+        seen[0] += 1
+
+    return on_spawn
+
+
+def test_a_refused_chunk_kills_the_next_one_and_fails_as_a_refused_nft_run() -> None:
+    r = _rendering()
+    fake = StreamingFakeNft(on_spawn=_refusing(1, refuse="Error: /dev/stdin:3:1-3: boom"))
+    applier = _streamed(fake.run)
+    with pytest.raises(NftError, match=r"^nft -f failed: Error: /dev/stdin:3:1-3: boom$"):
+        applier.apply(r)
+    # chunk 0 committed, chunk 1 refused, chunk 2 (written while chunk 1 was evaluated) killed
+    assert [s.state for s in fake.streams] == ["closed", "closed", "killed"]
+    assert applier.stats.failures_total == 1
+    alone = FakeNft()
+    NftApplier("ip", alone.run, chunk_size=CHUNK, stream_min_operations=0)._nft(fake.streams[0].text[0], 0)
+    assert fake.tables == alone.tables  # exactly chunk 0
+    assert applier._needs_full  # the next sync trusts nothing (the kernel test below runs it)
+
+
+def test_a_process_that_stops_reading_is_reported_with_its_error() -> None:
+    fake = StreamingFakeNft(on_spawn=_refusing(0, stop_reading=True, refuse="Error: out of memory"))
+    applier = _streamed(fake.run)
+    with pytest.raises(NftError, match="out of memory"):
+        applier.apply(_rendering())
+    assert [s.state for s in fake.streams] == ["closed"]  # nothing else was started
+    assert fake.table() is None
+
+
+def test_an_exception_while_a_chunk_is_written_kills_its_process() -> None:
+    fake = StreamingFakeNft(on_spawn=_refusing(2, raise_on_write=KeyboardInterrupt()))
+    applier = _streamed(fake.run)
+    with pytest.raises(KeyboardInterrupt):
+        applier.apply(_rendering())
+    assert [s.state for s in fake.streams] == ["closed", "closed", "killed"]
+    assert applier.stats.failures_total == 0  # not nft's refusal: counted where it is caught
+    assert applier._needs_full
+
+
+def test_an_exception_while_chunks_are_produced_leaves_no_process_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = apply_mod.chunks
+
+    def failing(*args: Any) -> Iterator[tuple[str, int]]:
+        for i, chunk in enumerate(real(*args)):
+            if i == 3:
+                raise RuntimeError("render failed")
+            yield chunk
+
+    monkeypatch.setattr(apply_mod, "chunks", failing)
+    fake = StreamingFakeNft()
+    applier = _streamed(fake.run)
+    with pytest.raises(RuntimeError, match="render failed"):
+        applier.apply(_rendering())
+    assert [s.state for s in fake.streams] == ["closed"] * 3  # all complete chunks, each committed
+    assert applier._needs_full
+
+
+def test_errors_about_the_pipe_read_as_errors_about_stdin() -> None:
+    text = "add table ip t\nadd chain ip t c\nadd rule ip t c jump nosuch\n"
+    err = "/dev/fd/0:3:22-27: Error: Could not process rule: No such file or directory\n"
+    assert stream.with_lines(err, text) == (
+        "/dev/stdin:3:22-27: Error: Could not process rule: No such file or directory\n"
+        "add rule ip t c jump nosuch\n"
+        "                     ^^^^^^\n"
+    )
+    assert stream.with_lines("Error: something else\n", text) == "Error: something else\n"
+
+
+def test_who_gets_a_spawner() -> None:
+    assert stream.spawner(FakeNft().run) is None
+    fake = StreamingFakeNft()
+    assert stream.spawner(fake.run) == fake.spawn
+    assert stream.spawner(kexec.local_run) is not None
+    assert stream.spawner(L.NetNS("x").run) is not None
+
+
+# ------------------------------------------------------------------------------ kernel
+
+root = pytest.mark.root
+needs_root = pytest.mark.skipif(not L.have_root(), reason="needs root (network namespaces)")
+
+
+def _tables(ns: L.NetNS) -> str:
+    return ns.run(["nft", "list", "tables"]).stdout
+
+
+@root
+@needs_root
+def test_kernel_an_aborted_stream_commits_nothing_even_when_complete() -> None:
+    with L.netns("kpstream") as ns:
+        spawn = stream.spawner(ns.run)
+        assert spawn is not None
+        s = spawn(["-f", stream.STREAM_FILE], 30)
+        assert s.write("add table ip aborted\nadd chain ip aborted c\n")
+        s.abort()
+        ok = spawn(["-f", stream.STREAM_FILE], 30)
+        assert ok.write("add table ip committed\n")
+        ok.close()
+        assert ok.wait() == (0, "")
+        assert _tables(ns) == "table ip committed\n"
+
+
+@root
+@needs_root
+def test_kernel_errors_match_nft_reading_stdin() -> None:
+    text = "add table ip t\nadd chain ip t c\nadd rule ip t c jump nosuch\n"
+    with L.netns("kpstream") as ns:
+        spawn = stream.spawner(ns.run)
+        assert spawn is not None
+        s = spawn(["-f", stream.STREAM_FILE], 30)
+        s.write(text)
+        s.close()
+        rc, err = s.wait()
+        direct = ns.run(["nft", "-f", "-"], input=text, check=False)
+        assert (rc, err) == (1, direct.stderr)
+        assert _tables(ns) == ""
+
+
+@root
+@needs_root
+def test_kernel_streamed_create_equals_serial() -> None:
+    r = _rendering()
+    with L.netns("kpstream") as a, L.netns("kpstream") as b:
+        ra, rb = _streamed(a.run).apply(r), _serial(b.run).apply(r)
+        assert ra.chunks == rb.chunks > 3
+        listing = ["nft", "-j", "list", "table", "ip", "kube-proxy"]
+        assert canonical(a.run(listing).stdout) == canonical(b.run(listing).stdout)
+
+
+@root
+@needs_root
+def test_kernel_a_failure_mid_stream_leaves_only_the_chunks_committed_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worst case: chunk 1's whole text is in its process's pipe when the proxy fails."""
+    r = _rendering()
+    started: list[stream.NftStream] = []
+
+    def failing_spawner(run: kexec.Runner) -> stream.Spawn | None:
+        real = stream.spawner(run)
+        assert real is not None
+
+        def spawn(args: Sequence[str], timeout: float) -> stream.NftStream:
+            s = real(args, timeout)
+            started.append(s)
+            if len(started) == 2:
+                write = s.write
+
+                def write_then_fail(text: str) -> bool:
+                    write(text)
+                    raise RuntimeError("render failed")
+
+                s.write = write_then_fail  # type: ignore[method-assign]
+            return s
+
+        return spawn
+
+    monkeypatch.setattr(apply_mod, "spawner", failing_spawner)
+    first_chunk = next(apply_mod.chunks(create_plan(r).units, "ip kube-proxy", CHUNK))[0]
+    with L.netns("kpstream") as ns, L.netns("kpstream") as expected:
+        ns.run(["nft", "add", "table", "ip", "other"])
+        applier = _streamed(ns.run)
+        with pytest.raises(RuntimeError, match="render failed"):
+            applier.apply(r)
+        assert isinstance(started[1], stream.ProcessStream) and started[1].proc.returncode == -9
+        expected.run(["nft", "add", "table", "ip", "other"])
+        expected.run(["nft", "-f", "-"], input=first_chunk)
+        got = json.loads(ns.run(["nft", "-j", "list", "ruleset"]).stdout)["nftables"][1:]
+        want = json.loads(expected.run(["nft", "-j", "list", "ruleset"]).stdout)["nftables"][1:]
+        assert got == want
+        # The next apply is full and makes the table whole.
+        monkeypatch.setattr(apply_mod, "spawner", stream.spawner)
+        assert applier.apply(r).mode == "full"
+        _serial(expected.run).apply(r, full=True)
+        listing = ["nft", "-j", "list", "table", "ip", "kube-proxy"]
+        assert canonical(ns.run(listing).stdout) == canonical(expected.run(listing).stdout)
+
+
+@root
+@needs_root
+def test_kernel_a_stream_past_its_deadline_is_killed_and_commits_nothing() -> None:
+    with L.netns("kpstream") as ns:
+        spawn = stream.spawner(ns.run)
+        assert spawn is not None
+        s = spawn(["-f", stream.STREAM_FILE], 1)
+        s.write("add table ip late\n")
+        assert isinstance(s, stream.ProcessStream)
+        s.proc.wait(timeout=30)  # input still open: only the deadline ends it
+        s.close()
+        assert s.wait() == (1, "nft did not finish within 1 s")
+        assert _tables(ns) == ""
