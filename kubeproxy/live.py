@@ -396,6 +396,7 @@ class LiveProxy:
         # NodePort conntrack cleanup touches only flows to where this sync's rules accept NodePorts.
         await self._after_sync(lane, view, changes, conntrack.NodePorts.of(opts, self.cfg.mode))
         log.info(kv("SyncProxyRules complete", ipFamily=lane.family, elapsed=f"{elapsed * 1000:.1f}ms", full=report.full))
+        lane.view_builder.warm()  # after the sync is reported (see ViewBuilder.warm)
         return True
 
     def _apply(self, lane: FamilyLane, view: NodeView, opts: NodeOptions, changes: Changes) -> tuple[SyncReport, NodeView]:

@@ -27,7 +27,6 @@ from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
 
 UDP = "UDP"
-_EMPTY_VIEW = NodeView({}, {})
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -120,7 +119,10 @@ class ChangeTracker:
         """The changes since the last take, given the view the coming sync will render."""
         touched, self._pending = self._pending, set()
         full, self._full = self._full, False
-        previous, self._synced = self._synced or _EMPTY_VIEW, view
+        if self._synced is None:
+            self._synced = view
+            return _first(full, touched, view)
+        previous, self._synced = self._synced, view
 
         old_ports, old_eps = _project(previous, touched)
         new_ports, new_eps = _project(view, touched)
@@ -145,6 +147,24 @@ class ChangeTracker:
                     # blackhole the flow; they must be cleared now that there is somewhere to go.
                     newly_active.add(port)
         return Changes(full, services, frozenset(deleted_ips), frozenset(stale), frozenset(newly_active))
+
+
+def _first(full: bool, touched: set[ServiceKey], view: NodeView) -> Changes:
+    """`take` against an empty previous view (the first sync), without projecting both views.
+
+    Nothing was synced before, so every touched Service with a port or endpoints in the view
+    changed; no IP was deleted and no endpoint went stale; a UDP port is newly active when it
+    has a serving endpoint. At 10k Services the general path built the view's per-Service index
+    and two projections of it (~0.1 s of the cold start); the index is built later, when an
+    incremental update first needs it. tests/proxy/test_changes.py checks both give the same.
+    """
+    present = {name.service for name in view.services}
+    present.update(name.service for name in view.endpoints)
+    services = frozenset(touched & present)
+    newly_active = frozenset(
+        name for name, eps in view.endpoints.items() if name.protocol == UDP and name.service in services and _serving(eps)
+    )
+    return Changes(full, services, frozenset(), frozenset(), newly_active)
 
 
 def _project(

@@ -47,6 +47,16 @@ class ViewBuilder:
         self._view, self._line = view, line
         return view
 
+    def warm(self) -> None:
+        """Build the current view's per-Service index now if it is not built yet.
+
+        The first sync's change tracking does without it (changes._first); the next update
+        needs it. The live proxy calls this once the first sync is reported, so that neither
+        the cold start nor the first change after it waits for it (~20k names at 10k Services).
+        """
+        if self._view is not None:
+            self._view.by_service  # noqa: B018 (a cached_property: computed and kept)
+
 
 def _patched(
     previous: NodeView, state: ClusterState, touched: Collection[ServiceKey], family: Family, node_name: str

@@ -156,3 +156,36 @@ def test_failed_sync_asks_for_a_full_one_and_bad_objects_change_nothing() -> Non
     bad = service("dns", "not-an-ip")
     assert h.tracker.apply(h.state, bad) is not None  # rejected: the old Service stays
     assert h.take() == h.tracker.take(h.view()) and h.take().services == frozenset()
+
+
+def _first_sync_cluster(h: Harness) -> None:
+    """Services of both protocols, with serving, non-serving and no endpoints, a slice whose
+    Service is missing, a headless Service, and a slice labelled for another namespace's name."""
+    h.apply(service("dns", "172.30.0.10"))
+    h.apply(endpoint_slice("dns-1", "dns", ["10.0.0.1", "10.0.0.2"]))
+    h.apply(service("idle", "172.30.0.11"))
+    h.apply(endpoint_slice("idle-1", "idle", ["10.0.0.3"], serving=False))
+    h.apply(service("empty", "172.30.0.12"))
+    h.apply(service("web", "172.30.0.20", proto="TCP", port=80))
+    h.apply(endpoint_slice("web-1", "web", ["10.0.0.4"], proto="TCP"))
+    h.apply(endpoint_slice("orphan-1", "orphan", ["10.0.0.5"]))
+    h.apply(service("dns", "172.30.0.30", ns="other"))
+    h.apply(endpoint_slice("dns-1", "dns", ["10.0.1.1"], ns="other", serving=False))
+    headless = service("headless", "None")
+    h.apply(headless)
+
+
+def test_the_first_take_gives_what_the_general_path_gives() -> None:
+    fast, general = Harness(), Harness()
+    _first_sync_cluster(fast)
+    _first_sync_cluster(general)
+    general.tracker._synced = NodeView({}, {})  # the general path, from an empty previous view
+    got, want = fast.take(), general.take()
+    assert got == want
+    assert got.services == {("ns", "dns"), ("ns", "idle"), ("ns", "empty"), ("ns", "web"), ("ns", "orphan"), ("other", "dns")}
+    assert {n.service for n in got.newly_active_udp_services} == {("ns", "dns"), ("ns", "orphan")}
+    # Both trackers are then in the same place: the next changes are the same too.
+    for h in (fast, general):
+        h.apply(endpoint_slice("dns-1", "dns", ["10.0.0.1"]))
+        h.apply(service("web", "172.30.0.20", proto="TCP", port=80, ns="ns"), deleted=True)
+    assert fast.take() == general.take()
