@@ -16,13 +16,18 @@ For each size and mode, in a network namespace created for the run (needs root):
 3. every kernel tool the proxy runs (nft, iptables-legacy-restore, ...) is a wrapper on PATH that
    records how long the real tool took, so the table splits the total into the kernel tools'
    part and ours (python start-up, imports, list + decode, build the view, render).
-   In nftables mode the transactions go through libnftables inside the proxy process
-   (backends/libnft.py), so no `nft` process runs: its kernel time is counted in "ours".
+   In nftables mode a cold table goes to a pipeline of `nft` processes that overlap each other
+   (backends/nftables/stream.py), so the tools' part is the wall time during which at least one
+   tool ran, not the sum of their times; small transactions go through libnftables inside the
+   proxy process (backends/libnft.py) and count in "ours".
 
 Phases (times from the fork, CLOCK_MONOTONIC, which every process of the machine shares):
   up       the metrics page answers (interpreter start-up, imports, flags, start-up checks)
   synced   the first sync is done (list + decode + view + render + kernel tools)
 Each cell is the median of --runs runs (a fresh namespace and API server each).
+`--restart`: a first proxy (untimed) programs the namespace and stops, leaving its rules, as a
+restarted or upgraded kube-proxy finds them; the timed one then starts (its first sync is a
+full one over the existing table).
 
 HWM/RSS: the proxy's peak and resident memory (VmHWM, VmRSS) at that moment.
 CPU seconds (user + sys, from /proc at the moment the first sync is seen): `proxy cpu` is the
@@ -200,7 +205,7 @@ def proxy_argv(tree: Path, tmp: Path, profile: Path | None) -> tuple[list[str], 
 
 
 def one(mode: str, objects: Path, tmp: Path, timeout: float, tree: Path = ROOT, profile: Path | None = None,
-        server_speed: str = "fast") -> dict[str, float]:  # fmt: skip
+        server_speed: str = "fast", restart: bool = False) -> dict[str, float]:  # fmt: skip
     log = tmp / "tools.log"
     log.unlink(missing_ok=True)
     env = wrappers(tmp / "bin", log)
@@ -222,38 +227,65 @@ def one(mode: str, objects: Path, tmp: Path, timeout: float, tree: Path = ROOT, 
                 "--healthz-bind-address", "", "--metrics-bind-address", METRICS]  # fmt: skip
         if mode == "iptables":
             argv += ["--iptables-variant", "legacy"]
-        poller = ns.popen([python, __file__, "--poll", f"http://{METRICS}/metrics"], stdout=subprocess.PIPE, text=True)
-        assert poller.stdout is not None
-        if poller.stdout.readline().strip() != "polling":
-            raise SystemExit("the metrics poller did not start")
-        server_cpu = cpu_seconds(server.pid)
-        start = time.monotonic()
-        proxy = ns.popen(argv, env={**env, **extra_env}, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True)
-        marks: dict[str, float] = {}
         try:
-            poller.wait(timeout=timeout)
-            # Read at once: the proxy and the server idle after the first sync (no changes).
-            marks["proxy cpu"] = cpu_seconds(proxy.pid)
-            marks["HWM"], marks["RSS"] = memory_mib(proxy.pid)
-            marks["server cpu"] = cpu_seconds(server.pid) - server_cpu
-            for line in poller.stdout:
-                what, when = line.split()
-                marks[what] = float(when) - (0 if what == "wallclock" else start)
-            if "synced" not in marks:
-                raise SystemExit(f"{mode}: no first sync (exit status {proxy.poll()})")
-        except subprocess.TimeoutExpired:
-            raise SystemExit(f"{mode}: no first sync within {timeout:.0f} s") from None
+            if restart:  # a first proxy programs the table and stops (leaving it), untimed
+                _start(ns, argv, {**env, **extra_env}, server, mode, timeout)
+                log.unlink(missing_ok=True)
+            marks = _start(ns, argv, {**env, **extra_env}, server, mode, timeout)
         finally:
-            poller.kill()
-            proxy.terminate()  # SIGTERM: a clean exit, so that cProfile writes its file
-            proxy.wait(timeout=60)
             server.stdin.close()
             server.wait(timeout=30)
     # The kernel tools that finished before the first sync was reported (not the cleanup after it).
     calls = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
     synced_ns = marks.pop("wallclock") * 1e9
-    tools = sum(int(ns_) for _, ns_, end in calls if int(end) <= synced_ns) / 1e9
-    return {**marks, "tools": tools}
+    spans = sorted((int(end) - int(ns_), int(end)) for _, ns_, end in calls if int(end) <= synced_ns)
+    return {**marks, "tools": covered(spans) / 1e9}
+
+
+def _start(ns: netns.NetNS, argv: list[str], env: dict[str, str], server: subprocess.Popen[str], mode: str,
+           timeout: float) -> dict[str, float]:  # fmt: skip
+    """Start the proxy, wait for its first sync (seen on its metrics page), stop it (SIGTERM: it
+    leaves its rules in the kernel, as upstream does). The marks and CPU seconds of that start."""
+    python = str(ROOT / ".venv" / "bin" / "python")
+    poller = ns.popen([python, __file__, "--poll", f"http://{METRICS}/metrics"], stdout=subprocess.PIPE, text=True)
+    assert poller.stdout is not None
+    if poller.stdout.readline().strip() != "polling":
+        raise SystemExit("the metrics poller did not start")
+    server_cpu = cpu_seconds(server.pid)
+    start = time.monotonic()
+    proxy = ns.popen(argv, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True)
+    marks: dict[str, float] = {}
+    try:
+        poller.wait(timeout=timeout)
+        # Read at once: the proxy and the server idle after the first sync (no changes).
+        marks["proxy cpu"] = cpu_seconds(proxy.pid)
+        marks["HWM"], marks["RSS"] = memory_mib(proxy.pid)
+        marks["server cpu"] = cpu_seconds(server.pid) - server_cpu
+        for line in poller.stdout:
+            what, when = line.split()
+            marks[what] = float(when) - (0 if what == "wallclock" else start)
+        if "synced" not in marks:
+            raise SystemExit(f"{mode}: no first sync (exit status {proxy.poll()})")
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{mode}: no first sync within {timeout:.0f} s") from None
+    finally:
+        poller.kill()
+        proxy.terminate()  # SIGTERM: a clean exit, so that cProfile writes its file
+        proxy.wait(timeout=60)
+    return marks
+
+
+def covered(spans: list[tuple[int, int]]) -> int:
+    """The length of the union of sorted (start, end) intervals: tools that overlap count once."""
+    total, reach = 0, None
+    for start, end in spans:
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
 
 
 def main() -> None:
@@ -271,6 +303,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--baseline", type=Path, help="another version's tree to compare with (see above)")
     parser.add_argument("--profile", type=Path, help="run the proxy under cProfile, profiles in this folder")
+    parser.add_argument("--restart", action="store_true",
+                        help="time a restart: an earlier proxy's rules are in the kernel when the timed one starts")  # fmt: skip
     parser.add_argument("--server", choices=("fast", "plain"), default="fast",
                         help="the test API server's list answers: fast (msgspec, the default) or plain (as the lab has it)")
     args = parser.parse_args()
@@ -283,8 +317,9 @@ def main() -> None:
         compile_tree(tree)
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    print(f"test API server: {args.server}; median of {args.runs} runs; "
-          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"test API server: {args.server}; {'restart (rules of an earlier run in the kernel); ' if args.restart else ''}"
+          f"median of {args.runs} runs; "
+          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")  # fmt: skip
     header = (f"{'mode':<9} {'services':>8} {'tree':>4} | {'up s':>6} {'synced s':>8} |"
               f" {'kernel tools s':>14} {'ours s':>7} {'ours/tools':>10} | {'proxy cpu s':>11} {'server cpu s':>12} |"
               f" {'HWM MiB':>7} {'RSS MiB':>7}")  # fmt: skip
@@ -300,7 +335,7 @@ def main() -> None:
                 for _ in range(args.runs):
                     for label, tree in trees.items():  # alternating: both see the same load
                         prof = args.profile / f"{mode}-{size}-{label or 'this'}.prof" if args.profile else None
-                        runs[label].append(one(mode, objects, tmp, args.timeout, tree, prof, args.server))
+                        runs[label].append(one(mode, objects, tmp, args.timeout, tree, prof, args.server, args.restart))
                 totals = {}
                 for label, got in runs.items():
 
