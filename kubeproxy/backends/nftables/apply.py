@@ -178,12 +178,12 @@ class NftApplier:
         )
 
     def table_intact(self) -> bool:
-        """False when the table is gone or was flushed (its `services` chain lost its rules)."""
-        proc = self.run(["nft", "-j", "list", "chain", self.family, TABLE, SERVICES], check=False, timeout=self.timeout)
-        self.stats.listings_total += 1
-        if proc.returncode != 0:
-            return False
-        return any("rule" in obj for obj in _objects(proc.stdout))
+        """False when the table is gone or was flushed (its `services` chain lost its rules).
+
+        Read from the terse ruleset listing (`_ours`): `nft -j list chain` fetched every set
+        element too, 1.7 s of nft CPU at 10k services x 10 endpoints, every sync period.
+        """
+        return any("rule" in obj and obj["rule"].get("chain") == SERVICES for obj in self._ours())
 
     def _ours(self) -> list[dict[str, Any]]:
         """The objects of our table, without set elements.
