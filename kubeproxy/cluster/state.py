@@ -45,8 +45,10 @@ class ClusterState:
     options: ParseOptions = field(default_factory=ParseOptions, compare=False)
     # The slices of each Service (namespace, service label), each with its insertion number in
     # `slices`: a view update for one Service must merge its slices in the order a full build
-    # walks them (of an endpoint listed twice, the first non-local copy wins).
-    _by_service: dict[Key, dict[Key, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # walks them (of an endpoint listed twice, the first non-local copy wins). A tuple of
+    # (slice key, number) pairs, not a dict: nearly every Service has one slice, and a dict of one
+    # entry is 240 bytes to 104 (1.3 MiB at 10k Services).
+    _by_service: dict[Key, tuple[tuple[Key, int], ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _inserted: int = field(default=0, init=False, repr=False, compare=False)
     # Checks of strings that repeat across objects (namespaces, node names, label keys), done once.
     _checks: CheckCache = field(default_factory=CheckCache, init=False, repr=False, compare=False)
@@ -60,11 +62,14 @@ class ClusterState:
         entries = self._by_service.get(service)
         if not entries:
             return []
-        return [self.slices[key] for key in sorted(entries, key=entries.__getitem__)]
+        return [self.slices[key] for key, _ in sorted(entries, key=_number)]
 
     def _index_slice(self, key: Key, eps: EndpointSlice) -> None:
         self._inserted += 1
-        self._by_service.setdefault((eps.namespace, eps.service_name), {})[key] = self._inserted
+        self._add_to_service((eps.namespace, eps.service_name), key, self._inserted)
+
+    def _add_to_service(self, service: Key, key: Key, number: int) -> None:
+        self._by_service[service] = (*self._by_service.get(service, ()), (key, number))
 
     def _put_slice(self, key: Key, eps: EndpointSlice) -> None:
         old = self.slices.get(key)
@@ -73,7 +78,7 @@ class ClusterState:
         elif old.service_name != eps.service_name:
             # Replacing a key keeps its place in `slices`, so it keeps its number too.
             number = self._unindex_slice(key, old)
-            self._by_service.setdefault((eps.namespace, eps.service_name), {})[key] = number
+            self._add_to_service((eps.namespace, eps.service_name), key, number)
         self.slices[key] = eps
 
     def _pop_slice(self, key: Key) -> None:
@@ -84,8 +89,11 @@ class ClusterState:
     def _unindex_slice(self, key: Key, eps: EndpointSlice) -> int:
         service = (eps.namespace, eps.service_name)
         entries = self._by_service[service]
-        number = entries.pop(key)
-        if not entries:
+        number = next(n for k, n in entries if k == key)
+        rest = tuple([entry for entry in entries if entry[0] != key])
+        if rest:
+            self._by_service[service] = rest
+        else:
             del self._by_service[service]
         return number
 
@@ -151,6 +159,10 @@ class ClusterState:
             self.services.pop((namespace, name), None)
         elif kind == "EndpointSlice":
             self._pop_slice((namespace, name))
+
+
+def _number(entry: tuple[Key, int]) -> int:
+    return entry[1]
 
 
 def build_state(

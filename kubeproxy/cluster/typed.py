@@ -17,7 +17,7 @@ interned, and repeated checks of them are cached per state (`CheckCache`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from ipaddress import IPv4Address
 from socket import AF_INET, inet_pton
 from sys import intern
@@ -36,6 +36,7 @@ from kubeproxy.cluster.objects import (
     MAX_SLICE_ENDPOINTS,
     MAX_SLICE_PORTS,
     MAX_ZONE_HINTS,
+    NO_HINTS,
     PROTOCOLS,
     SERVICE_TYPES,
     TRAFFIC_POLICIES,
@@ -145,9 +146,14 @@ def _metadata(item: Item, check_name: Callable[[str], str | None], checks: Check
     return namespace, name, meta
 
 
-def _labels(labels: dict[str, str] | Any, checks: CheckCache) -> dict[str, str]:
+# What an object without labels or annotations keeps: one shared empty mapping, never written to
+# (the objects' fields are read-only Mappings), instead of two 64-byte dicts per Service.
+_NONE: Mapping[str, str] = {}
+
+
+def _labels(labels: dict[str, str] | Any, checks: CheckCache) -> Mapping[str, str]:
     if not labels:
-        return {}
+        return _NONE
     out = {}
     for key, value in labels.items():
         shared = checks.canonical(qualified_name, key)  # 10k slices share one `kubernetes.io/service-name`
@@ -157,9 +163,9 @@ def _labels(labels: dict[str, str] | Any, checks: CheckCache) -> dict[str, str]:
     return out
 
 
-def _annotations(annotations: dict[str, str] | Any, checks: CheckCache) -> dict[str, str]:
+def _annotations(annotations: dict[str, str] | Any, checks: CheckCache) -> Mapping[str, str]:
     if not annotations:
-        return {}
+        return _NONE
     size = 0
     for key, value in annotations.items():
         # Upstream checks the lowercased key (see `Fields.annotations`).
@@ -327,7 +333,7 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
     # `_ipv4` and `_new_endpoint`, which do the same): 100k times, each call is 5% of the loop.
     canonical, pton, from_bytes, ipv4 = checks.canonical, inet_pton, int.from_bytes, _ipv4
     new, ipv4_class, set_ip, twin, endpoint_class = object.__new__, IPv4Address, _SET_IP, ENDPOINT_TWIN, Endpoint
-    empty = frozenset[str]()
+    empty = NO_HINTS
     endpoints = []
     for ep in raw:
         addresses = ep.addresses
@@ -391,7 +397,7 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
 
 def _hints(entries: list[Hint] | Any, check: Callable[[str], str | None]) -> frozenset[str]:
     if not entries:
-        return frozenset()
+        return NO_HINTS
     if len(entries) > MAX_ZONE_HINTS:
         raise _Skip
     names = set()
@@ -400,7 +406,7 @@ def _hints(entries: list[Hint] | Any, check: Callable[[str], str | None]) -> fro
         if hint and check(hint) is not None:
             raise _Skip
         names.add(hint)
-    return frozenset(names)
+    return frozenset(names) if names else NO_HINTS
 
 
 def _node(item: Item, checks: CheckCache) -> Node:
