@@ -19,7 +19,9 @@ Only non-service chains are tracked: the service chains are already left out by 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.iptables.names import SERVICE_CHAIN_PREFIXES, is_service_chain
@@ -34,6 +36,12 @@ class Filtered:
     text: str
     skipped: tuple[str, ...]  # "table/chain" left out
     digests: dict[ChainKey, bytes]  # every tracked chain of the full text, as written or kept
+    # The text as pieces to join, when it was given so (`filter_chunks`); `text` is "" then.
+    chunks: Sequence[str] | None = None
+
+    @property
+    def restore_input(self) -> str | Sequence[str]:
+        return self.text if self.chunks is None else self.chunks
 
 
 def _digest(lines: list[str]) -> bytes:
@@ -56,12 +64,12 @@ def _tracked_chain(line: str) -> str | None:
 # is not a service chain), found by the regex engine: a full sync's text at 10k services is
 # 320k lines of which ~10k are tracked, and a Python loop over all of them (or a list of them)
 # costs 0.3 s and 80 MiB. Chain as `_tracked_chain` takes it: up to the first space.
-_TRACKED_LINE = re.compile(
-    r"^(?:\*(?P<table>[^\n]*)|(?::|-A )(?!"
-    + "|".join(map(re.escape, SERVICE_CHAIN_PREFIXES))
-    + r")(?P<chain>[^ \n]*)[^\n]*)$",
-    re.MULTILINE,
-)
+_NOT_SERVICE = r"(?!" + "|".join(map(re.escape, SERVICE_CHAIN_PREFIXES)) + r")"
+_TRACKED = r"(?:\*(?P<table>[^\n]*)|(?::|-A )" + _NOT_SERVICE + r"(?P<chain>[^ \n]*)[^\n]*)"
+_TRACKED_LINE = re.compile(r"^" + _TRACKED + r"$", re.MULTILINE)
+# The same lines after the first: found from their line break, a literal the regex engine skips
+# to, where `^` makes it try every position of the text (0.2 s instead of 0.06 s for 32 MiB).
+_TRACKED_NEXT_LINE = re.compile(r"\n(?P<line>" + _TRACKED + r")(?=\n|\Z)")
 # Line breaks `str.splitlines` knows besides "\n" (ASCII ones; non-ASCII text takes the general path).
 _OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
 
@@ -69,16 +77,31 @@ _OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
 def _tracked_lines(text: str) -> dict[ChainKey, list[str]] | None:
     """Each tracked chain's lines in `text`, in order, as the general path groups them; None if
     `text` has line breaks other than "\n" (that path's `splitlines` would cut it otherwise)."""
-    if not text.isascii() or any(c in text for c in _OTHER_BREAKS):
-        return None
+    return _tracked_lines_of([text])
+
+
+def _tracked_lines_of(chunks: Iterable[str]) -> dict[ChainKey, list[str]] | None:
+    """`_tracked_lines` of the text the chunks make; None also if a chunk is not whole lines
+    (a line cut between two chunks would be cut in two here)."""
     table = ""
     chains: dict[ChainKey, list[str]] = {}
-    for m in _TRACKED_LINE.finditer(text):
-        chain = m.group("chain")
-        if chain is None:
-            table = m.group("table")
-        else:
-            chains.setdefault((table, chain), []).append(m.group())
+    whole = True  # the chunks so far end with a whole line
+    for chunk in chunks:
+        if not chunk:
+            continue
+        if not whole or not chunk.isascii() or any(c in chunk for c in _OTHER_BREAKS):
+            return None
+        whole = chunk.endswith("\n")
+        first = _TRACKED_LINE.match(chunk)
+        for m, line in itertools.chain(
+            [] if first is None else [(first, first.group())],
+            ((m, m.group("line")) for m in _TRACKED_NEXT_LINE.finditer(chunk)),
+        ):
+            chain = m.group("chain")
+            if chain is None:
+                table = m.group("table")
+            else:
+                chains.setdefault((table, chain), []).append(line)
     return chains
 
 
@@ -95,6 +118,14 @@ class AppliedChains:
             if tracked is not None:  # nothing is left out: only the digests are wanted
                 return Filtered(text, (), {key: _digest(lines) for key, lines in tracked.items()})
         return self._filter(text, full=full)
+
+    def filter_chunks(self, chunks: Sequence[str], *, full: bool) -> Filtered:
+        """`filter("".join(chunks))`; a full sync's chunks are kept as they are, not joined."""
+        if full:
+            tracked = _tracked_lines_of(chunks)
+            if tracked is not None:
+                return Filtered("", (), {key: _digest(lines) for key, lines in tracked.items()}, chunks)
+        return self.filter("".join(chunks), full=full)
 
     def _filter(self, text: str, *, full: bool) -> Filtered:
         """The general path: every line keyed by its chain."""

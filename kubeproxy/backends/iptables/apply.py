@@ -6,10 +6,10 @@ test namespace (`NetNS.run`) or the fake (`FakeIptables.run`).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.exec import Runner, local_run, takes_chunks
 
 
 class RestoreError(SyncError):
@@ -24,22 +24,34 @@ RESTORE_TIMEOUT_BASE = 60.0
 RESTORE_TIMEOUT_PER_LINE = 0.001
 
 
-def restore_timeout(text: str) -> float:
-    """The bound of one restore of `text`: 60 s plus 1 ms a line (5 min for 240k lines)."""
-    return RESTORE_TIMEOUT_BASE + RESTORE_TIMEOUT_PER_LINE * text.count("\n")
+def restore_timeout(text: str | Sequence[str]) -> float:
+    """The bound of one restore of `text` (or its pieces): 60 s plus 1 ms a line (5 min for 240k lines)."""
+    lines = text.count("\n") if isinstance(text, str) else sum(chunk.count("\n") for chunk in text)
+    return RESTORE_TIMEOUT_BASE + RESTORE_TIMEOUT_PER_LINE * lines
+
+
+def _input(text: str | Sequence[str], run: Runner) -> str | Sequence[str]:
+    """The pieces as they are to a runner that writes them one by one, else joined."""
+    return text if isinstance(text, str) or takes_chunks(run) else "".join(text)
 
 
 def restore(
-    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float | None = None
+    text: str | Sequence[str],
+    run: Runner = local_run,
+    *,
+    ipv6: bool = False,
+    variant: str = "",
+    timeout: float | None = None,
 ) -> None:
     """Load a full or partial sync: --noflush leaves chains that are not ours alone.
 
+    `text` one string or its pieces in order (written as they are where `run` takes them).
     `variant` picks "legacy" or "nft" explicitly; by default the system's iptables-restore.
     `timeout` None: `restore_timeout(text)`.
     """
     binary = ("ip6tables" if ipv6 else "iptables") + (f"-{variant}" if variant else "") + "-restore"
     bound = restore_timeout(text) if timeout is None else timeout
-    proc = run([binary, "-w", "--noflush", "--counters"], input=text, check=False, timeout=bound)
+    proc = run([binary, "-w", "--noflush", "--counters"], input=_input(text, run), check=False, timeout=bound)
     if proc.returncode != 0:
         raise RestoreError(f"{binary} failed: {proc.stderr.strip()}")
 

@@ -43,8 +43,11 @@ from kubeproxy.backends.iptables.render import (
     KUBE_PROXY_FIREWALL,
     KUBE_SERVICES,
     Rendered,
+    TableText,
     is_large_cluster,
     render,
+    render_tables,
+    restore_chunks,
 )
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView
@@ -161,7 +164,10 @@ class IptablesProxier:
         existing = self._nat_chains() if cleanup_due else None
 
         started = time.perf_counter()
-        rendered = render(
+        # The restore input as pieces, never joined into one text on a full sync (32 MiB at 10k
+        # services x 10 endpoints, and one more copy for the jumps): the report that outlives
+        # the sync (the runner keeps the last one) keeps the counts, its text is "".
+        rendered, tables = render_tables(
             view,
             opts,
             changed_services=changed_services,
@@ -169,20 +175,21 @@ class IptablesProxier:
             stale_cleanup_due=cleanup_due,
             cache=self._cache,
         )
-        # The report outlives the sync (the runner keeps the last one): it keeps the counts, not
-        # the text (32 MiB at 10k services x 10 endpoints), which only the restore needs.
-        text, rendered = rendered.text, replace(rendered, text="")
+        # A copy without the set of active chains the render may have cached in it (4 MiB at
+        # 10k services): readers of the report that want it compute it again.
+        rendered = replace(rendered)
         if full:
-            text, added = self._with_missing_jumps(text)
+            tables, added = self._with_missing_jump_tables(tables)
         else:
             added = 0
         # A resync that carries no change (the syncPeriod one) writes the shared chains whole, as
         # upstream's every sync does: whatever edited them behind our back is undone within a
         # syncPeriod. Only syncs that carry changes leave the unchanged ones out.
-        filtered = self._applied.filter(text, full=full or not changed_services)
+        filtered = self._applied.filter_chunks(list(restore_chunks(tables)), full=full or not changed_services)
+        del tables  # the pieces live on in `filtered` only as long as the restore needs them
         rendered_at = time.perf_counter()
         try:
-            restore(filtered.text, self.run, ipv6=self.ipv6, variant=self.variant)
+            restore(filtered.restore_input, self.run, ipv6=self.ipv6, variant=self.variant)
         except Exception:
             # Some tables may have committed and others not: what the kernel holds is unknown.
             self._applied.forget()
@@ -220,34 +227,23 @@ class IptablesProxier:
         wanted = [j for j in jumps.ENSURE_ORDER if j.target in declared.get(j.table, set())]
         return [j for j in wanted if not self._iptables("-t", j.table, "-C", *_rule_args(j))]
 
-    def _with_missing_jumps(self, text: str) -> tuple[str, int]:
-        """The restore text plus `-I` lines for missing jumps before each table's COMMIT, in
-        upstream's prepend order.
+    def _with_missing_jump_tables(self, tables: tuple[TableText, ...]) -> tuple[tuple[TableText, ...], int]:
+        """`tables` plus `-I` lines for missing jumps at the end of each table (before its
+        COMMIT), in upstream's prepend order.
 
-        Found by string search, not by splitting the text: at 10k services it is 320k lines, and
-        the jumps' targets are shared chains declared at the head of their table.
-        """
-        sections = {table: _section(text, table) for table in {j.table for j in jumps.ENSURE_ORDER}}
+        A jump is only looked for when its target is one of the table's shared chains: the
+        tables' pieces are not searched (at 10k services they are 320k lines)."""
         declared = {
-            table: {j.target for j in jumps.ENSURE_ORDER if j.table == table and _declares(text, span, j.target)}
-            for table, span in sections.items()
-            if span is not None
+            t.name: {j.target for j in jumps.ENSURE_ORDER if j.table == t.name and j.target in t.shared_chains} for t in tables
         }
         missing = _group_by_table(self._missing_jumps(declared))
-        inserts = sorted(
-            (span[1], "".join(f"-I {_rule_spec(j)}\n" for j in missing[table]))
-            for table, span in sections.items()
-            if span is not None and table in missing
+        if not missing:
+            return tables, 0
+        out = tuple(
+            replace(t, chunks=[*t.chunks, "".join(f"-I {_rule_spec(j)}\n" for j in missing[t.name])]) if t.name in missing else t
+            for t in tables
         )
-        if not inserts:
-            return text, 0
-        pieces: list[str] = []
-        start = 0
-        for at, lines in inserts:
-            pieces += (text[start:at], lines)
-            start = at
-        pieces.append(text[start:])
-        return "".join(pieces), sum(len(v) for v in missing.values())
+        return out, sum(len(v) for v in missing.values())
 
     def cleanup(self) -> list[str]:
         """Remove our jumps and chains, and nothing else. Returns what was removed."""
@@ -291,24 +287,6 @@ def _rule_args(j: jumps.Jump) -> list[str]:
 def _rule_spec(j: jumps.Jump) -> str:
     """The jump as restore text after `-I ` (match keeps its quoted comment)."""
     return f"{j.builtin} {j.match} -j {j.target}" if j.match else f"{j.builtin} -j {j.target}"
-
-
-def _section(text: str, table: str) -> tuple[int, int] | None:
-    """Where `table`'s lines are in restore `text`: from its `*table` line to the start of its
-    COMMIT line (None without both)."""
-    head = f"*{table}\n"
-    start = 0 if text.startswith(head) else text.find("\n" + head) + 1
-    if start == 0 and not text.startswith(head):
-        return None
-    commit = text.find("\nCOMMIT\n", start) + 1
-    if commit == 0 and text.endswith("\nCOMMIT"):
-        commit = len(text) - len("COMMIT")
-    return None if commit == 0 else (start, commit)
-
-
-def _declares(text: str, span: tuple[int, int], chain: str) -> bool:
-    """Whether the table at `span` of `text` has the chain line `:chain ...`."""
-    return any(text.find(f"\n:{chain}{end}", span[0], span[1]) != -1 for end in (" ", "\n"))
 
 
 def _group_by_table(items: list[jumps.Jump]) -> dict[str, list[jumps.Jump]]:

@@ -26,6 +26,8 @@ does not use are flushed (chain line) and deleted (`-X`).
 A `RenderCache` remembers each service port's `ServiceRules` from one render to the next and
 hands them back while the port, its endpoints and the options are unchanged: with it a sync
 after a small change costs the few changed services plus the joining, not a whole render.
+It keeps them without their own chains' text (cache.py), which only the ports this render
+writes need: those come back whole.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import operator
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from socket import inet_ntoa
 from typing import NamedTuple
@@ -90,6 +92,33 @@ class Rendered:
     def nat_rules_total(self) -> int:
         """Upstream's sync_proxy_rules_iptables_total{table="nat"}: the rules the kernel holds."""
         return self.nat_rules + self.skipped_nat_rules
+
+
+@dataclass(frozen=True)
+class TableText:
+    """One table's part of the restore input: `*name`, the `chunks` in order, `COMMIT`.
+
+    Every chunk is whole lines (each ending in a newline), or "".
+    """
+
+    name: str
+    shared_chains: tuple[str, ...]  # the chains it declares that are not service chains
+    chunks: list[str] = field(repr=False)
+
+    def pieces(self) -> Iterator[str]:
+        yield f"*{self.name}\n"
+        yield from self.chunks
+        yield "COMMIT\n"
+
+
+def restore_chunks(tables: Iterable[TableText]) -> Iterator[str]:
+    """The restore input of `tables`, piece by piece."""
+    return itertools.chain.from_iterable(t.pieces() for t in tables)
+
+
+def restore_text(tables: Iterable[TableText]) -> str:
+    """The restore input of `tables` as one text."""
+    return "".join(restore_chunks(tables))
 
 
 def _probability(n: int) -> str:
@@ -176,7 +205,34 @@ def render(
     stale_cleanup_due: bool = True,
     cache: RenderCache | None = None,
 ) -> Rendered:
-    """The restore input for one sync.
+    """The restore input for one sync (`render_tables`' tables joined into `text`)."""
+    rendered, tables = render_tables(
+        view,
+        opts,
+        changed_services=changed_services,
+        existing_nat_chains=existing_nat_chains,
+        stale_cleanup_due=stale_cleanup_due,
+        cache=cache,
+    )
+    whole = replace(rendered, text=restore_text(tables))
+    if "nat_chains" in rendered.__dict__:
+        whole.__dict__["nat_chains"] = rendered.__dict__["nat_chains"]  # where cached_property keeps its value
+    return whole
+
+
+def render_tables(
+    view: NodeView,
+    opts: NodeOptions,
+    *,
+    changed_services: Collection[tuple[str, str]] | None = None,
+    existing_nat_chains: Collection[str] | None = None,
+    stale_cleanup_due: bool = True,
+    cache: RenderCache | None = None,
+) -> tuple[Rendered, tuple[TableText, ...]]:
+    """The restore input for one sync, as its tables' pieces; the `Rendered`'s text is "".
+
+    The pieces are each service port's own strings: a full sync at 10k services is 32 MiB of
+    text that need not be copied into one string to be written to iptables-restore.
 
     changed_services: (namespace, name) of the services whose own chains must be rewritten;
         None for a full sync (every chain written).
@@ -225,7 +281,7 @@ def render(
         services, endpoints = view.services, view.endpoints
         per_port = [render_one(services[name], endpoints.get(name, [])) for name in ports]
     else:
-        ports, per_port = cache.rules(view, (opts, large), render_one)
+        ports, per_port = cache.rules(view, (opts, large), render_one, changed)
 
     # A partial sync leaves the own chains of unchanged services as they are in the kernel.
     writes = None if changed is None else list(map(changed.__contains__, map(_SERVICE_OF, ports)))
@@ -266,27 +322,29 @@ def render(
         service_nat = list(itertools.chain.from_iterable((r.entry_text, r.chain_text) for r in per_port))
     else:
         service_nat = [r.entry_text + r.chain_text if w else r.entry_text for r, w in zip(per_port, writes, strict=True)]
-    text = "".join(
-        [
-            "*filter\n",
-            _declarations(filter_chains),
-            _block(filter_head),
-            _lines(per_port, "filter_text"),
-            _block(filter_tail),
-            "COMMIT\n*nat\n",
-            _declarations(nat_chains[:4]),
-            _lines(written, "chain_decls"),
-            _declarations(nat_chains[4:]),
-            _block(nat_head),
-            *service_nat,
-            _block(nat_tail),
-            "COMMIT\n",
-        ]
+    tables = (
+        TableText(
+            "filter",
+            tuple(filter_chains),
+            [_declarations(filter_chains), _block(filter_head), _lines(per_port, "filter_text"), _block(filter_tail)],
+        ),
+        TableText(
+            "nat",
+            tuple(nat_chains[:4]),
+            [
+                _declarations(nat_chains[:4]),
+                _lines(written, "chain_decls"),
+                _declarations(nat_chains[4:]),
+                _block(nat_head),
+                *service_nat,
+                _block(nat_tail),
+            ],
+        ),
     )
     filter_rules = len(filter_head) + _count(per_port, "filter_rules") + len(filter_tail)
     nat_rules = len(nat_head) + _count(per_port, "entry_rules") + _count(written, "chain_rules") + len(nat_tail)
     rendered = Rendered(
-        text=text,
+        text="",
         filter_rules=filter_rules,
         nat_rules=nat_rules - len(deleted),
         service_chains=service_chains,
@@ -301,7 +359,7 @@ def render(
     )
     if active_nat_chains is not None:
         rendered.__dict__["nat_chains"] = active_nat_chains  # where cached_property keeps its value
-    return rendered
+    return rendered, tables
 
 
 def _declarations(chains: list[str]) -> str:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubeproxy import render as offline
+from kubeproxy.backends.iptables import cache as cache_module
 from kubeproxy.backends.iptables import render as render_module
 from kubeproxy.backends.iptables.cache import RenderCache
 from kubeproxy.backends.iptables.render import Rendered, render
@@ -26,7 +27,7 @@ from kubeproxy.cli import build_config, main
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
 from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.proxy.view import ViewBuilder
 from tests.backends.iptables.canonical import diff
@@ -265,3 +266,55 @@ def test_large_cluster_mode_switch_rerenders_unchanged_services() -> None:
         large = render(view, BASE, changed_services=changed, cache=cache)
         assert large.large_cluster_mode and cache.reused == 0
         assert large == render(view, BASE, changed_services=changed)
+
+
+# -- what the cache keeps
+
+
+def test_the_cache_keeps_no_chain_text_and_renders_it_again_for_written_ports() -> None:
+    golden = golden_rendering("cluster_ip")
+    view, opts = golden.view, golden.options
+    cache = RenderCache()
+    ports = len(view.services)
+    assert render(view, opts, cache=cache) == golden.rendered
+    assert (cache.rendered, cache.rewritten) == (ports, 0)  # the first render has every text already
+    # Only what unchanged ports contribute to every sync is kept: no own chains' text.
+    memos = cache._memos
+    assert memos and all(m.rules is not None and m.rules.chain_text == m.rules.chain_decls == "" for m in memos)
+    assert any(m.rules is not None and m.rules.chains for m in memos)
+
+    # A full render from the cache writes every chain: each port's text rendered again, equal.
+    assert render(view, opts, cache=cache) == golden.rendered
+    assert (cache.rendered, cache.reused, cache.rewritten) == (0, ports, ports)
+
+    # A partial sync naming a service whose objects did not change (touched, say): only its ports.
+    key = sorted(view.services)[0].service
+    mine = sum(1 for name in view.services if name.service == key)
+    args: dict[str, Any] = {"changed_services": {key}, "existing_nat_chains": golden.rendered.nat_chains}
+    assert render(view, opts, cache=cache, **args) == render(view, opts, **args)
+    assert (cache.rendered, cache.rewritten) == (0, mine)
+    # A partial sync naming nothing writes no service chain and renders nothing.
+    assert render(view, opts, cache=cache, changed_services=set()) == render(view, opts, changed_services=set())
+    assert (cache.rendered, cache.rewritten) == (0, 0)
+
+
+port_names = st.builds(
+    ServicePortName,
+    st.sampled_from(("a", "b", "kube-system")),
+    st.sampled_from(("s1", "s2", "s10", "web")),
+    st.sampled_from(("", "http", "https", "dns")),
+    st.sampled_from(("TCP", "UDP")),
+)
+
+
+@given(
+    st.sets(port_names, max_size=30),
+    st.frozensets(st.tuples(st.sampled_from(("a", "b", "c")), st.sampled_from(("s1", "s2", "web", "x")))),
+)
+def test_written_ports_found_by_bisection_equal_a_scan(ports: set[ServicePortName], services: frozenset[tuple[str, str]]) -> None:
+    ordered = sorted(ports)
+    scan = [i for i, p in enumerate(ordered) if p.service in services]
+    with mock.patch.object(cache_module, "_BISECT_RATIO", 0):  # always the scan
+        assert list(cache_module._indices_of(ordered, services)) == scan
+    with mock.patch.object(cache_module, "_BISECT_RATIO", 10**9):  # always bisection
+        assert list(cache_module._indices_of(ordered, services)) == scan

@@ -4,20 +4,25 @@
   every line; it must record the same digests as the general path (a later partial sync compares
   its own, general-path digests with them) and fall back to that path for text it does not
   recognise (line breaks other than "\\n", non-ASCII).
-- `_with_missing_jumps` inserts the `-I` lines by string search; the result must be what the
-  former line-by-line rebuild gave (kept here as the reference).
+- `_with_missing_jump_tables` appends the `-I` lines to the rendered tables' pieces; joined, the
+  result must be what the former line-by-line rebuild gave (kept here as the reference).
+- `AppliedChains.filter_chunks` of a full sync's pieces records what `filter` of their join does,
+  and falls back to it for pieces that are not whole lines.
 - The sync report keeps the counts but not the restore text.
 """
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.applied import AppliedChains
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier, _rule_args, _rule_spec
+from kubeproxy.backends.iptables.render import TableText, render_tables, restore_chunks, restore_text
 from kubeproxy.proxy.config import ProxyConfig
 from tests.paths import DEMO
 
@@ -92,29 +97,64 @@ def _declared(text: str) -> dict[str, set[str]]:
     return declared
 
 
-@pytest.mark.parametrize("name", ["demo", "demo-localhost-nodeports", "declared-only"])
+def _demo_tables(**kwargs: object) -> tuple[TableText, ...]:
+    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)  # type: ignore[arg-type]
+    result = offline.render_iptables(offline.load([DEMO]).state, cfg)
+    rendered, tables = render_tables(result.view, result.options)
+    assert restore_text(tables) == result.rendered.text and rendered.text == ""
+    return tables
+
+
+TABLES = {"demo": _demo_tables(), "demo-localhost-nodeports": _demo_tables(nodeport_addresses=("127.0.0.0/8",))}
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
 def test_missing_jumps_are_inserted_as_the_line_rebuild_did(name: str) -> None:
-    text = TEXTS[name]
+    tables = TABLES[name]
+    text = restore_text(tables)
     proxier = IptablesProxier(run=FakeIptables().run)  # a fresh fake: every jump is missing
-    got, added = proxier._with_missing_jumps(text)
+    got, added = proxier._with_missing_jump_tables(tables)
     declared = _declared(text)
     missing: dict[str, list[jumps.Jump]] = {}
     for j in jumps.ENSURE_ORDER:
         if j.target in declared.get(j.table, set()):
             missing.setdefault(j.table, []).append(j)
-    assert got == _reference_with_jumps(text, missing)
+    assert restore_text(got) == _reference_with_jumps(text, missing)
     assert added == sum(map(len, missing.values())) > 0
+    assert restore_text(tables) == text  # the rendered tables themselves are left as they were
 
 
-def test_no_missing_jump_leaves_the_text_as_it_is() -> None:
+def test_no_missing_jump_leaves_the_tables_as_they_are() -> None:
     fake = FakeIptables()
     proxier = IptablesProxier(run=fake.run)
-    view_text = TEXTS["demo"]
+    tables = TABLES["demo"]
     for j in jumps.ENSURE_ORDER:
         fake.run(["iptables", "-w", "-t", j.table, "-N", j.target], check=False)
         fake.run(["iptables", "-w", "-t", j.table, "-I", *_rule_args(j)], check=True)
-    got, added = proxier._with_missing_jumps(view_text)
-    assert got is view_text and added == 0
+    got, added = proxier._with_missing_jump_tables(tables)
+    assert got is tables and added == 0
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_full_sync_pieces_record_the_joined_texts_digests(name: str) -> None:
+    chunks = list(restore_chunks(TABLES[name]))
+    text = "".join(chunks)
+    fast = AppliedChains().filter_chunks(chunks, full=True)
+    assert fast.chunks is chunks and fast.restore_input is chunks and fast.text == ""
+    assert fast.digests == _general(text).digests and fast.digests
+    # A partial sync's pieces are joined and filtered as one text.
+    applied = AppliedChains()
+    applied.applied(fast, full=True)
+    assert applied.filter_chunks(chunks, full=False) == AppliedChains(dict(applied._applied)).filter(text, full=False)
+
+
+@pytest.mark.parametrize("cut", [1, 7, 40])
+def test_pieces_that_are_not_whole_lines_take_the_general_path(cut: int) -> None:
+    # A line cut in two between pieces would be two lines to the regex: the join decides.
+    text = restore_text(TABLES["demo"])
+    chunks = [text[:cut], text[cut:]]
+    got = AppliedChains().filter_chunks(chunks, full=True)
+    assert got.chunks is None and got.text == text and got.digests == _general(text).digests
 
 
 def test_the_report_keeps_counts_not_the_restore_text() -> None:
@@ -124,8 +164,43 @@ def test_the_report_keeps_counts_not_the_restore_text() -> None:
     proxier.prepare()
     report = proxier.sync(result.view, result.options, None)
     assert report.rendered.text == ""
+    assert "nat_chains" not in report.rendered.__dict__  # nor the set of active chains, unless asked for
+    assert report.rendered.nat_chains == result.rendered.nat_chains
     assert report.rule_counts == {"filter": result.rendered.filter_rules, "nat": result.rendered.nat_rules_total}
     declared = _declared(result.rendered.text)
     assert report.jumps_added == sum(j.target in declared[j.table] for j in jumps.ENSURE_ORDER) > 0
     saved = fake.run(["iptables-save", "-t", "nat"]).stdout
     assert "-A KUBE-SERVICES" in saved  # the text was restored before it was dropped
+
+
+LINES = st.sampled_from(
+    [
+        "*nat",
+        "*filter",
+        "COMMIT",
+        "",
+        ":",
+        "-A ",
+        "-A",
+        "-X KUBE-SVC-A",
+        ":KUBE-SERVICES - [0:0]",
+        ":KUBE-SVC-A - [0:0]",
+        "-A KUBE-SERVICES -j KUBE-SVC-A",
+        "-A KUBE-SEP-1 -j X",
+        "-A KUBE-FORWARD",
+        "-A KUBE-X -m comment --comment x",
+        " -A KUBE-X",
+        "-I INPUT -j KUBE-X",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(LINES, max_size=6), max_size=8), st.booleans())
+def test_any_whole_line_pieces_record_the_general_paths_digests(pieces: list[list[str]], trailing: bool) -> None:
+    chunks = ["".join(f"{line}\n" for line in lines) for lines in pieces]
+    if chunks and not trailing:
+        chunks[-1] = chunks[-1].removesuffix("\n")  # the text may end without a line break
+    text = "".join(chunks)
+    assert AppliedChains().filter_chunks(chunks, full=True).digests == _general(text).digests
+    assert AppliedChains().filter(text, full=True).digests == _general(text).digests

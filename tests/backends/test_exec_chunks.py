@@ -1,0 +1,101 @@
+"""`local_run` with its input as pieces: what `subprocess.run` with the joined text gives, and
+a producer that fails never lets the tool take a truncated input for a whole one.
+
+Real processes (the Python interpreter as the tool); no root needed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kubeproxy import render as offline
+from kubeproxy.backends.exec import CommandError, batches, local_run, takes_chunks
+from kubeproxy.backends.iptables.apply import restore, restore_timeout
+from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.iptables.render import render_tables, restore_chunks
+from kubeproxy.proxy.config import ProxyConfig
+from tests.paths import DEMO
+from tests.rules_invariants import parse
+
+ECHO = [sys.executable, "-c", "import sys; d = sys.stdin.read(); sys.stdout.write(d); sys.stderr.write(str(len(d)))"]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [[], [""], ["a\n"], ["*filter\n", "", ":X - [0:0]\n" * 50_000, "COMMIT\n"], ["é\n", "x" * 300_000, "\n"]],
+)
+def test_pieces_reach_the_tool_as_the_joined_text_does(chunks: list[str]) -> None:
+    text = "".join(chunks)
+    whole = local_run(ECHO, input=text)
+    streamed = local_run(ECHO, input=iter(chunks))
+    assert (streamed.returncode, streamed.stdout, streamed.stderr) == (whole.returncode, whole.stdout, whole.stderr)
+    assert streamed.stdout == text
+
+
+def test_a_refusal_is_reported_as_for_a_text() -> None:
+    argv = [sys.executable, "-c", "import sys; sys.stdin.read(1); sys.stderr.write('line 3: bad'); sys.exit(2)"]
+    # The tool stops reading: more input than a pipe holds must not block us.
+    proc = local_run(argv, input=["x" * 1_000_000] * 3, check=False)
+    assert (proc.returncode, proc.stderr) == (2, "line 3: bad")
+    with pytest.raises(CommandError, match="exited 2: line 3: bad"):
+        local_run(argv, input=["x\n"])
+
+
+def test_the_timeout_kills_a_tool_that_stops_reading() -> None:
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    with pytest.raises(CommandError, match=r"did not finish within 0\.5 s"):
+        local_run(argv, input=["x" * 1_000_000] * 4, timeout=0.5)  # blocked writing when it fires
+
+
+def test_a_failing_producer_kills_the_tool_before_it_sees_the_end_of_its_input(tmp_path: Path) -> None:
+    done = tmp_path / "committed"
+    # The tool "commits" what it read at the end of its input, as iptables-restore does.
+    argv = [sys.executable, "-c", f"import sys; d = sys.stdin.read(); open({str(done)!r}, 'w').write(d)"]
+
+    def pieces() -> Iterator[str]:
+        yield "*filter\n" * 100_000  # more than one batch: the tool has read some of it
+        raise RuntimeError("bug while rendering")
+
+    with pytest.raises(RuntimeError, match="bug while rendering"):
+        local_run(argv, input=pieces())
+    assert not done.exists()
+
+
+def test_batches_keep_order_and_content() -> None:
+    chunks = ["a" * 10, "b" * 5, "", "c" * 30, "d"]
+    got = list(batches(chunks, size=16))
+    assert "".join(got) == "".join(chunks) and got == ["a" * 10 + "b" * 5 + "c" * 30, "d"]
+
+
+def test_restore_joins_the_pieces_for_a_runner_that_wants_a_text() -> None:
+    fake = FakeIptables()
+    assert not takes_chunks(fake.run) and takes_chunks(local_run)
+    pieces = ["*nat\n", ":KUBE-SERVICES - [0:0]\n", "-A KUBE-SERVICES -j RETURN\n", "COMMIT\n"]
+    restore(pieces, fake.run)
+    restore_call = next(c for c in fake.calls if c[0] == "iptables-restore")
+    assert restore_call == ["iptables-restore", "-w", "--noflush", "--counters"]
+    assert fake.tables()["nat"]["KUBE-SERVICES"] == ["-A KUBE-SERVICES -j RETURN"]
+    assert restore_timeout(pieces) == restore_timeout("".join(pieces))
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_a_rendering_streamed_into_iptables_restore_loads_as_its_text(netns, variant: str) -> None:  # type: ignore[no-untyped-def]
+    # The pieces of a full sync, as the proxier hands them to `local_run` (here through `ip netns
+    # exec`, so that the tool runs in the test's namespace): the kernel holds what the text says.
+    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
+    result = offline.render_iptables(offline.load([DEMO]).state, cfg, nfacct_counters=())
+    _, tables = render_tables(result.view, result.options)
+    tool = f"iptables-{variant}-restore"
+    proc = local_run(["ip", "netns", "exec", netns.name, tool, "-w", "--noflush"], input=restore_chunks(tables), check=False)
+    assert proc.returncode == 0, proc.stderr
+    saved = parse(netns.run([f"iptables-{variant}-save"]).stdout)
+    for table, (declared, rules) in parse(result.rendered.text).items():
+        saved_declared, saved_rules = saved[table]
+        assert set(declared) <= set(saved_declared), f"{table}: chains missing after restore"
+        for chain, chain_rules in rules.items():
+            assert len(saved_rules.get(chain, [])) == len(chain_rules), f"{table} {chain}: rule count differs"
