@@ -199,8 +199,37 @@ def _trim(out: Path) -> None:
     gc.freeze()
     steps.append((f"gc.freeze() ({gc.get_freeze_count():,} objects)", _status(os.getpid())))
     part = out.with_suffix(".part")
-    part.write_text(json.dumps({"steps": steps, "frozen_by_proxy": frozen}))
+    part.write_text(json.dumps({"steps": steps, "frozen_by_proxy": frozen, "pymalloc": _pymalloc()}))
     part.rename(out)
+
+
+def _pymalloc() -> dict[str, int]:
+    """CPython's small-object allocator, from sys._debugmallocstats (written to fd 2): arenas
+    (1 MiB each, returned to the system only when entirely free), bytes in live blocks and bytes in
+    free blocks of partly used pools. Free blocks are what the cold start's transient objects left
+    among long-lived ones: malloc_trim cannot return them."""
+    import re
+
+    read, write = os.pipe()
+    saved = os.dup(2)
+    try:
+        os.dup2(write, 2)
+        os.close(write)
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    chunks = []
+    while chunk := os.read(read, 1 << 16):
+        chunks.append(chunk)
+    os.close(read)
+    text = b"".join(chunks).decode(errors="replace")
+    keys = {"arenas": "# arenas allocated current", "used": "# bytes in allocated blocks", "free": "# bytes in available blocks"}
+    out = {}
+    for name, label in keys.items():
+        found = re.search(re.escape(label) + r"\s*=\s*([\d,]+)", text)
+        out[name] = int(found.group(1).replace(",", "")) if found else -1
+    return out
 
 
 # (module, attribute, step) wrapped by _watch_peaks: the first read's steps, outermost first.
@@ -214,10 +243,10 @@ _STEPS = (
     ("kubeproxy.live", "LiveProxy._apply", "  render + apply (LiveProxy._apply)"),
     ("kubeproxy.backends.nftables.proxier", "render", "    render (nftables render)"),
     ("kubeproxy.backends.nftables.apply", "NftApplier.apply", "    apply (NftApplier.apply)"),
-    ("kubeproxy.backends.iptables.proxier", "render", "    render (iptables render)"),
+    ("kubeproxy.backends.iptables.proxier", "render_tables", "    render (iptables render_tables)"),
     ("kubeproxy.backends.iptables.proxier", "IptablesProxier._nat_chains", "    existing chains (_nat_chains)"),
-    ("kubeproxy.backends.iptables.proxier", "IptablesProxier._with_missing_jumps", "    jumps (_with_missing_jumps)"),
-    ("kubeproxy.backends.iptables.proxier", "AppliedChains.filter", "    unchanged chains out (AppliedChains.filter)"),
+    ("kubeproxy.backends.iptables.proxier", "IptablesProxier._with_missing_jump_tables", "    jumps (_with_missing_jump_tables)"),
+    ("kubeproxy.backends.iptables.proxier", "AppliedChains.filter_chunks", "    unchanged out (AppliedChains.filter_chunks)"),
     ("kubeproxy.backends.iptables.proxier", "restore", "    apply (iptables restore)"),
 )
 
@@ -319,6 +348,23 @@ def _status(pid: int) -> dict[str, float]:
     return {k: int(fields[k]) / 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile") if k in fields}
 
 
+def _settled_status(pid: int, *, steady: int = 5, interval: float = 0.1, bound: float = 10.0) -> dict[str, float]:
+    """`_status` once VmRSS has not moved for `steady` readings `interval` apart (at most `bound` s).
+
+    The metrics page shows the first sync as soon as it is done, but the proxy settles its heap
+    (gc.freeze, malloc_trim) just after: read at once, the RSS was sometimes the peak (VmRSS ==
+    VmHWM), sometimes the settled value, depending on the machine's load.
+    """
+    last, same = _status(pid), 0
+    deadline = time.monotonic() + bound
+    while same < steady and time.monotonic() < deadline:
+        time.sleep(interval)  # polling a value that has no event to await
+        now = _status(pid)
+        same = same + 1 if now["VmRSS"] == last["VmRSS"] else 0
+        last = now
+    return last
+
+
 def baseline_rss(tree: Path) -> dict[str, float]:
     py = str(tree / ".venv" / "bin" / "python")
     probe = "import json,sys; print(json.dumps({{'rss': [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')][0] / 1024, 'mods': len(sys.modules)}}))"  # noqa: E501
@@ -372,7 +418,7 @@ def rss_run(tree: Path, mode: str, objects: Path, source: str, tmp: Path, timeou
                 raise SystemExit(f"{mode}: no first sync within {timeout:.0f} s") from None
             if "synced" not in out:
                 raise SystemExit(f"{mode}: no first sync (exit status {proc.poll()})")
-            res = _status(proc.pid)  # `ip netns exec` execs the proxy in place: the pid is the proxy's
+            res = _settled_status(proc.pid)  # `ip netns exec` execs the proxy in place: the pid is the proxy's
             res["synced s"] = time.monotonic() - started
             return res
         finally:
@@ -522,6 +568,10 @@ def main() -> None:
                     print(f"  trim, {mode} {size:,} (proxy had frozen {t['frozen_by_proxy']:,} objects):")
                     for step, st in t["steps"]:
                         print(f"    {st['VmRSS']:>7.1f} MiB RSS {st.get('RssAnon', 0):>7.1f} anon  {step}", flush=True)
+                    pm = t.get("pymalloc")
+                    if pm:
+                        print(f"    pymalloc: {pm['arenas']} arenas of 1 MiB, {pm['used'] / MiB:.1f} MiB in live blocks,"
+                              f" {pm['free'] / MiB:.1f} MiB free in partly used pools")  # fmt: skip
                 if args.peaks:
                     pk = breakdown_run(mode, objects, args.source, tmp, args.timeout, how="peaks")
                     print(
