@@ -116,6 +116,7 @@ class UserspaceProxier:
     binder: Binder = field(init=False)
     _ports: dict[ServicePortName, int] = field(default_factory=dict, init=False)
     _jumps_checked: bool = field(default=False, init=False)
+    _restored: str | None = field(default=None, init=False)  # the rules text the kernel was last given
 
     def __post_init__(self) -> None:
         self.binder = Binder(parse_port_range(self.port_range))
@@ -190,7 +191,12 @@ class UserspaceProxier:
         if full or not self._jumps_checked:
             self.ensure_jumps()
             self._jumps_checked = True
-        restore(rendered.text, self.run, ipv6=self.ipv6, variant=self.variant)
+        # The redirects have nothing per endpoint: an endpoint change leaves the text as it was and
+        # only the relay's tables change (upstream's userspace proxier did not touch iptables then
+        # either). A full sync restores anyway, which puts back rules wiped behind our back.
+        if full or rendered.text != self._restored:
+            restore(rendered.text, self.run, ipv6=self.ipv6, variant=self.variant)
+            self._restored = rendered.text
         done = time.perf_counter()
         if closed:
             relay.call(relay.adopt, [], tables, closed)

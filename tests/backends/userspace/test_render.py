@@ -124,6 +124,34 @@ def test_proxier_opens_listeners_programs_rules_and_closes_them(tmp_path: Path) 
     assert not any("KUBE-PORTALS" in r for r in node.iptables.rules("nat", "PREROUTING"))
 
 
+def test_an_endpoint_change_leaves_iptables_alone(tmp_path: Path) -> None:
+    node = FakeNode()
+    proxier = UserspaceProxier(run=node.run, state_file=tmp_path / "state.json")
+
+    def restores() -> int:
+        return sum(1 for c in node.iptables.calls if c[0].endswith("-restore"))
+
+    try:
+        proxier.sync(view(), OPTS, None)
+        first = restores()
+        assert first >= 1
+        # The redirects have nothing per endpoint: only the relay's tables change (as upstream).
+        proxier.sync(view(web_endpoints=1), OPTS, frozenset({("default", "web")}))
+        assert restores() == first
+        assert '"endpoints": [\n    "10.244.1.1:8080"\n' in (tmp_path / "state.json").read_text()
+        # A service going changes the text; a full sync restores in any case (wiped rules come back).
+        smaller = NodeView({k: v for k, v in view().services.items() if k != DNS}, view().endpoints)
+        proxier.sync(smaller, OPTS, frozenset({("kube-system", "dns")}))
+        assert restores() == first + 1
+        node.iptables.run(["iptables", "-t", "nat", "-F", R.KUBE_PORTALS_CONTAINER])
+        assert not node.iptables.rules("nat", R.KUBE_PORTALS_CONTAINER)
+        proxier.sync(smaller, OPTS, None)
+        assert restores() == first + 2
+        assert node.iptables.rules("nat", R.KUBE_PORTALS_CONTAINER)
+    finally:
+        proxier.cleanup()
+
+
 def test_proxier_in_a_port_range(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("0.0.0.0", 0))
