@@ -61,10 +61,13 @@ def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(netns, ser
         assert status == 200 and doc["quarantinedServices"] == ["default/moody"]
 
         # A Service that never had accepted rules has none; others keep changing meanwhile. Its
-        # slice goes first: a Service seen alone for one sync gets accepted no-endpoint rules,
-        # which the quarantine then rightly keeps (CI saw that order once).
+        # slice reaches the proxy first: Services and slices come on separate watches, and a
+        # Service seen alone for one sync gets accepted no-endpoint rules, which the quarantine
+        # then rightly keeps (CI saw that order).
         newcomer_service, newcomer_slice = _service("newcomer", "10.96.6.3", [REFUSED])
-        for obj in [newcomer_slice, newcomer_service, *_service("late", "10.96.6.4", ["10.244.1.64"])]:
+        server.apply(newcomer_slice)
+        await _until(proxy, lambda: ("default", "newcomer-1") in proxy.state.slices, "newcomer's slice in the proxy")
+        for obj in [newcomer_service, *_service("late", "10.96.6.4", ["10.244.1.64"])]:
             server.apply(obj)
         await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.64"), "a change after the quarantine")
         await _until(proxy, lambda: ("default", "newcomer") in proxy.quarantine, "newcomer's quarantine")
