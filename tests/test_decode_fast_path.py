@@ -79,6 +79,7 @@ ENDPOINTS: list[Any] = [
     {"addresses": [" 10.0.0.1"]},
     {"addresses": ["10.0.0.1", "10.0.0.2"]},
     {"addresses": ["2001:db8::1"]},
+    {"addresses": ["2001:DB8:0::0:1"]},
     {"addresses": ["nonsense"]},
     {"addresses": [1]},
     {"addresses": []},
@@ -319,10 +320,32 @@ def test_the_schema_bounds_the_depth_by_construction() -> None:
     assert _depth(mi.type_info(Document)) == SCHEMA_DEPTH < MAX_DEPTH
 
 
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [(["10.0.0.1"], ("10.0.0.1",)), (["010.000.0.01"], ("10.0.0.1",)), (["2001:DB8:0::0:1"], ("2001:db8::1",)),
+     (["10.0.0.1", "10.0.0.010"], ("10.0.0.1", "10.0.0.10")), ([" 10.0.0.2"], ("10.0.0.2",))],
+)
+def test_an_endpoint_keeps_its_addresses_as_canonical_text_on_every_path(given: list[str], canonical: tuple[str, ...]) -> None:
+    # Every backend, the node view and the stale-flow cleanup read this text as the address.
+    from kubeproxy.cluster import typed
+    from kubeproxy.cluster.checks import CheckCache
+    from kubeproxy.cluster.validation import ParseOptions
+
+    obj = slice_with({"addresses": given})
+    item = typed.as_item(copy.deepcopy(obj))
+    assert item is not None
+    fast = typed.parse_item(item, ParseOptions(), CheckCache())
+    assert fast is not None  # the typed path takes sloppy addresses too (cluster/typed.py `_ip`)
+    for made in (objects.parse_endpoint_slice(copy.deepcopy(obj)), fast):
+        assert isinstance(made, objects.EndpointSlice)
+        assert made.endpoints[1].addresses == canonical
+        assert all(type(a) is str for a in made.endpoints[1].addresses)
+
+
 def test_the_fast_endpoint_info_is_the_constructed_one() -> None:
     from kubeproxy.proxy.model import EndpointInfo, _new_endpoint_info
 
-    hints = objects.Endpoint((ipaddress.ip_address("10.0.0.1"),), ready=False, serving=True, terminating=True,
+    hints = objects.Endpoint(("10.0.0.1",), ready=False, serving=True, terminating=True,
                              zone_hints=frozenset({"z"}), node_hints=frozenset({"n"}))
     for ip in ("10.0.0.1", "2001:db8::1"):
         fast = _new_endpoint_info(ip, 8080, True, hints)

@@ -18,7 +18,6 @@ interned, and repeated checks of them are cached per state (`CheckCache`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from ipaddress import IPv4Address
 from socket import AF_INET, inet_pton
 from sys import intern
 from typing import Any
@@ -71,7 +70,6 @@ _AFFINITY = {a: a for a in AFFINITIES}
 _ADDRESS_TYPE = {t: t for t in ("IPv4", "IPv6", "FQDN")}
 _IP_MODE = {m: m for m in ("VIP", "Proxy")}
 _NODE_IP_TYPES = ("InternalIP", "ExternalIP")
-_SET_IP = IPv4Address._ip.__set__  # type: ignore[attr-defined]  # see `objects._ipv4_maker`
 _NO_SPEC, _NO_STATUS = Spec(), Status()  # never written: what an absent spec or status reads as
 # The same objects as the classes make, faster (see cluster/twins.py).
 _service_object = maker(
@@ -329,10 +327,10 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
     if len(raw) > MAX_SLICE_ENDPOINTS:
         raise _Skip
     node_names = checks.passed(dns1123_subdomain)
-    # Bound to locals, and the two objects of the common endpoint built inline (not by calling
-    # `_ipv4` and `_new_endpoint`, which do the same): 100k times, each call is 5% of the loop.
-    canonical, pton, from_bytes, ipv4 = checks.canonical, inet_pton, int.from_bytes, _ipv4
-    new, ipv4_class, set_ip, twin, endpoint_class = object.__new__, IPv4Address, _SET_IP, ENDPOINT_TWIN, Endpoint
+    # Bound to locals, and the common endpoint built inline (not by calling `_new_endpoint`,
+    # which does the same): 100k times, each call is 5% of the loop.
+    canonical, pton = checks.canonical, inet_pton
+    new, twin, endpoint_class = object.__new__, ENDPOINT_TWIN, Endpoint
     empty = NO_HINTS
     endpoints = []
     for ep in raw:
@@ -342,15 +340,15 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
         count = len(addresses)
         if count > MAX_ENDPOINT_ADDRESSES:
             raise _Skip
-        try:  # canonical IPv4, built directly (as `_plain_endpoint`); else `parse_ip_sloppy`
-            if count == 1:  # nearly every endpoint: no list to build
-                ip = new(ipv4_class)
-                set_ip(ip, from_bytes(pton(AF_INET, addresses[0])))
-                ips: tuple[IPAddress, ...] = (ip,)
+        ips = tuple(addresses)
+        try:  # canonical IPv4 (inet_pton takes no other spelling) is kept as it came
+            if count == 1:  # nearly every endpoint: no loop to run
+                pton(AF_INET, ips[0])
             else:
-                ips = tuple([ipv4(pton(AF_INET, text)) for text in addresses])
+                for text in ips:
+                    pton(AF_INET, text)
         except (OSError, ValueError):
-            ips = tuple([_ip(text) for text in addresses])
+            ips = tuple([str(_ip(text)) for text in ips])
         cond = ep.conditions
         # Unset conditions as upstream reads them: ready and serving true, terminating false.
         if cond:

@@ -101,7 +101,7 @@ def _reference(services: Iterable[Service], slices: Iterable[EndpointSlice], fam
         for p in eps.ports:
             bucket = by_port.setdefault(ServicePortName(eps.namespace, eps.service_name, p.name, p.protocol), {})
             for ep in eps.endpoints:
-                ip = ep.addresses[0]
+                ip = ipaddress.ip_address(ep.addresses[0])
                 if ip.version != version:
                     continue
                 local = ep.node_name == NODE
