@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from operator import attrgetter
 from typing import Any, TypeVar
 
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
@@ -90,12 +89,27 @@ class EndpointInfo:
     terminating: bool = False
     zone_hints: frozenset[str] = frozenset()
     node_hints: frozenset[str] = frozenset()
-    # `ip:port`, brackets for IPv6: upstream's Endpoint.String(), hashed into chain names.
-    # Computed once: renderers read it several times per endpoint.
-    address: str = field(init=False, compare=False)
+    # `address`, once something asks for it (see there).
+    _address: str | None = field(default=None, init=False, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "address", f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}")
+    @property
+    def address(self) -> str:
+        """`ip:port`, brackets for IPv6: upstream's Endpoint.String(), hashed into chain names.
+
+        Made on first use and kept: the iptables renderer reads it several times per endpoint,
+        while nftables mode never does (100k of these strings were 6 MiB at 10k x 10).
+        """
+        made = self._address
+        if made is None:
+            made = address_text(self)
+            object.__setattr__(self, "_address", made)
+        return made
+
+
+def address_text(ep: EndpointInfo) -> str:
+    """`ep.address` made afresh, not kept (a sort key, a dictionary key for a while)."""
+    ip = ep.ip
+    return f"[{ip}]:{ep.port}" if ":" in ip else f"{ip}:{ep.port}"
 
 
 @dataclass(frozen=True)
@@ -194,9 +208,6 @@ def ports_of_service(svc: Service, family: Family) -> dict[ServicePortName, Serv
     return out
 
 
-_by_address = attrgetter("address")
-
-
 # Frozen dataclasses set each field through `object.__setattr__` (0.2 us a field): the views of
 # 10k Services build 20k names and 10k port infos. The makers below fill a twin class with the
 # same slots by plain attribute stores, then turn it into the real class by `__class__`
@@ -288,8 +299,9 @@ def _version(family: Family) -> int:
 
 def endpoints_map(slices: Iterable[EndpointSlice], family: Family, node_name: str) -> dict[ServicePortName, list[EndpointInfo]]:
     """Endpoints per service port: deduplicated by ip:port across slices, sorted as upstream does."""
-    by_port: dict[ServicePortName, dict[str, EndpointInfo]] = {}
+    by_port: dict[ServicePortName, list[EndpointInfo]] = {}
     v6 = family == Family.IPV6  # `==`: callers may still hand in the plain string
+    new_info = _new_endpoint_info
     for eps in slices:
         if eps.address_type != family or not eps.ports:
             continue
@@ -300,28 +312,49 @@ def endpoints_map(slices: Iterable[EndpointSlice], family: Family, node_name: st
             for ep in eps.endpoints
             if (":" in (ip := ep.addresses[0])) is v6
         ]
+        if not members:
+            continue
         for port in eps.ports:
             name = _new_port_name(eps.namespace, eps.service_name, port.name, port.protocol)
-            bucket = by_port.setdefault(name, {})
             number = port.port
-            for text, is_local, ep in members:
-                info = _new_endpoint_info(text, number, is_local, ep)
-                # Overlapping slices may list an endpoint twice; a local copy wins.
-                if is_local or info.address not in bucket:
-                    bucket[info.address] = info
-    return {name: sorted(eps.values(), key=_by_address) for name, eps in by_port.items() if eps}
+            made = [new_info(text, number, is_local, ep) for text, is_local, ep in members]
+            bucket = by_port.get(name)
+            if bucket is None:
+                by_port[name] = made
+            else:
+                bucket += made
+    return {name: _unique(infos) for name, infos in by_port.items()}
+
+
+def _unique(infos: list[EndpointInfo]) -> list[EndpointInfo]:
+    """`infos` sorted by address as upstream sorts them, each ip:port once.
+
+    Overlapping slices may list an endpoint twice: the last local copy wins, else the first
+    copy. The sort is stable, so copies stay in the order the slices gave them.
+    """
+    infos.sort(key=address_text)  # the keys are freed with the sort: the view keeps no address text
+    out: list[EndpointInfo] = []
+    last: EndpointInfo | None = None
+    for info in infos:
+        if last is not None and info.ip == last.ip and info.port == last.port:
+            if info.is_local:
+                out[-1] = last = info
+            continue
+        out.append(info)
+        last = info
+    return out
 
 
 def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]:
     """`EndpointInfo(ip, port, is_local, <ep's conditions and hints>)`, built faster.
 
-    A frozen dataclass's __init__ sets each field through `object.__setattr__`, then
-    __post_init__ once more: 2.9 us an endpoint, three quarters of a view's build at 10k x 10.
+    A frozen dataclass's __init__ sets each field through `object.__setattr__` (2.9 us an
+    endpoint with the address it then made, three quarters of a view's build at 10k x 10).
     Here a twin class with the same slots and no frozen __setattr__ is filled by plain
     attribute stores, then becomes an EndpointInfo by `__class__` assignment, which CPython
     allows exactly when the two layouts are the same (as cluster/objects.py builds Endpoints).
     """
-    fields = {"ip", "port", "is_local", "ready", "serving", "terminating", "zone_hints", "node_hints", "address"}
+    fields = {"ip", "port", "is_local", "ready", "serving", "terminating", "zone_hints", "node_hints", "_address"}
     twin = twin_of(EndpointInfo, fields)
     new = object.__new__
 
@@ -335,8 +368,7 @@ def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]
         info.terminating = ep.terminating
         info.zone_hints = ep.zone_hints
         info.node_hints = ep.node_hints
-        # As EndpointInfo.__post_init__.
-        info.address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        info._address = None  # made on first use (EndpointInfo.address)
         info.__class__ = EndpointInfo
         made: EndpointInfo = info
         return made

@@ -133,3 +133,21 @@ def test_build_view_equals_the_reference(family: Family) -> None:
         assert lb.load_balancer_vips == (ipaddress.ip_address("1.2.3.4"),) and lb.load_balancer_source_ranges
     else:
         assert [e.ip for e in got.endpoints[ServicePortName("ns1", "web", "http", "TCP")]] == ["fd00:10::1", "fd00:10::2"]
+
+
+@pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
+def test_the_view_shares_the_slices_address_text_and_makes_ip_port_only_when_asked(family: Family) -> None:
+    # Memory at 10k x 10 (issue 17): one text per endpoint, held by the slice and the view alike,
+    # and no `ip:port` text in nftables mode, which never reads it.
+    from kubeproxy.backends.nftables.render import render as render_nft
+    from tests.backends.nftables.helpers import options, options6
+
+    state, _ = build_state(_objects())
+    view = build_view(state.services.values(), state.slices.values(), family, NODE)
+    texts = {id(ep.addresses[0]) for s in state.slices.values() for ep in s.endpoints}
+    infos = [e for eps in view.endpoints.values() for e in eps]
+    assert infos and all(id(e.ip) in texts for e in infos)
+    render_nft(view, options6() if family == Family.IPV6 else options())
+    assert all(e._address is None for e in infos)
+    assert [e.address for e in infos] == [model.address_text(e) for e in infos]
+    assert all(e._address is e.address for e in infos)  # made once, then kept
