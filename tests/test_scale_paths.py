@@ -24,9 +24,8 @@ from kubeproxy.proxy.options import Family
 
 @pytest.mark.parametrize("flags", list(itertools.product((True, False), repeat=3)))
 def test_endpoint_built_slot_by_slot_equals_the_dataclass(flags: tuple[bool, bool, bool]) -> None:
-    ips = (ipaddress.IPv4Address("10.1.2.3"),)
-    fast = _new_endpoint(ips, *flags, "node-1", "zone-a")
-    plain = Endpoint(ips, *flags, node_name="node-1", zone="zone-a")
+    fast = _new_endpoint("10.1.2.3", ("10.1.2.4",), *flags, "node-1", "zone-a")
+    plain = Endpoint("10.1.2.3", ("10.1.2.4",), *flags, node_name="node-1", zone="zone-a")
     assert fast == plain and repr(fast) == repr(plain) and hash(fast) == hash(plain)
 
 

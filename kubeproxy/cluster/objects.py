@@ -111,9 +111,11 @@ class EndpointPort:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    # Canonical text, as str() of its ipaddress object writes it. 100k endpoints at 10k services:
-    # an IPv4Address and its int were 8 MiB, and the node view shares this very string.
-    addresses: tuple[str, ...]
+    # Its addresses as canonical text (as str() of an ipaddress object writes it): the first,
+    # the one upstream uses, and any others. 100k endpoints at 10k services: an IPv4Address,
+    # its int and a 1-tuple were 13 MiB; the node view shares this very string.
+    address: str
+    more_addresses: tuple[str, ...] = ()
     # Unset conditions follow upstream: ready and serving default to true, terminating to false.
     ready: bool = True
     serving: bool = True
@@ -122,6 +124,10 @@ class Endpoint:
     zone: str = ""
     zone_hints: frozenset[str] = NO_HINTS
     node_hints: frozenset[str] = NO_HINTS
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return (self.address, *self.more_addresses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +325,8 @@ def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT
             hints = ep.map("hints") if "hints" in ep.data else None
             endpoints.append(
                 Endpoint(
-                    addresses=tuple([str(ip) for ip in addresses]),
+                    str(addresses[0]),
+                    tuple([str(ip) for ip in addresses[1:]]),
                     ready=ready is None or ready,
                     serving=serving is None or serving,
                     terminating=bool(terminating),
@@ -376,7 +383,6 @@ def _plain_endpoint(raw: Mapping[str, Any], node_names: set[str]) -> Endpoint | 
         # inet_pton takes canonical dotted quads only (no leading zeros), so the text is canonical.
         for text in addresses:
             inet_pton(AF_INET, text)
-        ips = tuple(addresses)
     except (OSError, ValueError, TypeError):  # not a str, not canonical IPv4, a NUL or a surrogate
         return None
     cond = raw.get("conditions")
@@ -399,17 +405,18 @@ def _plain_endpoint(raw: Mapping[str, Any], node_names: set[str]) -> Endpoint | 
     # A few node names are shared by 100k endpoints: one string each, not one per endpoint.
     node_name = intern(node_name)
     # Unset conditions as upstream reads them: ready and serving true, terminating false.
-    return _new_endpoint(ips, ready is not False, serving is not False, terminating is True, node_name, zone)
+    more = tuple(addresses[1:]) if len(addresses) > 1 else ()
+    return _new_endpoint(addresses[0], more, ready is not False, serving is not False, terminating is True, node_name, zone)
 
 
 # An Endpoint's mutable twin: the same slots, no frozen __setattr__ (see `_endpoint_maker`).
 ENDPOINT_TWIN = twin_of(
-    Endpoint, ("addresses", "ready", "serving", "terminating", "node_name", "zone", "zone_hints", "node_hints")
+    Endpoint, ("address", "more_addresses", "ready", "serving", "terminating", "node_name", "zone", "zone_hints", "node_hints")
 )
 
 
-def _endpoint_maker() -> Callable[[tuple[str, ...], bool, bool, bool, str, str], Endpoint]:
-    """`Endpoint(addresses, ready, serving, terminating, node_name, zone)` without hints, built faster.
+def _endpoint_maker() -> Callable[[str, tuple[str, ...], bool, bool, bool, str, str], Endpoint]:
+    """`Endpoint(address, more_addresses, ready, serving, terminating, node_name, zone)` without hints, built faster.
 
     A frozen dataclass's __init__ assigns each field through `object.__setattr__` (1.3 us; 100k
     endpoints at 10k services). Here a twin class with the same slots and no frozen __setattr__
@@ -420,10 +427,12 @@ def _endpoint_maker() -> Callable[[tuple[str, ...], bool, bool, bool, str, str],
     new, empty = object.__new__, NO_HINTS
 
     def make(
-        ips: tuple[str, ...], is_ready: bool, is_serving: bool, is_terminating: bool, node: str, in_zone: str
+        address: str, more: tuple[str, ...], is_ready: bool, is_serving: bool, is_terminating: bool, node: str,
+        in_zone: str,
     ) -> Endpoint:
         ep: Any = new(twin)  # typed as what it becomes below
-        ep.addresses = ips
+        ep.address = address
+        ep.more_addresses = more
         ep.ready = is_ready
         ep.serving = is_serving
         ep.terminating = is_terminating
@@ -435,7 +444,7 @@ def _endpoint_maker() -> Callable[[tuple[str, ...], bool, bool, bool, str, str],
         made: Endpoint = ep
         return made
 
-    make((), True, True, False, "", "")  # the check above, once, at import
+    make("", (), True, True, False, "", "")  # the check above, once, at import
     return make
 
 

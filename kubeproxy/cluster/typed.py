@@ -340,15 +340,17 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
         count = len(addresses)
         if count > MAX_ENDPOINT_ADDRESSES:
             raise _Skip
-        ips = tuple(addresses)
         try:  # canonical IPv4 (inet_pton takes no other spelling) is kept as it came
-            if count == 1:  # nearly every endpoint: no loop to run
-                pton(AF_INET, ips[0])
-            else:
-                for text in ips:
+            first = addresses[0]
+            pton(AF_INET, first)
+            more: tuple[str, ...] = ()
+            if count > 1:
+                for text in addresses:
                     pton(AF_INET, text)
+                more = tuple(addresses[1:])
         except (OSError, ValueError):
-            ips = tuple([str(_ip(text)) for text in ips])
+            first, *others = [str(_ip(text)) for text in addresses]
+            more = tuple(others)
         cond = ep.conditions
         # Unset conditions as upstream reads them: ready and serving true, terminating false.
         if cond:
@@ -367,7 +369,8 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
         hints = ep.hints
         if hints is None or hints is msgspec.UNSET:
             made: Any = new(twin)  # as `objects._endpoint_maker`
-            made.addresses = ips
+            made.address = first
+            made.more_addresses = more
             made.ready = ready
             made.serving = serving
             made.terminating = terminating
@@ -380,7 +383,8 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
         else:
             endpoints.append(
                 Endpoint(
-                    addresses=ips,
+                    first,
+                    more,
                     ready=ready,
                     serving=serving,
                     terminating=terminating,

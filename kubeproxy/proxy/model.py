@@ -310,7 +310,7 @@ def endpoints_map(slices: Iterable[EndpointSlice], family: Family, node_name: st
         members = [
             (ip, bool(node_name) and ep.node_name == node_name, ep)
             for ep in eps.endpoints
-            if (":" in (ip := ep.addresses[0])) is v6
+            if (":" in (ip := ep.address)) is v6
         ]
         if not members:
             continue
@@ -373,7 +373,7 @@ def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]
         made: EndpointInfo = info
         return made
 
-    make("", 0, False, Endpoint(()))  # a TypeError here, at import, if the layouts ever differ
+    make("", 0, False, Endpoint(""))  # a TypeError here, at import, if the layouts ever differ
     return make
 
 

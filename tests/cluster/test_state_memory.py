@@ -87,7 +87,7 @@ def test_endpoints_without_hints_share_one_empty_set_on_both_paths() -> None:
     for eps in (typed, from_dicts):
         for ep in eps.endpoints:
             assert ep.zone_hints is NO_HINTS and ep.node_hints is NO_HINTS
-    assert Endpoint(()).zone_hints is NO_HINTS
+    assert Endpoint("").zone_hints is NO_HINTS
     assert not NO_HINTS and isinstance(NO_HINTS, frozenset)
 
 

@@ -305,7 +305,7 @@ SAMPLES: list[tuple[type[Any], dict[str, Any]]] = [
                "ports": (ServicePort("http", "TCP", 80, 30080),), "annotations": {"k": "v"}}),
     (ServicePort, {"name": "http", "protocol": "UDP", "port": 53}),
     (EndpointSlice, {"namespace": "a", "name": "b-1", "service_name": "b", "labels": {}, "address_type": "IPv4",
-                     "endpoints": (Endpoint(()),), "ports": (EndpointPort("", "TCP", 1),)}),
+                     "endpoints": (Endpoint(""),), "ports": (EndpointPort("", "TCP", 1),)}),
     (EndpointPort, {"name": "", "protocol": "SCTP", "port": 9}),
 ]
 
@@ -325,8 +325,8 @@ def test_a_twin_makes_the_very_object_its_class_makes(cls: type[Any], args: dict
 
 
 def test_the_fast_endpoint_is_the_constructed_one() -> None:
-    fast = _new_endpoint((), False, True, True, "node-a", "zone-a")
-    made = Endpoint((), ready=False, serving=True, terminating=True, node_name="node-a", zone="zone-a")
+    fast = _new_endpoint("", (), False, True, True, "node-a", "zone-a")
+    made = Endpoint("", ready=False, serving=True, terminating=True, node_name="node-a", zone="zone-a")
     assert type(fast) is Endpoint and fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.zone = "other"  # type: ignore[misc]

@@ -144,7 +144,7 @@ def test_the_view_shares_the_slices_address_text_and_makes_ip_port_only_when_ask
 
     state, _ = build_state(_objects())
     view = build_view(state.services.values(), state.slices.values(), family, NODE)
-    texts = {id(ep.addresses[0]) for s in state.slices.values() for ep in s.endpoints}
+    texts = {id(ep.address) for s in state.slices.values() for ep in s.endpoints}
     infos = [e for eps in view.endpoints.values() for e in eps]
     assert infos and all(id(e.ip) in texts for e in infos)
     render_nft(view, options6() if family == Family.IPV6 else options())
