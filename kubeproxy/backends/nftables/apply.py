@@ -40,7 +40,7 @@ from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.libnft import LibNft
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
-from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, element_lines, quote
+from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, add_lines, quote
 from kubeproxy.backends.nftables.render import BASE_CHAINS, CONNTRACK_CHAINS, SERVICES
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.backends.nftables.stream import STREAM_FILE, NftStream, Spawn, spawner
@@ -422,7 +422,7 @@ class NftApplier:
         for name in sorted(rendering.elements):
             d = rendering.elements[name]
             ops += len(d)
-            lines.extend(element_lines("add", t, name, map(d.__getitem__, sorted(d))))
+            lines.extend(add_lines(t, name, d, sorted(d)))
         return "\n".join(lines) + "\n", ops
 
 

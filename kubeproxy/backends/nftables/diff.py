@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from kubeproxy.backends.nftables.model import ELEMENTS_PER_LINE, TABLE_COMMENT, Element, element_lines, quote
+from kubeproxy.backends.nftables.model import ELEMENTS_PER_LINE, TABLE_COMMENT, Element, add_lines, element_lines, quote
 from kubeproxy.backends.nftables.rendering import NftRendering
 
 
@@ -185,7 +185,7 @@ def create_plan(new: NftRendering) -> Plan:
         keys = sorted(d)
         for i in range(0, len(keys), ELEMENTS_PER_LINE):
             part = keys[i : i + ELEMENTS_PER_LINE]
-            (line,) = element_lines("add", t, set_name, map(d.__getitem__, part))
+            (line,) = add_lines(t, set_name, d, part)
             p.units.append((Batch(line, len(part)),))
     return p
 

@@ -85,7 +85,7 @@ from sys import intern
 
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
-from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftSet, Rule
+from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftSet, Packed, Rule, pack
 from kubeproxy.backends.nftables.rendering import (
     Book,
     Builder,
@@ -508,24 +508,24 @@ def _allowed_sources(ctx: _Ctx, svc: ServicePortInfo) -> list[str]:
 # One service port
 
 
-# Element(...) goes through a Python-level __new__; `new_element(Element, fields)` makes the same
-# tuple in C.
-new_element = tuple.__new__
-
-
 class _Frag:
     """Collects one service port's elements and needs."""
 
     def __init__(self) -> None:
-        self.elements: dict[str, list[Element]] = {}
+        self.elements: dict[str, tuple[list[str], list[Packed]]] = {}  # per set: keys, packed elements
         self.shared: list[Hashable] = []
         self.chains: list[Chain] = []
 
+    def bucket(self, set_name: str) -> tuple[list[str], list[Packed]]:
+        got = self.elements.get(set_name)
+        if got is None:
+            got = self.elements[set_name] = ([], [])
+        return got
+
     def elem(self, set_name: str, key: str, value: str | None = None, comment: str | None = None) -> None:
-        bucket = self.elements.get(set_name)
-        if bucket is None:
-            bucket = self.elements[set_name] = []
-        bucket.append(new_element(Element, (key, value, comment)))
+        keys, packed = self.bucket(set_name)
+        keys.append(key)
+        packed.append(pack(value, comment))
 
     def need(self, key: Hashable) -> None:
         if key not in self.shared:
@@ -607,7 +607,7 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
 
     return new_fragment(  # Fragment(...), made faster (rendering.py)
         f"{spn.namespace}/{spn.name}",
-        tuple([(name, tuple(elements)) for name, elements in f.elements.items()]),
+        tuple([(name, tuple(keys), tuple(packed)) for name, (keys, packed) in f.elements.items()]),
         tuple(f.chains),
         tuple(f.shared),
         warning,
@@ -637,16 +637,15 @@ def _selectors(
         n = len(eps)
         name = selector_name(policy, nodeport, n)
         f.need(("select", policy, nodeport, n))
-        bucket = f.elements.get(name)
-        if bucket is None:
-            bucket = f.elements[name] = []
+        keys, packed = f.bucket(name)
         # The same endpoints serve the cluster IP, each external address and the NodePort:
         # their values are written once. This loop runs once per element of the table.
         values = targets.get(id(eps))
         if values is None:
             values = targets[id(eps)] = [f"{ep.ip} . {ep.port}" for ep in eps]
             hairpin.update(ep.ip for ep in eps if ep.is_local or every_endpoint_may_hairpin)
-        bucket.extend([new_element(Element, (f"{key} . {i}", value, None)) for i, value in enumerate(values)])
+        keys.extend([f"{key} . {i}" for i in range(n)])
+        packed.extend(values)  # a map element without a comment is packed as its value
         return name
 
     internal_target = None

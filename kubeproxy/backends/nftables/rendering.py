@@ -21,7 +21,8 @@ still be printed and applied, but the next incremental render must start from th
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from copy import copy
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -31,9 +32,12 @@ from kubeproxy.backends.nftables.model import (
     Chain,
     CtTimeout,
     Element,
+    ElementMap,
     NftSet,
-    element_lines,
+    Packed,
+    add_lines,
     quote,
+    unpack,
 )
 from kubeproxy.cluster.twins import twin_of
 from kubeproxy.proxy.model import EndpointInfo, ServicePortInfo, ServicePortName
@@ -67,7 +71,8 @@ class Layered(Mapping[K, V], Generic[K, V]):
         """A writable child of `parent` (which stays as it is)."""
         if isinstance(parent, Layered):
             if len(parent.overlay) > max(COMPACT_MIN, len(parent.base) // 4):
-                merged = dict(parent.base)  # a copy in C, then the overlay: not a walk in Python
+                # A dict's copy in C (an ElementMap's too: its packed dict), then the overlay.
+                merged: MutableMapping[K, V] = copy(parent.base)  # type: ignore[arg-type]  # bases are dicts or ElementMaps
                 for key, value in parent.overlay.items():
                     if value is _GONE:
                         del merged[key]
@@ -133,7 +138,8 @@ class Fragment:
     """What one service port contributes to the table."""
 
     service: str  # "namespace/name", for warnings
-    elements: tuple[tuple[str, tuple[Element, ...]], ...] = ()  # per set or map name, its elements
+    # per set or map name: its keys and, in the same order, its elements packed (model.Packed)
+    elements: tuple[tuple[str, tuple[str, ...], tuple[Packed, ...]], ...] = ()
     chains: tuple[Chain, ...] = ()  # chains only this service port uses (affinity services)
     shared: tuple[Hashable, ...] = ()  # keys of shared objects it needs
     warning: str | None = None
@@ -154,7 +160,7 @@ def _fragment_maker() -> Callable[..., Fragment]:
 
     def make(
         service: str,
-        elements: tuple[tuple[str, tuple[Element, ...]], ...],
+        elements: tuple[tuple[str, tuple[str, ...], tuple[Packed, ...]], ...],
         chains: tuple[Chain, ...],
         shared: tuple[Hashable, ...],
         warning: str | None,
@@ -371,7 +377,7 @@ class NftRendering:
                 yield f"add rule {t} {name} {rule.body()}"
         for name in sorted(self.elements):
             elements = self.elements[name]
-            yield from element_lines("add", t, name, map(elements.__getitem__, sorted(elements)))
+            yield from add_lines(t, name, elements, sorted(elements))
 
     def text(self) -> str:
         return "\n".join(self.lines()) + "\n"
@@ -441,10 +447,10 @@ class Builder:
     def set_element(self, set_name: str, key: str, e: Element | None) -> None:
         d = self.elements.get(set_name)
         if set_name not in self._own or d is None:
-            d = Layered.over(d) if d is not None else {}
+            d = Layered.over(d) if d is not None else ElementMap()
             self.elements[set_name] = d
             self._own.add(set_name)
-        assert isinstance(d, (dict, Layered))
+        assert isinstance(d, (ElementMap, Layered))
         if e is None:
             d.pop(key, None)
         else:
@@ -470,14 +476,15 @@ class Builder:
             book.refs[key] += 1
         claims = book.claims
         empty: dict[str, Element] = {}
-        for set_name, elements in frag.elements:
+        for set_name, keys, packed in frag.elements:
             if self.parent is None and not claims.shared:
-                self._add_fresh(set_name, elements)
+                self._add_fresh(set_name, keys, packed)
                 continue
-            for e in elements:
+            for key, p in zip(keys, packed, strict=True):
+                e = unpack(key, p)
                 before, after = claims.add(self.elements.get(set_name, empty), set_name, e)
                 if before != after:
-                    self.set_element(set_name, e.key, after)
+                    self.set_element(set_name, key, after)
         for c in frag.chains:
             self.put_chain(c)
         if frag.warning:
@@ -485,29 +492,30 @@ class Builder:
         book.no_local_internal += frag.no_local_internal
         book.no_local_external += frag.no_local_external
 
-    def _add_fresh(self, set_name: str, elements: tuple[Element, ...]) -> None:
+    def _add_fresh(self, set_name: str, keys: tuple[str, ...], packed: tuple[Packed, ...]) -> None:
         """add_fragment's inner loop for a full render: the same as claims.add + set_element,
-        without two calls per element (a full render at 10k services makes 150k claims)."""
+        without two calls per element (a full render at 10k services makes 150k claims), and
+        without unpacking: the set's dictionary takes the packed elements as they come."""
         out = self.elements.get(set_name)
         if out is None:
-            out = self.elements[set_name] = {}
+            out = self.elements[set_name] = ElementMap()
             self._own.add(set_name)
-        assert isinstance(out, dict)
-        if len(elements) > 1:
+        assert isinstance(out, ElementMap)
+        raw = out.raw
+        if len(keys) > 1:
             # Keys new to the set and distinct among themselves (nearly always): claimed in one go.
-            batch = {e[0]: e for e in elements}
-            if len(batch) == len(elements) and out.keys().isdisjoint(batch):
-                out.update(batch)
+            batch = dict(zip(keys, packed, strict=True))
+            if len(batch) == len(keys) and raw.keys().isdisjoint(batch):
+                raw.update(batch)
                 return
         claims = self.book.claims
-        for e in elements:
-            k = e[0]
-            if k in out:
-                before, after = claims.add(out, set_name, e)
+        for k, p in zip(keys, packed, strict=True):
+            if k in raw:
+                before, after = claims.add(out, set_name, unpack(k, p))
                 if before != after:
                     self.set_element(set_name, k, after)
             else:
-                out[k] = e
+                raw[k] = p
 
     def remove_fragment(self, spn: ServicePortName) -> None:
         frag = self.remake(self.sources.pop(spn))
@@ -516,11 +524,13 @@ class Builder:
         for c in frag.chains:
             self.drop_chain(c.name)
         claims = book.claims
-        for set_name, elements in frag.elements:
-            for e in elements:
-                before, after = claims.remove(self.elements[set_name], set_name, e)
+        for set_name, keys, packed in frag.elements:
+            d = self.elements[set_name]
+            for k, p in zip(keys, packed, strict=True):
+                before, after = claims.remove(d, set_name, unpack(k, p))
                 if before != after:
-                    self.set_element(set_name, e.key, after)
+                    self.set_element(set_name, k, after)
+                    d = self.elements[set_name]  # set_element may have made the set this rendering's own
         for key in frag.shared:
             book.refs[key] -= 1
             if book.refs[key] == 0:
