@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import logging
 import subprocess
 import sys
@@ -61,7 +60,7 @@ def views(objs: list[dict]) -> tuple[NodeView, NodeView, tuple[str, str]]:
     good = build_view(state.services.values(), state.slices.values(), "IPv4", "node-0")
     victim = next(iter(state.slices.values()))
     bad_slice = dataclasses.replace(
-        victim, endpoints=(dataclasses.replace(victim.endpoints[0], addresses=(ipaddress.ip_address(REFUSED),)),)
+        victim, endpoints=(dataclasses.replace(victim.endpoints[0], address=REFUSED),)
     )
     slices = [bad_slice if s is victim else s for s in state.slices.values()]
     bad = build_view(state.services.values(), slices, "IPv4", "node-0")

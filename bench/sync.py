@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import copy
 import dataclasses
-import ipaddress
 import itertools
 import json
 import os
@@ -226,7 +225,7 @@ def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str, 
 
 def moved_slice(eps, step: int):
     """An EndpointSlice value with its first endpoint at a fresh address."""
-    first = dataclasses.replace(eps.endpoints[0], addresses=(ipaddress.ip_address(f"10.250.{step // 250}.{step % 250 + 1}"),))
+    first = dataclasses.replace(eps.endpoints[0], address=f"10.250.{step // 250}.{step % 250 + 1}")
     return dataclasses.replace(eps, endpoints=(first, *eps.endpoints[1:]))
 
 
