@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import copy
 import dataclasses
+import ipaddress
 import itertools
 import json
 import os
@@ -225,7 +226,11 @@ def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str, 
 
 def moved_slice(eps, step: int):
     """An EndpointSlice value with its first endpoint at a fresh address."""
-    first = dataclasses.replace(eps.endpoints[0], address=f"10.250.{step // 250}.{step % 250 + 1}")
+    ep, text = eps.endpoints[0], f"10.250.{step // 250}.{step % 250 + 1}"
+    if "address" in {f.name for f in dataclasses.fields(ep)}:
+        first = dataclasses.replace(ep, address=text)
+    else:  # a --baseline tree from before 5a88473: a tuple of ipaddress objects
+        first = dataclasses.replace(ep, addresses=(ipaddress.ip_address(text),))
     return dataclasses.replace(eps, endpoints=(first, *eps.endpoints[1:]))
 
 
