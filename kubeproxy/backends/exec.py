@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import IO
 
 from kubeproxy.backends.base import SyncError
@@ -72,59 +73,97 @@ def batches(chunks: Iterable[str], size: int = BATCH) -> Iterator[str]:
 def _run_streamed(argv: list[str], chunks: Iterable[str], timeout: float | None) -> subprocess.CompletedProcess[str]:
     """`subprocess.run(argv, input="".join(chunks), capture_output=True, text=True)` without the join.
 
-    Output goes to files, not pipes, so that a tool writing a lot while we write its input cannot
-    block us. The timeout kills the tool even while a write is blocked. If producing the chunks
-    raises, the tool is killed before its input is closed: a tool that commits what it read at
-    the end of its input (iptables-restore) must not take a truncated input for a whole one.
+    If producing the chunks raises, the tool is killed before its input is closed: a tool that
+    commits what it read at the end of its input (iptables-restore) must not take a truncated
+    input for a whole one.
     """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err)
-        expired = threading.Event()
-        timer = None
-        if timeout is not None:
-            timer = threading.Timer(timeout, _expire, (proc, expired))
-            timer.daemon = True
-            timer.start()
-        try:
-            _feed(proc, chunks)
-            proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            if proc.stdin is not None:
-                with contextlib.suppress(BrokenPipeError):
-                    proc.stdin.close()
-        if expired.is_set():
-            raise subprocess.TimeoutExpired(argv, timeout or 0.0)
-        return subprocess.CompletedProcess(argv, proc.returncode, _read(out), _read(err))
-
-
-def _feed(proc: subprocess.Popen[bytes], chunks: Iterable[str]) -> None:
-    """Write `chunks` to the tool's stdin and close it; a tool that stopped reading is no error
-    here (its exit status says why)."""
-    stdin = proc.stdin
-    assert stdin is not None
+    fed = FedProcess.start(argv, timeout, keep_stdout=True)
     try:
         for batch in batches(chunks):
-            stdin.write(batch.encode())
-    except BrokenPipeError:
-        pass
+            if not fed.write(batch):
+                break  # it stopped reading: its exit status says why
+        fed.close()
+        rc, out, err = fed.wait()
     except BaseException:
-        proc.kill()  # before anything closes its input: see _run_streamed
+        fed.abort()
         raise
-    with contextlib.suppress(BrokenPipeError):
-        stdin.close()
+    if fed.timed_out:
+        raise subprocess.TimeoutExpired(argv, timeout or 0.0)
+    return subprocess.CompletedProcess(argv, rc, out, err)
 
 
-def _expire(proc: subprocess.Popen[bytes], expired: threading.Event) -> None:
-    expired.set()
-    proc.kill()
+@dataclass
+class FedProcess:
+    """A tool whose input we write as we go, its output in files; killed at its deadline.
+
+    Output goes to files, not pipes, so that a tool writing a lot while we are blocked writing
+    its input cannot block us; the deadline kills the tool even while a write is blocked. Closing
+    the input is what makes a tool like `nft -f` or `iptables-restore` commit what it read, so
+    the input is only ever closed by `close()`: `abort()` kills the tool with it still open.
+    """
+
+    proc: subprocess.Popen[bytes]
+    out: IO[bytes] | None
+    err: IO[bytes]
+    timed_out: bool = False
+    _timer: threading.Timer | None = None
+
+    @classmethod
+    def start(cls, argv: list[str], timeout: float | None, *, keep_stdout: bool = False) -> FedProcess:
+        with contextlib.ExitStack() as opened:
+            out = opened.enter_context(tempfile.TemporaryFile()) if keep_stdout else None
+            err = opened.enter_context(tempfile.TemporaryFile())
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out or subprocess.DEVNULL, stderr=err)
+            opened.pop_all()  # the files are the process's now, closed by wait or abort
+        fed = cls(proc, out, err)
+        if timeout is not None:
+            fed._timer = threading.Timer(timeout, fed._expire)
+            fed._timer.daemon = True
+            fed._timer.start()
+        return fed
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self.proc.kill()
+
+    def write(self, text: str) -> bool:
+        """False when the tool no longer reads (it exited or was killed)."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(text.encode())
+            return True
+        except (BrokenPipeError, ValueError):
+            return False
+
+    def close(self) -> None:
+        """End the input. A BrokenPipeError: buffered input the tool, already stopped, never read."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+
+    def wait(self) -> tuple[int, str, str]:
+        """After `close`: (return code, standard output, standard error)."""
+        rc = self.proc.wait()
+        self._done()
+        return rc, _read(self.out) if self.out is not None else "", _read(self.err)
+
+    def abort(self) -> None:
+        """Kill the tool with its input still open: whatever it read is never committed."""
+        self.proc.kill()
+        self.proc.wait()
+        self._done()
+        self.close()
+        for f in (self.out, self.err):
+            if f is not None:
+                f.close()
+
+    def _done(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def _read(f: IO[bytes]) -> str:
     f.seek(0)
-    return f.read().decode(errors="replace")
+    text = f.read().decode(errors="replace")
+    f.close()
+    return text

@@ -23,17 +23,14 @@ the line (with nft's caret marks) back from the text written, so errors read as 
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 import subprocess
-import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Protocol
+from typing import Protocol
 
-from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.exec import FedProcess, Runner, local_run
 
 STREAM_FILE = "/dev/fd/0"  # not `-`: nft 1.0.6 would read it whole before parsing
 _ERROR_AT = re.compile(r"^/dev/fd/0:(\d+):(\d+)(?:-(\d+))?: ", re.M)
@@ -62,71 +59,37 @@ Spawn = Callable[[Sequence[str], float], NftStream]  # (nft arguments, timeout) 
 class ProcessStream:
     """An `nft -f /dev/fd/0` process fed through a pipe; killed at `timeout` seconds."""
 
-    proc: subprocess.Popen[bytes]
+    fed: FedProcess
     timeout: float
-    _err: IO[bytes]
     _lines: list[str] = field(default_factory=list)  # what was written, for error messages
-    _timer: threading.Timer | None = None
-    _timed_out: bool = False
 
     @classmethod
     def start(cls, argv: list[str], timeout: float) -> ProcessStream:
-        # stderr goes to a file, not a pipe: nft may write a lot of it (it echoes refused lines,
+        # stderr goes to a file (FedProcess): nft may write a lot of it (it echoes refused lines,
         # up to 1000 elements each) while we are blocked writing its input.
-        err = tempfile.TemporaryFile()  # noqa: SIM115 (the stream owns it until wait/abort)
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
-        except BaseException:
-            err.close()
-            raise
-        stream = cls(proc, timeout, err)
-        stream._timer = threading.Timer(timeout, stream._expire)
-        stream._timer.daemon = True
-        stream._timer.start()
-        return stream
+        return cls(FedProcess.start(argv, timeout), timeout)
 
-    def _expire(self) -> None:
-        self._timed_out = True
-        self.proc.kill()
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.fed.proc
 
     def write(self, text: str) -> bool:
-        assert self.proc.stdin is not None
         self._lines.append(text)
-        try:
-            self.proc.stdin.write(text.encode())
-            return True
-        except (BrokenPipeError, ValueError):
-            return False
+        return self.fed.write(text)
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
-        # A BrokenPipeError: unwritten buffered input, the process had already stopped reading.
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.close()
+        self.fed.close()
 
     def wait(self) -> tuple[int, str]:
-        rc = self.proc.wait()
+        rc, _, err = self.fed.wait()
         text = "".join(self._lines) if rc else ""
-        self._finish()
-        self._err.seek(0)
-        err = self._err.read().decode(errors="replace")
-        self._err.close()
-        if self._timed_out:
+        self._lines = []
+        if self.fed.timed_out:
             return 1, f"nft did not finish within {self.timeout:.0f} s"
         return (0, err) if rc == 0 else (1, with_lines(err, text))
 
     def abort(self) -> None:
-        self.proc.kill()  # before anything closes its input (see the module doc)
-        self.proc.wait()
-        self._finish()
-        self._err.close()
-        if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-
-    def _finish(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self.fed.abort()  # kills nft before its input is closed (see the module doc)
         self._lines = []
 
 
