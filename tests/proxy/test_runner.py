@@ -253,7 +253,12 @@ def test_loop_clock_drives_the_runner_for_real() -> None:
         runner.run()
         await asyncio.sleep(0.01)
         runner.run()
-        await asyncio.sleep(0.15)
+        # Await the second sync rather than sleep past it: a loop stalled >0.1 s (a loaded CI
+        # machine, a full GC late in a long suite) wakes a sleeper and the runner's timer together,
+        # and the cancel below could then come before the sync it is meant to see.
+        while len(runs) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # time for a wrong third sync (two requests not coalesced) to show
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
