@@ -2,16 +2,28 @@
 
 `FakeConntrack` is a `Runner` that behaves like conntrack-tools 1.4.7 on a table of `-L`
 lines (UDP only, as the reconciler asks), and like `ip -j route show table local type local` on
-a list of local route destinations. tests/backends/conntrack/test_kernel.py runs the reconciler against
-a real conntrack table, which keeps it honest.
+a list of local route destinations. It answers as the real tools do where the reconciler can
+tell: `-L`/`-D` see only the entries of the `-f` family; `-D` matches the tuples' addresses as
+addresses, exits 1 when nothing matched and 2 (usage error) for an address of another family
+than `-f`; lines may carry accounting counters (`packets= bytes=` after each tuple), flags,
+`mark=`/`zone=`/`use=` or the `-o extended` family prefix. `ip -4`/`-6` list only that family's
+routes. tests/backends/conntrack/test_fake_vs_kernel.py runs the same scenarios on this and on
+the kernel's conntrack table in namespaces (fed the kernel's own lines), which keeps it honest.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+# One direction of an entry, as libnetfilter_conntrack prints it (the original tuple first).
+_TUPLE = re.compile(r"(?:^|\s)src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)(?=\s|$)")
+_FAMILIES = {"ipv4": 4, "ipv6": 6}
+_TOOL = "conntrack v1.4.7 (conntrack-tools)"
 
 
 @dataclass
@@ -31,34 +43,57 @@ class FakeConntrack:
             local_routes = ["route", "show", "table", "local", "type", "local"]
             if argv[1] != "-j" or argv[2] not in ("-4", "-6") or argv[3:] != local_routes:
                 return subprocess.CompletedProcess(argv, 2, "", f"fake ip: unsupported {argv}")
-            routes = [{"type": "local", "dst": dst, "dev": "eth0", "protocol": "kernel"} for dst in self.local]
+            version = 6 if argv[2] == "-6" else 4
+            mine = [dst for dst in self.local if ipaddress.ip_network(dst, strict=False).version == version]
+            routes = [{"type": "local", "dst": dst, "dev": "eth0", "protocol": "kernel"} for dst in mine]
             return subprocess.CompletedProcess(argv, 0, json.dumps(routes), "")
         opts = dict(zip(argv[2::2], argv[3::2], strict=False))
-        if argv[0] != "conntrack" or opts.get("-p") != "udp" or opts.get("-f") not in ("ipv4", "ipv6"):
+        family = _FAMILIES.get(opts.get("-f", ""))
+        if argv[0] != "conntrack" or opts.get("-p") != "udp" or family is None:
             return subprocess.CompletedProcess(argv, 2, "", f"fake conntrack: unsupported {argv}")
-        udp = [line for line in self.table if line.startswith("udp ")]
+        udp = [line for line in self.table if _entry(line, family) is not None]
         if argv[1] == "-L":
             return self._done(argv, 0, "".join(f"{line}\n" for line in udp), f"{len(udp)} flow entries have been shown.")
         if argv[1] != "-D":
             return subprocess.CompletedProcess(argv, 2, "", f"fake conntrack: unsupported {argv[1]}")
-        gone = [line for line in udp if self._selects(opts, line.split())]
+        wanted = {k: v for k, v in opts.items() if k in _SELECTORS}
+        for key in ("--orig-dst", "--reply-src"):
+            if key in wanted and ipaddress.ip_address(wanted[key]).version != family:
+                usage = f"{_TOOL}: mismatched address family\nTry `conntrack -h' or 'conntrack --help' for more information.\n"
+                return subprocess.CompletedProcess(argv, 2, "", usage)
+        gone = [line for line in udp if _selects(wanted, line, family)]
         self.table = [line for line in self.table if line not in gone]
         out = "".join(f"{line}\n" for line in gone)
         return self._done(argv, 0 if gone else 1, out, f"{len(gone)} flow entries have been deleted.")
 
     @staticmethod
-    def _selects(opts: dict[str, str], tokens: list[str]) -> bool:
-        fields = [t for t in tokens if "=" in t]
-        orig = dict(f.split("=") for f in fields[:4])
-        reply = dict(f.split("=") for f in fields[4:8])
-        wanted = {
-            "--orig-dst": orig["dst"],
-            "--orig-port-dst": orig["dport"],
-            "--reply-src": reply["src"],
-            "--reply-port-src": reply["sport"],
-        }
-        return all(opts[k] == v for k, v in wanted.items() if k in opts)
-
-    @staticmethod
     def _done(argv: list[str], rc: int, out: str, summary: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(argv, rc, out, f"conntrack v1.4.7 (conntrack-tools): {summary}\n")
+        return subprocess.CompletedProcess(argv, rc, out, f"{_TOOL}: {summary}\n")
+
+
+# `-D` option -> (tuple: 0 original, 1 reply; field: 0 src, 1 dst, 2 sport, 3 dport)
+_SELECTORS = {"--orig-dst": (0, 1), "--orig-port-dst": (0, 3), "--reply-src": (1, 0), "--reply-port-src": (1, 2)}
+
+
+def _entry(line: str, family: int) -> list[tuple[str, ...]] | None:
+    """The two tuples of a UDP entry of `family`; None for any other line."""
+    start = line.find("src=")
+    if start < 0 or "udp" not in line[:start].split():
+        return None
+    tuples = _TUPLE.findall(line)
+    if len(tuples) != 2 or ipaddress.ip_address(tuples[0][0]).version != family:
+        return None
+    return tuples
+
+
+def _selects(wanted: dict[str, str], line: str, family: int) -> bool:
+    tuples = _entry(line, family)
+    assert tuples is not None
+    for option, value in wanted.items():
+        direction, index = _SELECTORS[option]
+        got = tuples[direction][index]
+        # conntrack compares addresses as addresses (fd00::0:1 selects fd00::1) and ports as numbers
+        same = ipaddress.ip_address(got) == ipaddress.ip_address(value) if index < 2 else int(got) == int(value)
+        if not same:
+            return False
+    return True

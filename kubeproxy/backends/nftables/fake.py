@@ -7,14 +7,17 @@ parses the text we write (knftables' style: `add table/chain/rule/set/map/elemen
 `flush chain`, `delete ...`) and refuses what the kernel refuses for our kind of table:
 
 - a rule, element verdict or `ct timeout set` naming a chain, set, map or object that does not
-  exist; deleting a chain, set or object something still uses ("Device or resource busy");
+  exist; deleting a chain, set or object something still uses ("Device or resource busy": for a
+  chain, a jump/goto from another chain's rule or a map element; its own rules go with it);
+- a base chain added again with another hook or priority ("Operation not supported"), a
+  regular chain added again as a base chain ("File exists");
 - an element that overlaps another in an interval set, or a map key added again with another
   value ("File exists"); deleting an element, chain or set that is not there;
-- a comment of more than 128 characters; a table, chain or set added again with another
-  definition (hook, priority, type).
+- a comment of more than 128 characters; a set added again with another type.
 
-Elements and rules are kept as text, as they were written. tests/backends/nftables/test_fake.py runs the
-same applier scenarios on this and on a real kernel in a namespace, which keeps it honest.
+Elements and rules are kept as text, as they were written. tests/backends/nftables/test_fake.py and
+test_fake_vs_kernel.py run the same transactions and applier scenarios (random changes, an
+interrupted create, a restart) on this and on a real kernel in a namespace, which keeps it honest.
 """
 
 from __future__ import annotations
@@ -154,15 +157,19 @@ class FakeNft:
             old = table.chains.get(name)
             if old is None:
                 table.chains[name] = _Chain(declaration)
-            elif _hook(old.declaration) != _hook(declaration) and declaration:
-                raise Refused("Device or resource busy (a base chain's hook cannot change)")
-            return
+            elif _hook(declaration) and not _hook(old.declaration):
+                raise Refused("File exists (a regular chain cannot become a base chain)")
+            elif _hook(declaration) and _hook(old.declaration) != _hook(declaration):
+                raise Refused("Operation not supported (a base chain's hook or priority cannot change)")
+            return  # the same chain again, or a declaration without a hook: taken, the chain stays
         if name not in table.chains:
             raise Refused(f"No such file or directory (chain {name})")
         if verb == "flush":
             table.chains[name].rules = []
         elif verb == "delete":
-            if table.chains[name].rules or _chain_users(table, name):
+            # The kernel deletes a chain's own rules with it (and what they referenced is then
+            # free in the same transaction); only a jump/goto from elsewhere keeps it busy.
+            if _chain_users(table, name):
                 raise Refused("Device or resource busy")
             del table.chains[name]
 
