@@ -10,6 +10,7 @@ from collections.abc import Collection, Sequence
 
 from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.exec import Runner, local_run, takes_chunks
+from kubeproxy.proxy.options import Family
 
 
 class RestoreError(SyncError):
@@ -35,11 +36,17 @@ def _input(text: str | Sequence[str], run: Runner) -> str | Sequence[str]:
     return text if isinstance(text, str) or takes_chunks(run) else "".join(text)
 
 
+def iptables_tool(family: Family, variant: str = "", suffix: str = "") -> str:
+    """The family's tool: `iptables`, `ip6tables-legacy-restore`, ... `variant` "legacy" or "nft"
+    picks one explicitly; "" is the system's."""
+    return ("ip6tables" if family.ipv6 else "iptables") + (f"-{variant}" if variant else "") + suffix
+
+
 def restore(
     text: str | Sequence[str],
     run: Runner = local_run,
     *,
-    ipv6: bool = False,
+    family: Family = Family.IPV4,
     variant: str = "",
     timeout: float | None = None,
 ) -> None:
@@ -49,7 +56,7 @@ def restore(
     `variant` picks "legacy" or "nft" explicitly; by default the system's iptables-restore.
     `timeout` None: `restore_timeout(text)`.
     """
-    binary = ("ip6tables" if ipv6 else "iptables") + (f"-{variant}" if variant else "") + "-restore"
+    binary = iptables_tool(family, variant, "-restore")
     bound = restore_timeout(text) if timeout is None else timeout
     proc = run([binary, "-w", "--noflush", "--counters"], input=_input(text, run), check=False, timeout=bound)
     if proc.returncode != 0:
@@ -57,10 +64,10 @@ def restore(
 
 
 def check_restore(
-    text: str, run: Runner = local_run, *, ipv6: bool = False, variant: str = "", timeout: float | None = None
+    text: str, run: Runner = local_run, *, family: Family = Family.IPV4, variant: str = "", timeout: float | None = None
 ) -> str | None:
     """What iptables-restore says of `text` without committing it (`--test`); None if it takes it."""
-    binary = ("ip6tables" if ipv6 else "iptables") + (f"-{variant}" if variant else "") + "-restore"
+    binary = iptables_tool(family, variant, "-restore")
     bound = restore_timeout(text) if timeout is None else timeout
     proc = run([binary, "-w", "--noflush", "--test"], input=text, check=False, timeout=bound)
     return None if proc.returncode == 0 else f"{binary} failed: {proc.stderr.strip()}"

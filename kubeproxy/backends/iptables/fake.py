@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.fake_tool import Refused, answer
+from kubeproxy.proxy.options import Family
 
 BUILTIN = {
     "filter": ("INPUT", "FORWARD", "OUTPUT"),
@@ -52,11 +53,11 @@ class FakeIptables:
         return answer(self.calls, argv, lambda args: self._dispatch(args, input), check=check, stderr_prefix=f"{argv[0]}: ")
 
     # ------------------------------------------------------------------ views for tests
-    def tables(self, ipv6: bool = False) -> dict[str, Table]:
-        return self.families["6" if ipv6 else "4"]
+    def tables(self, family: Family = Family.IPV4) -> dict[str, Table]:
+        return self.families["6" if family.ipv6 else "4"]
 
-    def rules(self, table: str, chain: str, ipv6: bool = False) -> list[str]:
-        return list(self.tables(ipv6)[table][chain])
+    def rules(self, table: str, chain: str, family: Family = Family.IPV4) -> list[str]:
+        return list(self.tables(family)[table][chain])
 
     # ------------------------------------------------------------------ commands
     def _dispatch(self, argv: list[str], stdin: str | None) -> str:

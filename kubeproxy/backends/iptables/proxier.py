@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables import jumps, names
 from kubeproxy.backends.iptables.applied import AppliedChains
-from kubeproxy.backends.iptables.apply import RestoreError, check_restore, ensure_nfacct_counters, restore
+from kubeproxy.backends.iptables.apply import RestoreError, check_restore, ensure_nfacct_counters, iptables_tool, restore
 from kubeproxy.backends.iptables.cache import RenderCache
 from kubeproxy.backends.iptables.render import (
     KUBE_EXTERNAL_SERVICES,
@@ -114,12 +114,8 @@ class IptablesProxier:
     # those it would write unchanged (applied.py says why that is safe with --noflush).
     _applied: AppliedChains = field(default_factory=AppliedChains, init=False)
 
-    @property
-    def ipv6(self) -> bool:
-        return self.family.ipv6
-
     def _binary(self, tool: str = "") -> str:
-        return ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "") + tool
+        return iptables_tool(self.family, self.variant, tool)
 
     def _iptables(self, *args: str, check: bool = False) -> bool:
         binary = self._binary()
@@ -189,7 +185,7 @@ class IptablesProxier:
         del tables  # the pieces live on in `filtered` only as long as the restore needs them
         rendered_at = time.perf_counter()
         try:
-            restore(filtered.restore_input, self.run, ipv6=self.ipv6, variant=self.variant)
+            restore(filtered.restore_input, self.run, family=self.family, variant=self.variant)
         except Exception:
             # Some tables may have committed and others not: what the kernel holds is unknown.
             self._applied.forget()
@@ -207,7 +203,7 @@ class IptablesProxier:
         find the Service a failed restore tripped on. Rendered without the cache, which stays
         that of the rules in the kernel.
         """
-        return check_restore(render(view, opts).text, self.run, ipv6=self.ipv6, variant=self.variant)
+        return check_restore(render(view, opts).text, self.run, family=self.family, variant=self.variant)
 
     def _save(self, table: str) -> str | None:
         binary = self._binary("-save")
@@ -262,7 +258,7 @@ class IptablesProxier:
             if ours:
                 lines = [f"*{table}", *(f":{c} - [0:0]" for c in ours), *(f"-X {c}" for c in ours), "COMMIT", ""]
                 try:
-                    restore("\n".join(lines), self.run, ipv6=self.ipv6, variant=self.variant)
+                    restore("\n".join(lines), self.run, family=self.family, variant=self.variant)
                     removed.extend(f"{table} {c}" for c in ours)
                 except RestoreError as exc:
                     log.error("could not remove our %s chains: %s", table, exc)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.iptables.apply import iptables_tool
 from kubeproxy.backends.ipvs.render import (
     DUMMY_DEVICE,
     JUMPS,
@@ -119,7 +120,7 @@ def diff_ipvs(
     connections: Mapping[tuple[str, str, int, str, int], tuple[int, int]],
     *,
     exclude_cidrs: Iterable[str] = (),
-    ipv6: bool = False,
+    family: Family = Family.IPV4,
 ) -> IpvsOps:
     """The operations taking `have` to `want` (upstream's syncService, syncEndpoint, cleanLegacyService).
 
@@ -168,7 +169,7 @@ def diff_ipvs(
         if key in want_keys:
             continue
         ip = ipaddress.ip_address(vs.address)
-        if (ip.version == 6) != ipv6 or any(ip in net for net in excluded if net.version == ip.version):
+        if (ip.version == 6) != family.ipv6 or any(ip in net for net in excluded if net.version == ip.version):
             continue
         lines.append(f"-D {vs.service_arg()}")
         n_del_vs += 1
@@ -223,13 +224,13 @@ class Applier:
     """Talks to one node's kernel; remembers the last iptables text it loaded."""
 
     run: Runner = local_run
-    ipv6: bool = False
+    family: Family = Family.IPV4
     variant: str = ""
     last_iptables: str | None = None
     ops: dict[str, int] = field(default_factory=dict)  # tool invocations that changed something
 
     def _iptables(self, suffix: str = "") -> str:
-        return ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "") + suffix
+        return iptables_tool(self.family, self.variant, suffix)
 
     def _count(self, what: str) -> None:
         self.ops[what] = self.ops.get(what, 0) + 1
@@ -265,13 +266,13 @@ class Applier:
             self._count("ip link add")
             shown = self.run(["ip", "-o", "addr", "show", "dev", DUMMY_DEVICE], check=True)
         have: set[str] = set()
-        fam = "inet6" if self.ipv6 else "inet"
+        fam = "inet6" if self.family.ipv6 else "inet"
         for line in shown.stdout.splitlines():
             words = line.split()
             if fam in words:
                 have.add(words[words.index(fam) + 1].split("/")[0])
         want_set = set(want)
-        plen = "128" if self.ipv6 else "32"
+        plen = "128" if self.family.ipv6 else "32"
         # One `ip -batch` for all changes: 10k services are 10k addresses on the first sync.
         lines = [f"addr add {ip}/{plen} dev {DUMMY_DEVICE}" for ip in sorted(want_set - have)]
         lines += [f"addr del {ip}/{plen} dev {DUMMY_DEVICE}" for ip in sorted(have - want_set)]

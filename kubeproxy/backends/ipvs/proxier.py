@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.iptables.apply import iptables_tool
 from kubeproxy.backends.ipvs.apply import Applier, IpvsOps, check_kernel, diff_ipvs
 from kubeproxy.backends.ipvs.render import (
     DUMMY_DEVICE,
@@ -103,12 +104,12 @@ class IpvsProxier:
     applier: Applier = field(init=False)
 
     def __post_init__(self) -> None:
-        self.applier = Applier(self.run, self.family.ipv6, self.variant)
+        self.applier = Applier(self.run, self.family, self.variant)
 
     @property
     def ipv6(self) -> bool:
         # The live loop sets `family` after construction: the applier follows it.
-        self.applier.ipv6 = self.family.ipv6
+        self.applier.family = self.family
         return self.family.ipv6
 
     def prepare(self) -> None:
@@ -150,7 +151,7 @@ class IpvsProxier:
         loaded = self.applier.apply_iptables(rendered.iptables)
         have, conns = self.applier.read_ipvs()
         ops = diff_ipvs(rendered.services, have, conns, exclude_cidrs=self.options.exclude_cidrs,
-                        ipv6=opts.family == Family.IPV6)
+                        family=opts.family)
         self.applier.apply_ipvs(ops)
         return IpvsSyncReport(True, rendered, ops, ipset_lines, added + removed, loaded, time.monotonic() - started)
 
@@ -181,7 +182,7 @@ class IpvsProxier:
     def cleanup(self) -> list[str]:
         """Upstream's cleanupLeftovers: the IPVS table, kube-ipvs0, our chains and jumps, our sets."""
         removed: list[str] = []
-        ipt = ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "")
+        ipt = iptables_tool(self.family, self.variant)
         # `kubeproxy cleanup` runs on nodes of every mode: without ipvsadm or ipset there is no
         # IPVS state of ours to remove, only the iptables part may be left.
         try:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.backends.iptables.apply import RestoreError, check_restore, restore
+from kubeproxy.backends.iptables.apply import RestoreError, check_restore, iptables_tool, restore
 from kubeproxy.backends.userspace import render as R
 from kubeproxy.backends.userspace.balancer import PortTable
 from kubeproxy.backends.userspace.ports import Binder, PortsExhausted, parse_port_range
@@ -126,7 +126,7 @@ class UserspaceProxier:
         return self.family.ipv6
 
     def _binary(self, suffix: str = "") -> str:
-        return ("ip6tables" if self.ipv6 else "iptables") + (f"-{self.variant}" if self.variant else "") + suffix
+        return iptables_tool(self.family, self.variant, suffix)
 
     def _relay(self) -> RelayServer:
         if self.server is None:
@@ -195,7 +195,7 @@ class UserspaceProxier:
         # only the relay's tables change (upstream's userspace proxier did not touch iptables then
         # either). A full sync restores anyway, which puts back rules wiped behind our back.
         if full or rendered.text != self._restored:
-            restore(rendered.text, self.run, ipv6=self.ipv6, variant=self.variant)
+            restore(rendered.text, self.run, family=self.family, variant=self.variant)
             self._restored = rendered.text
         done = time.perf_counter()
         if closed:
@@ -234,7 +234,7 @@ class UserspaceProxier:
         # Ports not yet open are rendered with a stand-in: the check is about the rules' text.
         ports = {name: self._ports.get(name, 1) for name, svc in view.services.items() if svc.protocol in R.PROTOCOLS}
         text = R.render(view, opts, ports, self._listen_ip(opts)).text
-        return check_restore(text, self.run, ipv6=self.ipv6, variant=self.variant)
+        return check_restore(text, self.run, family=self.family, variant=self.variant)
 
     def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
         log.error('"Failed to execute iptables-restore" err="%s"', exc)
@@ -256,7 +256,7 @@ class UserspaceProxier:
                 continue
             text = "\n".join([f"*{table}", *(f":{c} - [0:0]" for c in present), *(f"-X {c}" for c in present), "COMMIT", ""])
             try:
-                restore(text, self.run, ipv6=self.ipv6, variant=self.variant)
+                restore(text, self.run, family=self.family, variant=self.variant)
                 removed.extend(f"{table} {c}" for c in present)
             except RestoreError as exc:
                 log.error("could not remove the userspace chains of %s: %s", table, exc)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters, restore
 from kubeproxy.cli import main
-from kubeproxy.proxy.options import NFACCT_COUNTERS
+from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
 from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS
 from tests.backends.iptables.test_upstream_fixtures import FIXTURES, render_fixture
 from tests.paths import DEMO
@@ -31,7 +31,7 @@ def _render(path: Path, *args: str, nfacct: bool) -> str:
 
 
 def _assert_loaded(ns, text: str, ipv6: bool = False) -> None:
-    restore(text, ns.run, ipv6=ipv6)
+    restore(text, ns.run, family=Family.IPV6 if ipv6 else Family.IPV4)
     saved = _saved(ns, ipv6)
     for table, (declared, rules) in parse(text).items():
         saved_declared, saved_rules = saved[table]
