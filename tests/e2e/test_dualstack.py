@@ -7,6 +7,8 @@ objects directly (no API server: the source is the one of the fake tests). For e
 each family: ClusterIP (TCP and UDP), NodePort, external IP, LoadBalancer IP, eTP=Local keeps
 the client's address, hairpin (a pod reaching itself through its Service), a Service without
 endpoints rejects, ClientIP affinity sticks to one pod. Every probe has a timeout.
+LoadBalancer source ranges in IPv6 (and IPv4 on the dual-stack node): only the allowed source
+passes, others are dropped; `::/0` and overlapping ranges admit everyone and break nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import ipaddress
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,9 +28,12 @@ import pytest
 
 from kubeproxy.backends.userspace.proxier import STATE_DIR, state_path
 from kubeproxy.lab import netns as L
+from kubeproxy.lab.objects import Backend, Port, endpoint_slice
+from kubeproxy.lab.objects import service as lab_service
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.options import Family
+from tests.e2e.scenarios import BOTH
 from tests.proxy.test_dualstack import Source, endpoints, node, service
 
 pytestmark = pytest.mark.root
@@ -76,13 +82,14 @@ if sys.argv[1] == "serve":
                     c.sendall(json.dumps({"pod": sys.argv[2], "src": peer(src)}).encode())
 else:
     proto, host, port, count, sport = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    src, wait = (sys.argv[7], float(sys.argv[8])) if len(sys.argv) > 8 else ("", 2.0)
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     out = []
     for _ in range(count):
         with socket.socket(fam, socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM) as s:
-            s.settimeout(2)
-            if sport:  # one UDP flow to conntrack across runs
-                s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", sport))
+            s.settimeout(wait)
+            if sport or src:  # one UDP flow to conntrack across runs, or one of the client's addresses
+                s.bind((src or ("::" if fam == socket.AF_INET6 else "0.0.0.0"), sport))
             try:
                 s.connect((host, port))
                 if proto == "udp":
@@ -148,9 +155,10 @@ class Bed:
     def _v6(ns: L.NetNS, dev: str, cidr: str) -> None:
         ns.run(["ip", "-6", "addr", "add", cidr, "dev", dev, "nodad"])
 
-    def send(self, src: L.NetNS, proto: str, host: str, port: int, count: int = 1, sport: int = 0) -> list[Any]:
-        argv = [sys.executable, "-c", PROBE, "send", proto, host, str(port), str(count), str(sport)]
-        out = src.run(argv, timeout=30 + 3 * count)
+    def send(self, src: L.NetNS, proto: str, host: str, port: int, count: int = 1, sport: int = 0,
+             src_ip: str = "", timeout: float = 2.0) -> list[Any]:  # fmt: skip
+        argv = [sys.executable, "-c", PROBE, "send", proto, host, str(port), str(count), str(sport), src_ip, str(timeout)]
+        out = src.run(argv, timeout=30 + (1 + timeout) * count)
         return list(json.loads(out.stdout))
 
     def close(self) -> None:
@@ -382,3 +390,137 @@ def test_userspace_dual_stack_node_in_the_kernel(bed: Bed, stack: str) -> None:
     failures = {f"{fam} {what}": got for fam, checks in results.items() for what, got in checks.items() if got is not True}
     assert not failures, failures
     assert "KUBE-PORTALS" not in leftovers  # both families' chains went with the proxy
+
+
+# LoadBalancer source ranges in IPv6 (issue 16): the firewall of each family filters on its own
+# ranges. The client gets two more addresses per family: one allowed by the restricted Service's
+# /128 (/32), one outside it. Hostile-but-valid ranges (`::/0`, overlapping CIDRs) must allow
+# every client and leave the other Services' rules in place: in nftables mode, 0.0.0.0/0 once
+# made the whole transaction fail and wiped every rule.
+
+ALLOWED = {Family.IPV4: "192.168.50.11", Family.IPV6: "fd00:50::11"}
+DENIED = {Family.IPV4: "192.168.50.12", Family.IPV6: "fd00:50::12"}
+LB_PORT = Port("p", 80, 8080)
+RANGES = {  # per family: the restricted Service's one address, everything, and overlapping CIDRs
+    "restricted": {Family.IPV4: [f"{ALLOWED[Family.IPV4]}/32"], Family.IPV6: [f"{ALLOWED[Family.IPV6]}/128"]},
+    "open": {Family.IPV4: ["0.0.0.0/0"], Family.IPV6: ["::/0"]},
+    "overlap": {Family.IPV4: ["192.168.50.0/24", "192.168.50.11/32", "192.168.0.0/16", "192.168.50.10/31"],
+                Family.IPV6: ["fd00:50::/64", "fd00:50::11/128", "fd00:50::/56", "fd00:50::10/127", "fd00::/8"]},
+}  # fmt: skip
+
+
+def lb_service(name: str, last: int, families: tuple[Family, ...], ranges: str) -> list[dict[str, Any]]:
+    """A LoadBalancer Service of `families` (ingress IP `<lb prefix>.<last>` in each) with the
+    source ranges `RANGES[ranges]` of those families, and one EndpointSlice per family (pods a, b)."""
+    lb_ips = [_lb_ip(f, last) for f in families]
+    cluster_ips = [_ip(f, last) for f in families]
+    spec = {"clusterIPs": cluster_ips, "ipFamilies": [str(f) for f in families],
+            "ipFamilyPolicy": "RequireDualStack" if len(families) > 1 else "SingleStack"}  # fmt: skip
+    svc = lab_service(name, cluster_ips[0], [LB_PORT], type="LoadBalancer", load_balancer_ips=lb_ips,
+                      source_ranges=[r for f in families for r in RANGES[ranges][f]], spec=spec)  # fmt: skip
+    slices = [endpoint_slice(name, [Backend(str(ADDR[f]["a"]), NODE), Backend(str(ADDR[f]["b"]), NODE)], [LB_PORT],
+                             name=f"{name}-{f.lower()}", address_type=str(f)) for f in families]  # fmt: skip
+    return [svc, *slices]
+
+
+def _lb_ip(family: Family, last: int) -> str:
+    """An address in the LB prefix the client routes through the node (ADDR's `lb` is .7 / ::7)."""
+    prefix = str(ADDR[family]["lb"]).rsplit(":" if family.ipv6 else ".", 1)[0]
+    return f"{prefix}:{last:x}" if family.ipv6 else f"{prefix}.{last}"
+
+
+def _masqueraded(got: list[Any], family: Family) -> bool:
+    """Every probe answered, each pod seeing the node's address on its side: LB traffic with
+    eTP=Cluster is masqueraded to the address of the interface towards the pod."""
+    return bool(got) and all(isinstance(r, dict) and r["src"] == ADDR[family]["gw_" + r["pod"]] for r in got)
+
+
+def _both_pods(got: list[Any], family: Family) -> object:
+    """Masqueraded, and by both pods (see scenarios.BOTH)."""
+    return True if _masqueraded(got, family) and {r["pod"] for r in got} == {"a", "b"} else got
+
+
+def _path_works(bed: Bed, family: Family) -> dict[str, object]:
+    """Polls, from each client address, the bed's LoadBalancer without ranges until it answers
+    (10 s at most). The control of the "dropped" checks: right after the bed is built, IPv6
+    packets from a fresh address are lost for about a second (neighbour discovery while the
+    veths' link-local addresses are still tentative), which would pass for a firewall's drop."""
+    out: dict[str, object] = {}
+    for src in (ALLOWED[family], DENIED[family], str(ADDR[family]["client"])):
+        deadline, got = time.monotonic() + 10, []
+        while time.monotonic() < deadline:
+            got = bed.send(bed.client, "tcp", str(ADDR[family]["lb"]), 80, count=1, src_ip=src, timeout=0.5)
+            if _masqueraded(got, family):
+                break
+        out[f"control: {src} reaches an LB without ranges"] = True if _masqueraded(got, family) else got
+    return out
+
+
+def source_range_flows(bed: Bed, family: Family, services: tuple[str, ...]) -> dict[str, object]:
+    """Each check's outcome: True, or what was seen instead."""
+    out = _path_works(bed, family)
+    lb = {"restricted": _lb_ip(family, 20), "open": _lb_ip(family, 21), "overlap": _lb_ip(family, 22)}
+    if "restricted" in services:
+        got = bed.send(bed.client, "tcp", lb["restricted"], 80, count=BOTH, src_ip=ALLOWED[family])
+        out["restricted: the allowed source reaches both pods"] = _both_pods(got, family)
+        for src in (DENIED[family], str(ADDR[family]["client"])):
+            # outside the ranges: dropped (a firewall), so a timeout, never a refusal
+            got = bed.send(bed.client, "tcp", lb["restricted"], 80, count=2, src_ip=src, timeout=0.5)
+            out[f"restricted: {src} is dropped"] = True if got == ["timeout"] * 2 else got
+    for name in ("open", "overlap"):
+        if name in services:
+            for src in (ALLOWED[family], DENIED[family], str(ADDR[family]["client"])):
+                got = bed.send(bed.client, "tcp", lb[name], 80, count=3, src_ip=src)
+                out[f"{name}: {src} is allowed"] = True if _masqueraded(got, family) else got
+    # the node's other Services: a ClusterIP and the first bed's LoadBalancer without ranges
+    out["other Service: ClusterIP"] = _reached(bed.send(bed.client, "tcp", _ip(family, 10), 80))
+    out["other Service: LB without ranges"] = _reached(bed.send(bed.client, "tcp", str(ADDR[family]["lb"]), 80))
+    return out
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+@pytest.mark.parametrize("mode", ["iptables", "nftables"])
+def test_ipv6_load_balancer_source_ranges(bed: Bed, mode: str, stack: str) -> None:
+    """A restricted LoadBalancer (one allowed /128, and /32 on a dual-stack node) lets only that
+    source in; then Services with `::/0` and overlapping ranges, added in a partial sync, let every
+    client in while the restricted one keeps dropping and the other Services keep working."""
+    families = STACKS[stack]
+    cidrs = tuple(c for c in CFG.cluster_cidr if Family.of(ipaddress.ip_network(c)) in families)
+    for family in families:
+        for addr in (ALLOWED[family], DENIED[family]):
+            if family.ipv6:
+                bed._v6(bed.client, "eth0", f"{addr}/64")
+            else:
+                bed.client.run(["ip", "addr", "add", f"{addr}/24", "dev", "eth0"])
+    results: dict[str, dict[str, object]] = {}
+
+    async def main() -> None:
+        proxy = LiveProxy(replace(CFG, mode=mode, cluster_cidr=cidrs), NODE, run_cmd=bed.node.run)
+        source = Source(proxy, objects(families) + lb_service("restricted", 20, families, "restricted"))
+        task = asyncio.create_task(proxy.serve(source))
+        try:
+            await asyncio.wait_for(proxy.wait_for_syncs(1), 30)
+            assert proxy.failed_syncs == 0
+            for family in families:
+                results[f"{family} before"] = await asyncio.to_thread(source_range_flows, bed, family, ("restricted",))
+            done = proxy.syncs
+            added = lb_service("open", 21, families, "open") + lb_service("overlap", 22, families, "overlap")
+            for obj in added:
+                source.publish(obj, kind="ADDED")
+            await asyncio.wait_for(proxy.wait_for_syncs(done + 1), 30)
+            await asyncio.wait_for(_until(lambda: all(lane.last_changes and "overlap" in str(lane.last_changes.services)
+                                                      for lane in proxy.lanes)), 30)  # fmt: skip
+            assert proxy.failed_syncs == 0, "a sync failed on valid source ranges"
+            for family in families:
+                results[f"{family} after"] = await asyncio.to_thread(
+                    source_range_flows, bed, family, ("restricted", "open", "overlap")
+                )
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    print(json.dumps({k: {w: v is True for w, v in c.items()} for k, c in results.items()}, indent=1))
+    failures = {f"{k} {what}": got for k, checks in results.items() for what, got in checks.items() if got is not True}
+    assert not failures, failures
