@@ -56,6 +56,7 @@ runs the proxy under cProfile (slower: use it for the profile, not for the times
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -127,6 +128,12 @@ def serve(objects: Path, kubeconfig: Path, fast: bool) -> None:
     with ApiServer(history_size=1000) as server:
         for obj in json.loads(objects.read_text()):
             server.apply(obj)
+        # A server that has run for a while holds its objects in the collector's oldest generation.
+        # Just filled with 20k objects, this one would instead pay a full collection over them in
+        # the middle of the proxy's first list (0.15 s of 0.2 s at 10k services, on the critical
+        # path). This process is the server's alone, so the freeze touches nothing else.
+        gc.collect()
+        gc.freeze()
         server.write_kubeconfig(kubeconfig)
         print("ready", flush=True)
         sys.stdin.read()

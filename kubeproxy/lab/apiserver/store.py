@@ -54,6 +54,9 @@ class Store:
     # Watches from a version below this cannot be served any more (the history was compacted).
     compacted_rv: int = 1
     objects: dict[tuple[str, str, str], JSON] = field(default_factory=dict)
+    # The same objects by resource, (namespace, name) -> object: a list reads one resource's
+    # objects, as the real server's per-resource watch cache does, not every object stored.
+    by_resource: dict[str, dict[tuple[str, str], JSON]] = field(default_factory=dict)
     history: deque[Event] = field(default_factory=deque)
     bookmark_generation: int = 0
     # Fault injection: the resourceVersion the next BOOKMARK carries whatever it is (None: the
@@ -71,6 +74,14 @@ class Store:
             self.compacted_rv = self.history.popleft().rv
         self.cond.notify_all()
 
+    def _put(self, key: tuple[str, str, str], obj: JSON) -> None:
+        self.objects[key] = obj
+        self.by_resource.setdefault(key[0], {})[key[1:]] = obj
+
+    def _drop(self, key: tuple[str, str, str]) -> None:
+        del self.objects[key]
+        del self.by_resource[key[0]][key[1:]]
+
     def _next_rv(self) -> str:
         self.rv += 1
         return str(self.rv)
@@ -85,11 +96,9 @@ class Store:
     def list_shared(self, rt: ResourceType, namespace: str | None, selector: Selector) -> tuple[list[JSON], int]:
         """As `list`, but the stored dicts themselves: read-only, to encode (see the module doc)."""
         with self.cond:
-            items = [
-                obj
-                for (plural, ns, _), obj in sorted(self.objects.items(), key=lambda kv: kv[0])
-                if plural == rt.plural and (namespace is None or ns == namespace) and selector.matches(obj)
-            ]
+            stored = self.by_resource.get(rt.plural, {})
+            keys = sorted(stored) if namespace is None else sorted(k for k in stored if k[0] == namespace)
+            items = [stored[key] for key in keys if selector.matches(stored[key])]
             return items, self.rv
 
     def events_after(self, rv: int) -> list[Event]:
@@ -125,7 +134,7 @@ class Store:
                 # As the real server: a dry-run create has no resourceVersion (nothing was written).
                 return copy.deepcopy(obj)
             meta["resourceVersion"] = self._next_rv()
-            self.objects[key] = obj
+            self._put(key, obj)
             self._record("ADDED", rt, obj, None)
             return copy.deepcopy(obj)
 
@@ -159,7 +168,7 @@ class Store:
                 # The real server does not bump the version (or emit an event) for a no-op update.
                 return copy.deepcopy(old)
             meta["resourceVersion"] = self._next_rv()
-            self.objects[key] = obj
+            self._put(key, obj)
             self._record("MODIFIED", rt, obj, old)
             return copy.deepcopy(obj)
 
@@ -170,7 +179,7 @@ class Store:
                 raise not_found(rt, name)
             if dry_run:
                 return copy.deepcopy(old)
-            del self.objects[(rt.plural, namespace, name)]
+            self._drop((rt.plural, namespace, name))
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = self._next_rv()
             self._record("DELETED", rt, gone, old)
@@ -208,7 +217,7 @@ class Store:
             for key, obj in sorted(self.objects.items(), key=lambda kv: kv[0]):
                 copied = copy.deepcopy(obj)
                 copied["metadata"]["resourceVersion"] = fresh._next_rv()
-                fresh.objects[key] = copied
+                fresh._put(key, copied)
             # A new watch cache serves nothing older than its first list.
             fresh.compacted_rv = fresh.rv
             return fresh
