@@ -12,11 +12,13 @@ joined into one string and then encoded into one more copy, all alive at the pro
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from kubeproxy.backends.base import SyncError
@@ -109,13 +111,20 @@ class FedProcess:
     _timer: threading.Timer | None = None
 
     @classmethod
-    def start(cls, argv: list[str], timeout: float | None, *, keep_stdout: bool = False) -> FedProcess:
+    def start(
+        cls, argv: list[str], timeout: float | None, *, keep_stdout: bool = False, pipe_bytes: int | None = None
+    ) -> FedProcess:
+        """`pipe_bytes`: ask for an input pipe that holds that much (at most the system's
+        pipe-max-size), so that a write of up to that size returns before the tool has read it."""
         with contextlib.ExitStack() as opened:
             out = opened.enter_context(tempfile.TemporaryFile()) if keep_stdout else None
             err = opened.enter_context(tempfile.TemporaryFile())
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out or subprocess.DEVNULL, stderr=err)
             opened.pop_all()  # the files are the process's now, closed by wait or abort
         fed = cls(proc, out, err)
+        if pipe_bytes is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):  # a smaller pipe only makes writes wait for the reader
+                fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, min(pipe_bytes, _pipe_max_size()))
         if timeout is not None:
             fed._timer = threading.Timer(timeout, fed._expire)
             fed._timer.daemon = True
@@ -160,6 +169,13 @@ class FedProcess:
     def _done(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+def _pipe_max_size() -> int:
+    try:
+        return int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    except (OSError, ValueError):
+        return 1 << 20  # the kernel's default
 
 
 def _read(f: IO[bytes]) -> str:

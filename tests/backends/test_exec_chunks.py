@@ -99,3 +99,32 @@ def test_a_rendering_streamed_into_iptables_restore_loads_as_its_text(netns, var
         assert set(declared) <= set(saved_declared), f"{table}: chains missing after restore"
         for chain, chain_rules in rules.items():
             assert len(saved_rules.get(chain, [])) == len(chain_rules), f"{table} {chain}: rule count differs"
+
+
+
+def test_a_large_pipe_takes_a_whole_chunk_before_the_tool_reads(tmp_path: Path) -> None:
+    """The nftables stream asks for a pipe that holds a chunk: its write must not wait for the
+    reader, or the next chunk's text could not be made while nft parses this one. The tool here
+    reads nothing until a file appears; a default 64 KiB pipe blocks the 512 KiB write until then."""
+    import threading
+
+    from kubeproxy.backends.exec import FedProcess
+
+    go = tmp_path / "go"
+    tool = [sys.executable, "-c", "import os, sys, time\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+            "sys.stdout.write(str(len(sys.stdin.buffer.read())))"]  # fmt: skip
+    text = "x" * (512 << 10)
+    for pipe_bytes, returns_at_once in [(1 << 20, True), (None, False)]:
+        go.unlink(missing_ok=True)
+        fed = FedProcess.start(tool, 60, keep_stdout=True, pipe_bytes=pipe_bytes)
+        writer = threading.Thread(target=fed.write, args=(text,))
+        writer.start()
+        writer.join(timeout=10 if returns_at_once else 0.5)
+        assert writer.is_alive() is not returns_at_once
+        go.touch()  # now the tool reads: everything arrives either way
+        writer.join(timeout=30)
+        assert not writer.is_alive()
+        fed.close()
+        rc, out, _ = fed.wait()
+        assert (rc, out) == (0, str(len(text)))

@@ -32,6 +32,8 @@ from typing import Protocol
 
 from kubeproxy.backends.exec import FedProcess, Runner, local_run
 
+# A chunk of the applier's (STREAM_CHUNK operations) is about 0.5 MB of text.
+PIPE_BYTES = 1 << 20
 STREAM_FILE = "/dev/fd/0"  # not `-`: nft 1.0.6 would read it whole before parsing
 _ERROR_AT = re.compile(r"^/dev/fd/0:(\d+):(\d+)(?:-(\d+))?: ", re.M)
 
@@ -66,8 +68,10 @@ class ProcessStream:
     @classmethod
     def start(cls, argv: list[str], timeout: float) -> ProcessStream:
         # stderr goes to a file (FedProcess): nft may write a lot of it (it echoes refused lines,
-        # up to 1000 elements each) while we are blocked writing its input.
-        return cls(FedProcess.start(argv, timeout), timeout)
+        # up to 1000 elements each) while we are blocked writing its input. A pipe that holds a
+        # whole chunk: the write returns at once and the next chunk's text is made while nft
+        # parses this one (a cold 10k table 0.66 -> 0.62 s).
+        return cls(FedProcess.start(argv, timeout, pipe_bytes=PIPE_BYTES), timeout)
 
     @property
     def proc(self) -> subprocess.Popen[bytes]:
