@@ -353,7 +353,9 @@ class LiveProxy:
         await self._finished()
 
     def _pause_gc(self) -> None:
-        if self.manage_gc and gc.isenabled():
+        # The process is the proxy's: whoever turned the collector off before (the start-up's
+        # imports, cli.py), it stays off until the first sync is over and then goes on.
+        if self.manage_gc:
             gc.disable()
             self._gc_paused = True
 

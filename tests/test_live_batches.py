@@ -165,13 +165,18 @@ def restore_gc() -> Any:
         gc.enable()
 
 
+@pytest.mark.parametrize("off_before", [False, True], ids=["collector-on", "off-since-start-up"])
 @pytest.mark.parametrize("mode", ["iptables", "nftables"])
 @pytest.mark.usefixtures("restore_gc")
 def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(
-    mode: str, caplog: pytest.LogCaptureFixture
+    mode: str, off_before: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """`off_before`: `kubeproxy run` turns the collector off before its imports (cli.py); the
+    proxy still owns it and turns it on after the first sync."""
     caplog.set_level(logging.INFO, logger="kubeproxy")
     gc.unfreeze()
+    if off_before:
+        gc.disable()
     node = FakeNode()
     proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=node.run)
     proxy.manage_gc = True

@@ -420,3 +420,35 @@ def test_structured_values_print_as_klog_and_json_do() -> None:
     error, info = (json.loads(line) for line in stream.getvalue().splitlines())
     assert error["msg"] == "Syncing iptables rules" and error["full"] is True and error["services"] == 5 and "v" not in error
     assert (info["msg"], info["elapsed"], info["v"]) == ("SyncProxyRules complete", "4.1ms", 2)
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--no-such-flag"], ["--help"]])
+def test_the_proxy_commands_leave_the_collector_as_they_found_it(args: list[str]) -> None:
+    """`kubeproxy run` and `kube-proxy` turn the cyclic collector off before importing the proxy
+    (start-up speed); a run that ends before the proxy serves (help, version, a bad flag) turns
+    it back on, and it is off meanwhile."""
+    import gc
+
+    from click.testing import CliRunner
+
+    from kubeproxy import cli
+    from kubeproxy.proxy import server
+
+    seen: list[bool] = []
+    real = server.main
+
+    def spy(argv: list[str], **kwargs: object) -> int:
+        seen.append(gc.isenabled())
+        return real(argv, **kwargs)  # type: ignore[arg-type]
+
+    assert gc.isenabled()
+    try:
+        server.main = spy  # type: ignore[assignment]
+        CliRunner().invoke(cli.main, ["run", *args])
+        assert gc.isenabled()
+        with pytest.raises(SystemExit):
+            cli.kube_proxy(args)
+        assert gc.isenabled()
+    finally:
+        server.main = real  # type: ignore[assignment]
+    assert seen == [False, False]
