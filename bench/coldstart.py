@@ -51,6 +51,13 @@ server of its own tree (the baseline's bench/coldstart.py --serve), and the tabl
 their ratio (this tree / baseline). `--profile DIR`
 runs the proxy under cProfile (slower: use it for the profile, not for the times) and writes
 `DIR/<mode>-<services>-<tree>.prof`.
+
+`--phases`: where the time goes, without a profiler's overhead. The proxy's launcher wraps a few
+functions (`PHASES`) as their modules are imported (the proxy imports as it otherwise would) and
+notes when each starts and ends; after the table, each tree's phases as medians over the runs, in
+seconds from the fork: the lists of the three resources (request to decoded), their delivery to
+the proxy (parse, validate, track), the view, and the render and kernel work of the first sync.
+A phase that a tree lacks (an older baseline) is left out.
 """
 
 from __future__ import annotations
@@ -202,20 +209,82 @@ sys.exit(main())
 """
 
 
-def proxy_argv(tree: Path, tmp: Path, profile: Path | None) -> tuple[list[str], dict[str, str]]:
+# module: (function or Class.method, label); "{kind}": the reflector's resource.
+PHASES = {
+    "kubeproxy.sources.api": [("Reflector._list_all", "list {kind}"), ("Reflector._deliver", "deliver {kind}")],
+    "kubeproxy.live": [("LiveProxy._view", "view"), ("LiveProxy._apply", "render + kernel")],
+    "kubeproxy.backends.nftables.proxier": [("render", "  render (nftables)")],
+    "kubeproxy.backends.nftables.apply": [("NftApplier.apply", "  kernel (nftables)")],
+}
+
+# Prepended to the launcher with --phases: wraps PHASES' functions as their modules load.
+_PHASES = """import functools, importlib.abc, importlib.util, inspect, os, sys, time
+_out = open(os.environ["KP_PHASES"], "w", buffering=1)
+_WRAP = {wrap!r}
+
+def _mark(label, what):
+    _out.write(f"{{time.monotonic()}} {{what}} {{label}}\\n")
+
+def _wrapped(fn, label):
+    def name(args):
+        spec = getattr(args[0], "spec", None) if args else None
+        return label.format(kind=getattr(spec, "kind", "?"))
+    if inspect.iscoroutinefunction(fn):
+        async def run(*args, **kwargs):
+            _mark(name(args), "start")
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                _mark(name(args), "end")
+    else:
+        def run(*args, **kwargs):
+            _mark(name(args), "start")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _mark(name(args), "end")
+    return functools.wraps(fn)(run)
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _WRAP:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        load = spec.loader.exec_module
+        def exec_module(module):
+            load(module)
+            for where, label in _WRAP[fullname]:
+                *owner, attr = where.split(".")
+                obj = functools.reduce(getattr, owner, module)
+                if hasattr(obj, attr):
+                    setattr(obj, attr, _wrapped(getattr(obj, attr), label))
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Hook())
+"""
+
+
+def proxy_argv(tree: Path, tmp: Path, profile: Path | None, phases: bool = False) -> tuple[list[str], dict[str, str]]:
     """How to start `kubeproxy` from `tree` (PYTHONPATH puts it before the installed one)."""
     launcher = tmp / "launch.py"
-    launcher.write_text(_LAUNCH)
+    launcher.write_text((_PHASES.format(wrap=PHASES) if phases else "") + _LAUNCH)
     python = str(ROOT / ".venv" / "bin" / "python")
     argv = [python, *(["-m", "cProfile", "-o", str(profile)] if profile else []), str(launcher)]
     return argv, {"PYTHONPATH": str(tree)}
 
 
 def one(mode: str, objects: Path, tmp: Path, timeout: float, tree: Path = ROOT, profile: Path | None = None,
-        server_speed: str = "fast", restart: bool = False) -> dict[str, float]:  # fmt: skip
+        server_speed: str = "fast", restart: bool = False, phases: bool = False) -> dict[str, float]:  # fmt: skip
     log = tmp / "tools.log"
     log.unlink(missing_ok=True)
-    env = wrappers(tmp / "bin", log)
+    marks_file = tmp / "phases.log"
+    marks_file.unlink(missing_ok=True)
+    env = wrappers(tmp / "bin", log) | ({"KP_PHASES": str(marks_file)} if phases else {})
     kubeconfig = tmp / "kubeconfig"
     python = str(ROOT / ".venv" / "bin" / "python")
     # Each tree with its own test API server (its bench/coldstart.py --serve), so that a
@@ -228,7 +297,7 @@ def one(mode: str, objects: Path, tmp: Path, timeout: float, tree: Path = ROOT, 
         assert server.stdout is not None and server.stdin is not None
         if server.stdout.readline().strip() != "ready":
             raise SystemExit("the test API server did not start")
-        launch, extra_env = proxy_argv(tree, tmp, profile)
+        launch, extra_env = proxy_argv(tree, tmp, profile, phases)
         argv = [*launch, "run", "--kubeconfig", str(kubeconfig),
                 "--hostname-override", "node-0", "--cluster-cidr", "10.0.0.0/8", "--proxy-mode", mode,
                 "--healthz-bind-address", "", "--metrics-bind-address", METRICS]  # fmt: skip
@@ -246,7 +315,22 @@ def one(mode: str, objects: Path, tmp: Path, timeout: float, tree: Path = ROOT, 
     calls = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
     synced_ns = marks.pop("wallclock") * 1e9
     spans = sorted((int(end) - int(ns_), int(end)) for _, ns_, end in calls if int(end) <= synced_ns)
-    return {**marks, "tools": covered(spans) / 1e9}
+    return {**marks, "tools": covered(spans) / 1e9, **(phase_marks(marks_file, marks) if phases else {})}
+
+
+def phase_marks(path: Path, marks: dict[str, float]) -> dict[str, float]:
+    """`phase:<label>:start|end` in seconds from the fork: a phase's first start and last end
+    before the first sync was seen (later calls belong to the syncs after it)."""
+    fork = marks.pop("fork")
+    found: dict[str, float] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        when, what, label = line.split(" ", 2)
+        t = float(when) - fork
+        if t > marks["synced"]:
+            continue
+        key = f"phase:{label}:{what}"
+        found[key] = min(found.get(key, t), t) if what == "start" else max(found.get(key, t), t)
+    return found
 
 
 def _start(ns: netns.NetNS, argv: list[str], env: dict[str, str], server: subprocess.Popen[str], mode: str,
@@ -271,6 +355,7 @@ def _start(ns: netns.NetNS, argv: list[str], env: dict[str, str], server: subpro
         for line in poller.stdout:
             what, when = line.split()
             marks[what] = float(when) - (0 if what == "wallclock" else start)
+        marks["fork"] = start
         if "synced" not in marks:
             raise SystemExit(f"{mode}: no first sync (exit status {proxy.poll()})")
     except subprocess.TimeoutExpired:
@@ -280,6 +365,23 @@ def _start(ns: netns.NetNS, argv: list[str], env: dict[str, str], server: subpro
         proxy.terminate()  # SIGTERM: a clean exit, so that cProfile writes its file
         proxy.wait(timeout=60)
     return marks
+
+
+def print_phases(runs: dict[str, list[dict[str, float]]]) -> None:
+    """Each tree's phases: medians of start and end over the runs that have them, by start."""
+    for label, got in runs.items():
+        names = {key.split(":")[1] for r in got for key in r if key.startswith("phase:")}
+        rows = []
+        for name in names:
+            have = [r for r in got if f"phase:{name}:start" in r and f"phase:{name}:end" in r]
+            start = statistics.median(r[f"phase:{name}:start"] for r in have)
+            end = statistics.median(r[f"phase:{name}:end"] for r in have)
+            took = statistics.median(r[f"phase:{name}:end"] - r[f"phase:{name}:start"] for r in have)
+            rows.append((start, end, took, name))
+        print(f"  phases{' of ' + label if label else ''} (s from the fork, medians):{'start':>9} {'end':>7} {'took':>7}")
+        for start, end, took, name in sorted(rows):
+            print(f"    {name:<40} {start:>7.3f} {end:>7.3f} {took:>7.3f}")
+        print(f"    {'first sync seen':<40} {statistics.median(r['synced'] for r in got):>15.3f}", flush=True)
 
 
 def covered(spans: list[tuple[int, int]]) -> int:
@@ -312,6 +414,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="run the proxy under cProfile, profiles in this folder")
     parser.add_argument("--restart", action="store_true",
                         help="time a restart: an earlier proxy's rules are in the kernel when the timed one starts")  # fmt: skip
+    parser.add_argument("--phases", action="store_true", help="also: when each phase of the cold start ran (see above)")
     parser.add_argument("--server", choices=("fast", "plain"), default="fast",
                         help="the test API server's list answers: fast (msgspec, the default) or plain (as the lab has it)")
     args = parser.parse_args()
@@ -342,7 +445,8 @@ def main() -> None:
                 for _ in range(args.runs):
                     for label, tree in trees.items():  # alternating: both see the same load
                         prof = args.profile / f"{mode}-{size}-{label or 'this'}.prof" if args.profile else None
-                        runs[label].append(one(mode, objects, tmp, args.timeout, tree, prof, args.server, args.restart))
+                        runs[label].append(one(mode, objects, tmp, args.timeout, tree, prof, args.server, args.restart,
+                                               args.phases))  # fmt: skip
                 totals = {}
                 for label, got in runs.items():
 
@@ -361,6 +465,8 @@ def main() -> None:
                 if len(totals) == 2:
                     (bt, bo, bc), (tt, to, tc) = totals["base"], totals["this"]
                     print(f"{'':>18} this/base: synced {tt / bt:.2f}, ours {to / bo:.2f}, proxy cpu {tc / bc:.2f}", flush=True)
+                if args.phases:
+                    print_phases(runs)
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 
