@@ -9,8 +9,8 @@ parses the text we write (knftables' style: `add table/chain/rule/set/map/elemen
 - a rule, element verdict or `ct timeout set` naming a chain, set, map or object that does not
   exist; deleting a chain, set or object something still uses ("Device or resource busy": for a
   chain, a jump/goto from another chain's rule or a map element; its own rules go with it);
-- a base chain added again with another hook or priority ("Operation not supported"), a
-  regular chain added again as a base chain ("File exists");
+- a base chain added again with another hook or priority ("Operation not supported") or
+  another type, or a regular chain added again as a base chain ("File exists");
 - an element that overlaps another in an interval set, or a map key added again with another
   value ("File exists"); deleting an element, chain or set that is not there;
 - a comment of more than 128 characters; a set added again with another type.
@@ -159,6 +159,8 @@ class FakeNft:
                 table.chains[name] = _Chain(declaration)
             elif _hook(declaration) and not _hook(old.declaration):
                 raise Refused("File exists (a regular chain cannot become a base chain)")
+            elif _hook(declaration) and _chain_type(old.declaration) != _chain_type(declaration):
+                raise Refused("File exists (a base chain's type cannot change)")
             elif _hook(declaration) and _hook(old.declaration) != _hook(declaration):
                 raise Refused("Operation not supported (a base chain's hook or priority cannot change)")
             return  # the same chain again, or a declaration without a hook: taken, the chain stays
@@ -267,6 +269,11 @@ def _block(line: str) -> str:
 def _hook(declaration: str) -> str:
     m = re.search(r"hook (\w+) priority (-?\d+)", declaration)
     return m.group(0) if m else ""
+
+
+def _chain_type(declaration: str) -> str:
+    m = re.search(r"\btype (\w+) hook ", declaration)
+    return m.group(1) if m else ""
 
 
 def _type(declaration: str) -> str:

@@ -111,6 +111,11 @@ CASES: dict[str, tuple[str, bool]] = {
         "add chain ip t base { type nat hook prerouting priority -99 ; }\n",
         False,
     ),
+    "a base chain re-added with another type": ("add chain ip t base { type filter hook prerouting priority -100 ; }\n", False),
+    "a base chain re-added with another type and priority": (
+        "add chain ip t base { type filter hook prerouting priority -99 ; }\n",
+        False,
+    ),
     "a regular chain re-added as a base chain": ("add chain ip t a { type nat hook prerouting priority -100 ; }\n", False),
     "a base chain re-added without a hook": ('add chain ip t base { comment "x" ; }\n', True),
     "a base chain re-added with another policy": (
