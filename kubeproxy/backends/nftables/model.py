@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, KeysView, Mapping, MutableMapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import ClassVar, NamedTuple
 
 from kubeproxy.backends.kernel_text import nft_quoted
@@ -187,39 +188,28 @@ def element_lines(
     verb: str, prefix: str, set_name: str, elements: Iterable[Element], *, keys_only: bool = False
 ) -> Iterator[str]:
     """`add element` / `delete element` lines for one set, ELEMENTS_PER_LINE at a time."""
-    batch: list[str] = []
-    for element in elements:
-        # Element.text() inlined: this loop runs once per element of a full table.
-        key, value, comment = element
-        if not keys_only:
-            if comment:
-                key += f" comment {quote(comment)}"
-            if value is not None:
-                key = f"{key} : {value}"
-        batch.append(key)
-        if len(batch) == ELEMENTS_PER_LINE:
-            yield f"{verb} element {prefix} {set_name} {{ {', '.join(batch)} }}"
-            batch = []
-    if batch:
-        yield f"{verb} element {prefix} {set_name} {{ {', '.join(batch)} }}"
+    if keys_only:
+        return _lines(verb, prefix, set_name, (element[0] for element in elements))
+    return _lines(verb, prefix, set_name, map(Element.text, elements))
 
 
 def add_lines(prefix: str, set_name: str, d: Mapping[str, Element], keys: Iterable[str]) -> Iterator[str]:
     """`add element` lines for `keys` of the set `d`, as element_lines writes them; read straight
     from an ElementMap's packed form (a full table's 120k elements, each unpacked, were 50 ms)."""
     if not isinstance(d, ElementMap):
-        yield from element_lines("add", prefix, set_name, map(d.__getitem__, keys))
-        return
+        return element_lines("add", prefix, set_name, map(d.__getitem__, keys))
     raw = d.raw
-    batch: list[str] = []
-    for key in keys:
-        packed = raw[key]
-        if type(packed) is str:
-            batch.append(f"{key} : {packed}" if packed else key)
-        else:
-            batch.append(unpack(key, packed).text())
-        if len(batch) == ELEMENTS_PER_LINE:
-            yield f"add element {prefix} {set_name} {{ {', '.join(batch)} }}"
-            batch = []
-    if batch:
-        yield f"add element {prefix} {set_name} {{ {', '.join(batch)} }}"
+    return _lines("add", prefix, set_name, (_packed_text(key, raw[key]) for key in keys))
+
+
+def _packed_text(key: str, packed: Packed) -> str:
+    if type(packed) is str:
+        return f"{key} : {packed}" if packed else key
+    return unpack(key, packed).text()
+
+
+def _lines(verb: str, prefix: str, set_name: str, texts: Iterable[str]) -> Iterator[str]:
+    """Elements' texts, ELEMENTS_PER_LINE to a line."""
+    it = iter(texts)
+    while batch := list(islice(it, ELEMENTS_PER_LINE)):
+        yield f"{verb} element {prefix} {set_name} {{ {', '.join(batch)} }}"
