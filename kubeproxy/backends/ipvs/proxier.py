@@ -106,12 +106,6 @@ class IpvsProxier:
     def __post_init__(self) -> None:
         self.applier = Applier(self.run, self.family, self.variant)
 
-    @property
-    def ipv6(self) -> bool:
-        # The live loop sets `family` after construction: the applier follows it.
-        self.applier.family = self.family
-        return self.family.ipv6
-
     def prepare(self) -> None:
         """Upstream's NewProxier and CanUseIPVSProxier: the modules, the sysctls, the timeouts."""
         check_kernel(self.run, self.options.scheduler)
@@ -126,7 +120,7 @@ class IpvsProxier:
 
     def node_addresses(self) -> tuple[str, ...]:
         """Every local address but kube-ipvs0's: where NodePorts listen (upstream's GetAllLocalAddressesExcept)."""
-        fam = "inet6" if self.ipv6 else "inet"
+        fam = "inet6" if self.family.ipv6 else "inet"
         out = self.run(["ip", "-o", "addr", "show"], check=True).stdout
         addrs: list[str] = []
         for line in out.splitlines():
@@ -138,6 +132,8 @@ class IpvsProxier:
         return tuple(dict.fromkeys(addrs))
 
     def _render(self, view: NodeView, opts: NodeOptions) -> IpvsRendered:
+        # The live loop sets `family` after construction; every sync and check renders first.
+        self.applier.family = self.family
         o = self.options
         ipvs = IpvsOptions(o.scheduler, o.strict_arp, o.exclude_cidrs, o.tcp_timeout, o.tcpfin_timeout,
                            o.udp_timeout, self.node_addresses())
