@@ -51,9 +51,10 @@ class FakeConntrack:
         family = _FAMILIES.get(opts.get("-f", ""))
         if argv[0] != "conntrack" or opts.get("-p") != "udp" or family is None:
             return subprocess.CompletedProcess(argv, 2, "", f"fake conntrack: unsupported {argv}")
-        udp = [line for line in self.table if _entry(line, family) is not None]
+        entries = [(line, tuples) for line in self.table if (tuples := _entry(line, family)) is not None]
         if argv[1] == "-L":
-            return self._done(argv, 0, "".join(f"{line}\n" for line in udp), f"{len(udp)} flow entries have been shown.")
+            shown = "".join(f"{line}\n" for line, _ in entries)
+            return self._done(argv, 0, shown, f"{len(entries)} flow entries have been shown.")
         if argv[1] != "-D":
             return subprocess.CompletedProcess(argv, 2, "", f"fake conntrack: unsupported {argv[1]}")
         wanted = {k: v for k, v in opts.items() if k in _SELECTORS}
@@ -61,7 +62,7 @@ class FakeConntrack:
             if key in wanted and ipaddress.ip_address(wanted[key]).version != family:
                 usage = f"{_TOOL}: mismatched address family\nTry `conntrack -h' or 'conntrack --help' for more information.\n"
                 return subprocess.CompletedProcess(argv, 2, "", usage)
-        gone = [line for line in udp if _selects(wanted, line, family)]
+        gone = [line for line, tuples in entries if _selects(wanted, tuples)]
         self.table = [line for line in self.table if line not in gone]
         out = "".join(f"{line}\n" for line in gone)
         return self._done(argv, 0 if gone else 1, out, f"{len(gone)} flow entries have been deleted.")
@@ -86,9 +87,7 @@ def _entry(line: str, family: int) -> list[tuple[str, ...]] | None:
     return tuples
 
 
-def _selects(wanted: dict[str, str], line: str, family: int) -> bool:
-    tuples = _entry(line, family)
-    assert tuples is not None
+def _selects(wanted: dict[str, str], tuples: list[tuple[str, ...]]) -> bool:
     for option, value in wanted.items():
         direction, index = _SELECTORS[option]
         got = tuples[direction][index]
