@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import subprocess
 import tempfile
 import threading
@@ -171,6 +172,7 @@ class FedProcess:
             self._timer.cancel()
 
 
+@functools.cache  # a system setting: read once, not for each of a cold sync's nft processes
 def _pipe_max_size() -> int:
     try:
         return int(Path("/proc/sys/fs/pipe-max-size").read_text())
