@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -264,3 +266,55 @@ def test_kernel_a_stream_past_its_deadline_is_killed_and_commits_nothing() -> No
         s.close()
         assert s.wait() == (1, "nft did not finish within 1 s")
         assert _tables(ns) == ""
+
+
+def _hostile_but_valid() -> list[dict[str, Any]]:
+    """Valid Services that once took a node down, or carry text an attacker chose."""
+    from tests.backends.nftables.helpers import endpoint, port, service, slice_
+
+    lb = {"type": "LoadBalancer", "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}}
+    http = port("http", 80)
+    objs = [
+        service("default", "everyone", "10.96.200.1", http, loadBalancerSourceRanges=["0.0.0.0/0"], **lb),
+        slice_("default", "everyone", [endpoint("10.244.200.1")], ("http", 8080, "TCP")),
+        service("default", "overlapping", "10.96.200.2", http, loadBalancerSourceRanges=["10.0.0.0/8", "10.1.0.0/16"],
+                **{**lb, "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.8"}]}}}),
+        slice_("default", "overlapping", [endpoint("10.244.200.2")], ("http", 8080, "TCP")),
+        service("n" * 63, "s" * 63, "10.96.200.3", port("p" * 15, 80)),
+        slice_("n" * 63, "s" * 63, [endpoint("10.244.200.3")], ("p" * 15, 8080, "TCP")),
+        # Quotes, a newline and nft syntax in an annotation: refused with a warning, never nft text.
+        service("default", "quoted", "10.96.200.4", port("dns", 53, "UDP"),
+                annotations={"kubeproxy.io/udp-conntrack-timeout": '30s" ;\nflush ruleset'}),
+        slice_("default", "quoted", [endpoint("10.244.200.4")], ("dns", 5353, "UDP")),
+    ]
+    return objs
+
+
+@root
+@needs_root
+def test_kernel_hostile_but_valid_services_stream_in_with_every_other() -> None:
+    """A cold table big enough for the real stream (chunks of STREAM_CHUNK operations, each
+    written whole into its nft's 1 MiB pipe) with hostile-but-valid Services among 2,000 others:
+    it loads whole, equal to the same table sent serially, and the namespace's other table stays."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from render import cluster as bench_cluster  # type: ignore[import-not-found]  # bench/render.py's generator
+
+    objs = [*bench_cluster(2000, 10), *_hostile_but_valid()]
+    v = view(objs)
+    r = render(v, options())
+    assert any("quoted" in w and "udp-conntrack-timeout" in w for w in r.warnings)
+    with L.netns("kpstream") as ns, L.netns("kpstream") as ref:
+        for n in (ns, ref):
+            n.run(["nft", "add", "table", "ip", "host-own"])
+            n.run(["nft", "add", "chain", "ip", "host-own", "input", "{ type filter hook input priority 0 ; }"])
+        streamed = NftApplier("ip", ns.run).apply(r)
+        assert streamed.mode == "create" and streamed.chunks >= 3 and streamed.operations > apply_mod.STREAM_MIN_OPERATIONS
+        serial = NftApplier("ip", ref.run, stream_min_operations=None, chunk_size=10**9).apply(r)
+        assert serial.chunks == 1
+        listing = ["nft", "-j", "list", "table", "ip", "kube-proxy"]
+        got = canonical(ns.run(listing).stdout)
+        assert got == canonical(ref.run(listing).stdout)
+        ruleset = ns.run(["nft", "list", "ruleset"]).stdout
+        for text in ("198.51.100.7", "198.51.100.8", "10.244.200.3 . 8080", "10.244.200.4 . 5353", "10.96.7.250"):
+            assert text in ruleset, text
+        assert "table ip host-own" in ruleset and "flush" not in ruleset
