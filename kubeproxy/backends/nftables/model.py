@@ -199,13 +199,9 @@ def add_lines(prefix: str, set_name: str, d: Mapping[str, Element], keys: Iterab
     if not isinstance(d, ElementMap):
         return element_lines("add", prefix, set_name, map(d.__getitem__, keys))
     raw = d.raw
-    return _lines("add", prefix, set_name, (_packed_text(key, raw[key]) for key in keys))
-
-
-def _packed_text(key: str, packed: Packed) -> str:
-    if type(packed) is str:
-        return f"{key} : {packed}" if packed else key
-    return unpack(key, packed).text()
+    # Element.text() of the unpacked element, inlined for the packed strings (nearly every one).
+    texts = ((f"{key} : {p}" if p else key) if type(p := raw[key]) is str else unpack(key, p).text() for key in keys)
+    return _lines("add", prefix, set_name, texts)
 
 
 def _lines(verb: str, prefix: str, set_name: str, texts: Iterable[str]) -> Iterator[str]:
