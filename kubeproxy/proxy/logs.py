@@ -27,6 +27,10 @@ import time
 from typing import Any, TextIO
 
 STARTUP_LOGGER = "kubeproxy.startup"  # V(0) information: shown whatever the verbosity
+# The HTTP client's own loggers. client-go logs a request line (method, URL, status, time) at
+# -v=6 and headers and bodies above that; at lower verbosities these would flood the log.
+HTTP_CLIENT_LOGGERS = ("httpx2", "httpcore2", "h2", "h11", "hpack")
+HTTP_REQUEST_VERBOSITY = 6
 _HANDLER_NAME = "kubeproxy-klog"
 
 
@@ -159,3 +163,10 @@ def setup(verbosity: int = 0, fmt: str = "text", stream: TextIO | None = None) -
     root.setLevel(python_level(verbosity))
     # Upstream prints its start-up information at V(0): always.
     logging.getLogger(STARTUP_LOGGER).setLevel(logging.INFO)
+    http_level = (
+        logging.WARNING if verbosity < HTTP_REQUEST_VERBOSITY
+        else logging.INFO if verbosity < HTTP_REQUEST_VERBOSITY + 2
+        else logging.DEBUG
+    )
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(http_level)
