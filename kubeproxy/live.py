@@ -19,9 +19,10 @@ Failure handling, as upstream:
   quarantined with their last accepted rules (proxy/quarantine.py, the metric
   kubeproxy_sync_proxy_rules_quarantined_services, `quarantinedServices` in /healthz) and
   every other Service is programmed in the same sync;
-- while the source cannot reach the API server the rules already programmed stay, periodic
-  syncs keep them in place, and /healthz turns unhealthy once the outage is older than the
-  health timeout (2 × syncPeriod): the node's rules may no longer match the cluster;
+- while the source cannot reach the API server (or knows its data is stale) the rules already
+  programmed stay and periodic syncs keep them in place; health stays upstream's (freshness
+  against queued updates: an outage queues none), and the outage shows in the log, a metric and
+  the /healthz body instead (proxy/source_watch.py);
 - SIGTERM stops the loop and leaves the rules in the kernel, so traffic keeps flowing while a
   new proxy starts.
 
@@ -65,7 +66,10 @@ from kubeproxy.proxy.options import Family, NodeOptions, node_options
 from kubeproxy.proxy.programming import TRIGGER_TIME_ANNOTATION, TriggerTimes, latencies, slice_key, trigger_time
 from kubeproxy.proxy.quarantine import Held, Quarantine, isolate, substitute
 from kubeproxy.proxy.runner import BoundedFrequencyRunner
+from kubeproxy.proxy.source_watch import HEALTH_FIELD as SOURCE_HEALTH_FIELD
+from kubeproxy.proxy.source_watch import SourceWatch
 from kubeproxy.proxy.view import ViewBuilder
+from kubeproxy.proxy.workers import DEFAULT_JOIN_TIMEOUT, DaemonExecutor
 from kubeproxy.render import node_families
 from kubeproxy.sources.events import WatchEvent
 
@@ -79,6 +83,7 @@ class Source(Protocol):
 
     async def wait_synced(self) -> None: ...
 
+    # False while the source is out of sync: shown (proxy/source_watch.py), never health.
     @property
     def connected(self) -> bool: ...
 
@@ -129,6 +134,8 @@ class LiveProxy:
     # shares its process (tests), where freezing the heap would keep others' garbage for ever.
     manage_gc: bool = False
     _gc_paused: bool = field(default=False, init=False)
+    source_name: str = "source"  # which source, in the lines that say it is out of sync or back
+    source_check_interval: float = 1.0  # how often the source's state is read (proxy/source_watch.py)
 
     def __post_init__(self) -> None:
         self.metrics = ProxyMetrics(self.cfg.mode, nfacct=self._nfacct_packets)
@@ -497,17 +504,13 @@ class LiveProxy:
         m.endpoint_changes_pending.set(0)
         for table, count in report.rule_counts.items():
             m.iptables_total.labels(table=table).set(count)
+        for table, count in report.written_rule_counts.items():
+            m.iptables_last.labels(table=table).set(count)
         m.no_local_endpoints_total.labels(traffic_policy="internal").set(report.no_local_endpoints_internal)
         m.no_local_endpoints_total.labels(traffic_policy="external").set(report.no_local_endpoints_external)
         for latency in latencies(triggers, now):
             m.network_programming_duration.observe(latency)
-        source = self.source
-        if source is None or source.connected:
-            self.health.updated(lane.family)
-        else:
-            # The rules are in place but may be stale: leave the queued update pending, so
-            # /healthz fails once the outage outlasts the health timeout.
-            self.health.queued_update(lane.family)
+        self.health.updated(lane.family)
 
     async def _after_sync(self, lane: FamilyLane, view: NodeView, changes: Changes, node_ports: conntrack.NodePorts) -> None:
         ports = {}
@@ -550,6 +553,8 @@ class LiveProxy:
     async def serve(self, source: Source) -> None:
         """Run until cancelled: source, runner, health and metrics servers."""
         self.source = source
+        watch = SourceWatch(source, self.metrics.registry, self.source_name, clock=self.wall_clock)
+        self.health.details[SOURCE_HEALTH_FIELD] = watch.health_field
         self.prepare()
         # As upstream: a proxy that never manages a first sync must not look healthy forever.
         self.health.updated(self.lanes[0].family)
@@ -567,6 +572,7 @@ class LiveProxy:
             async with asyncio.TaskGroup() as group:
                 group.create_task(source.run(), name="source")
                 group.create_task(self.runner.loop(), name="sync-runner")
+                group.create_task(watch.run(self.source_check_interval), name="source-watch")
                 if self.cfg.snat_watch_interval > 0:  # opt-in: a sample dumps conntrack (proxy/snat_watch.py)
                     from kubeproxy.proxy.snat_watch import SnatWatch
 
@@ -613,9 +619,13 @@ def _tcp_liberal() -> bool:
         return False
 
 
-async def run_until_signalled(proxy: LiveProxy, source: Source) -> None:
-    """Serve until SIGTERM or SIGINT; the rules stay in the kernel (upstream does the same)."""
+async def run_until_signalled(proxy: LiveProxy, source: Source, join_timeout: float = DEFAULT_JOIN_TIMEOUT) -> None:
+    """Serve until SIGTERM or SIGINT; the rules stay in the kernel (upstream does the same).
+
+    Worker threads still running then are waited for `join_timeout` seconds at most (workers.py):
+    a source stuck in a read must not keep the process alive."""
     loop = asyncio.get_running_loop()
+    loop.set_default_executor(DaemonExecutor(join_timeout))
     task = asyncio.current_task()
     assert task is not None
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -51,6 +51,12 @@ class SyncReport(Protocol):
         """Rules per table, for modes that expose them (kubeproxy_sync_proxy_rules_iptables_total)."""
         ...
 
+    @property
+    def written_rule_counts(self) -> Mapping[str, int]:
+        """Rules per table that this sync wrote, for modes that expose them
+        (kubeproxy_sync_proxy_rules_iptables_last)."""
+        ...
+
 
 @dataclass(frozen=True)
 class OfflineOptions:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 import msgspec
 from msgspec import UNSET
@@ -69,19 +70,24 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def read_text(path: Path, max_bytes: int | None = None) -> str:
-    """The file's text; ManifestError if it is unreadable, not UTF-8 or bigger than `max_bytes` (MAX_FILE_BYTES)."""
+def read_text(path: Path, max_bytes: int | None = None, *, regular_only: bool = False) -> str:
+    """The file's text; ManifestError if it is unreadable, not UTF-8 or bigger than `max_bytes` (MAX_FILE_BYTES).
+
+    `regular_only` refuses anything but a regular file (a FIFO, a device, a socket), for readers
+    that must never block: a FIFO swapped in for a manifest would hold the reading thread until
+    some writer came. Offline tools leave it off, so `<(command)` works as a file name.
+    """
     max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
-        if str(path) == "-":
+        if str(path) == "-" and not regular_only:
             import sys
 
             data = sys.stdin.buffer.read(max_bytes + 1)
         else:
-            # Read at most one byte past the limit: the size is known without reading a huge file.
-            # `read(n)` allocates n bytes up front (128 MiB for the limit, on every re-read of a
-            # watched folder), so ask for the size the file has, and read on only if it grew.
-            with path.open("rb") as f:
+            with _open_for_reading(path, regular_only) as f:
+                # Read at most one byte past the limit: the size is known without reading a huge file.
+                # `read(n)` allocates n bytes up front (128 MiB for the limit, on every re-read of a
+                # watched folder), so ask for the size the file has, and read on only if it grew.
                 size = min(os.fstat(f.fileno()).st_size, max_bytes)
                 data = f.read(size + 1)
                 if len(data) > size:
@@ -94,6 +100,36 @@ def read_text(path: Path, max_bytes: int | None = None) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ManifestError(str(path), None, f"not UTF-8 text ({exc.reason})") from None
+
+
+def _open_for_reading(path: Path, regular_only: bool) -> BinaryIO:
+    """`path` opened for reading; with `regular_only`, without blocking and only if it is a regular file."""
+    if not regular_only:
+        return path.open("rb")
+    # A stat first keeps devices from being opened at all (opening one may act: a tape rewinds);
+    # the fstat of what was opened covers a swap between the two. The open must not block, as it
+    # does on a FIFO without a writer. Symlinks are followed: a mounted ConfigMap is made of them.
+    _require_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _require_regular(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise ManifestError(str(path), None, f"not a regular file ({_file_type(mode)}), skipped")
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):  # fmt: skip
+        if test(mode):
+            return name
+    return f"mode {stat.S_IFMT(mode):o}"
 
 
 def parse_documents(text: str, source: str) -> Iterator[RawObject]:

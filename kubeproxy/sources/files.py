@@ -426,7 +426,7 @@ def _read_if_changed(path: Path, known: _File | None, kinds: frozenset[str] | No
         return None
     started = time.time_ns()
     try:
-        text: str | None = read_text(path)
+        text: str | None = read_text(path, regular_only=True)
         problem = None
     except ManifestError as exc:
         text, problem = None, str(exc)

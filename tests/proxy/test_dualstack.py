@@ -284,6 +284,33 @@ def test_metrics_carry_both_families(mode: str) -> None:
         assert 'kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv6",table="nat"}' in page
 
 
+def _gauge(page: str, name: str, family: str, table: str) -> float:
+    prefix = f'{name}{{ip_family="{family}",table="{table}"}} '
+    return next(float(line[len(prefix):]) for line in page.splitlines() if line.startswith(prefix))
+
+
+def test_iptables_last_counts_what_each_sync_wrote() -> None:
+    """`..._iptables_last` is the rules a sync wrote: all of them in the first (full) sync, fewer
+    than the table holds after a partial one (unchanged services' chains are not rewritten)."""
+    fake = FakeNode()
+    last = "kubeproxy_sync_proxy_rules_iptables_last"
+    total = "kubeproxy_sync_proxy_rules_iptables_total"
+    seen: dict[str, float] = {}
+
+    async def body(proxy: LiveProxy, source: Source) -> None:
+        page = proxy.metrics.exposition().decode()
+        seen["full"] = _gauge(page, last, "IPv4", "nat")
+        seen["full_total"] = _gauge(page, total, "IPv4", "nat")
+        source.publish(service("another", ["10.96.0.30"], port=91))
+        await proxy.wait_for_syncs(2)
+
+    proxy = run_proxy("iptables", fake.run, DUAL, body)
+    page = proxy.metrics.exposition().decode()
+    assert seen["full"] == seen["full_total"] > 0
+    assert 0 < _gauge(page, last, "IPv4", "nat") < _gauge(page, total, "IPv4", "nat")
+    assert _gauge(page, last, "IPv6", "filter") >= 0
+
+
 def test_udp_conntrack_cleanup_runs_per_family(mode: str) -> None:
     fake = FakeNode()
     initial = [

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kubeproxy.cluster import manifests
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.lab import objects
 from kubeproxy.sources import files
@@ -395,8 +396,8 @@ def test_a_file_that_changes_while_it_is_read_is_read_again(tmp_path: Path, monk
     real = files.read_text
     torn: list[str] = []
 
-    def racing_writer(p: Path) -> str:
-        text = real(p)
+    def racing_writer(p: Path, **kwargs: Any) -> str:
+        text = real(p, **kwargs)
         if not torn:  # the first read sees half a save, and the writer is still at it
             torn.append(text[: text.index("---")])
             with p.open("a") as f:
@@ -548,3 +549,67 @@ def test_objects_are_kept_compressed_and_compared_as_before() -> None:
     assert files._stored(svc("web", port=8081)) != files._stored(svc("web", port=8080))
     reordered = dict(reversed(list(big.items())))
     assert files._stored(reordered) != stored and files._same(files._stored(reordered), stored)
+
+
+def test_a_manifest_replaced_by_a_fifo_is_skipped_with_a_warning_and_never_blocks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path / "svc.yaml", svc("a"), svc("b"))
+
+    async def main() -> None:
+        async with following(path) as (source, queue):
+            drain(queue)
+            path.unlink()
+            os.mkfifo(path)  # no writer: a blocking open would wait for one for ever
+            assert await changes(source, queue) == []  # its objects stay, as for a bad save
+            assert "not a regular file (a FIFO)" in source.broken[str(path)]
+            [warning] = warnings_of(caplog)
+            assert str(path) in warning and "keeping the 2 objects" in warning
+            path.unlink()
+            write(path, svc("a"))
+            assert await changes(source, queue) == ["DELETED Service default/b"]
+            assert source.broken == {}
+
+    run(main())
+
+
+def test_only_regular_files_are_opened_by_the_watching_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for special, kind in ((fifo, "a FIFO"), (Path("/dev/null"), "a character device")):
+        with pytest.raises(ManifestError, match=f"{special}.*not a regular file \\({kind}\\)"):
+            manifests.read_text(special, regular_only=True)
+    target = write(tmp_path / "real.yaml", svc("a"))
+    (tmp_path / "link.yaml").symlink_to(target)  # a mounted ConfigMap's files are symlinks
+    assert "name: a" in manifests.read_text(tmp_path / "link.yaml", regular_only=True)
+    # Swapped for a FIFO after the stat that saw a regular file: the open does not block and
+    # the fstat of what was opened refuses it.
+    checks: list[int] = []
+    real_check = manifests._require_regular
+
+    def stale_stat(path: Path, mode: int) -> None:
+        checks.append(mode)
+        if len(checks) > 1:
+            real_check(path, mode)
+
+    monkeypatch.setattr(manifests, "_require_regular", stale_stat)
+    with pytest.raises(ManifestError, match="a FIFO"):
+        manifests.read_text(fifo, regular_only=True)
+    assert len(checks) == 2
+
+
+def test_a_fifo_named_to_an_offline_reader_is_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    text = yaml.safe_dump(svc("a"))
+
+    def writer() -> None:
+        with fifo.open("w") as f:
+            f.write(text)
+
+    async def main() -> None:
+        written = asyncio.create_task(asyncio.to_thread(writer))
+        assert await asyncio.to_thread(manifests.read_text, fifo) == text  # `render --manifests <(kubectl ...)`
+        await written
+
+    run(main())

@@ -90,6 +90,11 @@ class SyncReport:
     def rule_counts(self) -> dict[str, int]:
         return {"filter": self.rendered.filter_rules, "nat": self.rendered.nat_rules_total}
 
+    @property
+    def written_rule_counts(self) -> dict[str, int]:
+        # A partial sync leaves the chains of unchanged services as they are: not counted here.
+        return {"filter": self.rendered.filter_rules, "nat": self.rendered.nat_rules}
+
 
 def chains_in_save(text: str) -> set[str]:
     """Chain names declared in `iptables-save` output (lines `:NAME POLICY [p:b]`)."""

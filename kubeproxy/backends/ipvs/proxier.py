@@ -91,6 +91,10 @@ class IpvsSyncReport:
     def rule_counts(self) -> Mapping[str, int]:
         return self.rendered.rule_counts
 
+    @property
+    def written_rule_counts(self) -> Mapping[str, int]:
+        return {}  # upstream sets this gauge in its iptables mode only
+
 
 @dataclass
 class IpvsProxier:

@@ -45,6 +45,10 @@ class NftSyncReport:
     def rule_counts(self) -> dict[str, int]:
         return {}  # upstream's nftables mode exposes no rule-count metric
 
+    @property
+    def written_rule_counts(self) -> dict[str, int]:
+        return {}
+
 
 @dataclass
 class NftablesProxier:

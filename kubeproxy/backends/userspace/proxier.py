@@ -80,6 +80,10 @@ class SyncReport:
     def rule_counts(self) -> dict[str, int]:
         return {"filter": self.rendered.filter_rules, "nat": self.rendered.nat_rules}
 
+    @property
+    def written_rule_counts(self) -> dict[str, int]:
+        return {}  # upstream sets this gauge in its iptables mode only
+
 
 def port_table(name: ServicePortName, svc: ServicePortInfo, view: NodeView, opts: NodeOptions) -> tuple[PortTable, bool, bool]:
     """The port's table, and whether it lacks local endpoints for its internal / external Local policy."""
