@@ -553,8 +553,8 @@ class LiveProxy:
     async def serve(self, source: Source) -> None:
         """Run until cancelled: source, runner, health and metrics servers."""
         self.source = source
-        watch = SourceWatch(source, self.metrics.registry, self.source_name, clock=self.wall_clock)
-        self.health.details[SOURCE_HEALTH_FIELD] = watch.health_field
+        source_watch = SourceWatch(source, self.metrics.registry, self.source_name, clock=self.wall_clock)
+        self.health.details[SOURCE_HEALTH_FIELD] = source_watch.health_field
         self.prepare()
         # As upstream: a proxy that never manages a first sync must not look healthy forever.
         self.health.updated(self.lanes[0].family)
@@ -572,7 +572,7 @@ class LiveProxy:
             async with asyncio.TaskGroup() as group:
                 group.create_task(source.run(), name="source")
                 group.create_task(self.runner.loop(), name="sync-runner")
-                group.create_task(watch.run(self.source_check_interval), name="source-watch")
+                group.create_task(source_watch.run(self.source_check_interval), name="source-watch")
                 if self.cfg.snat_watch_interval > 0:  # opt-in: a sample dumps conntrack (proxy/snat_watch.py)
                     from kubeproxy.proxy.snat_watch import SnatWatch
 

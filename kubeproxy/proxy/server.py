@@ -223,6 +223,7 @@ def _serve(inv: upstream_flags.Invocation) -> int:
     except (ManifestError, ConfigError) as exc:
         log.error(kv("Error running ProxyServer", err=str(exc)))
         return 1
+    proxy.source_name = source
     status = 0
     try:
         asyncio.run(live.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source)))
