@@ -7,11 +7,19 @@ Every object kind parses through a `Fields` reader so that messages look the sam
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from socket import AF_INET, inet_pton
-from typing import Any
+from typing import Any, TypeVar
 
+from kubeproxy.cluster.addresses import (
+    AddressError,
+    CheckedIP,
+    CheckedNet,
+    endpoint_ip,
+    non_special_ip,
+    source_range,
+    valid_ip,
+)
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.schema import Item, Metadata, as_plain
 from kubeproxy.cluster.validation import (
@@ -22,9 +30,10 @@ from kubeproxy.cluster.validation import (
     show,
 )
 
+# Addresses from configuration (flags, the node's own); object addresses are `CheckedIP`.
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-_IPv4 = ipaddress.IPv4Address
+_Checked = TypeVar("_Checked", CheckedIP, CheckedNet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,31 +168,36 @@ class Fields:
             raise self.error(key, f"{size} bytes, more than the {ANNOTATIONS_MAX_BYTES} the API server allows")
         return annotations
 
-    def ip(self, key: str, value: str) -> IPAddress:
+    def _address(self, key: str, value: str, gate: Callable[[str], _Checked]) -> _Checked:
         try:
-            return parse_ip_sloppy(value)
-        except ValueError:
-            raise self.error(key, f"{show(value)} is not a valid IP address") from None
+            return gate(value)
+        except AddressError as problem:
+            raise self.error(key, f"{show(value)} {problem}") from None
 
-    def ips(self, key: str) -> list[IPAddress]:
+    def ip(self, key: str, value: str) -> CheckedIP:
+        """A legacy IP field that may hold any address (clusterIPs, load-balancer ingress, Node addresses)."""
+        return self._address(key, value, valid_ip)
+
+    def ips(self, key: str) -> list[CheckedIP]:
         return [self.ip(f"{key}[{i}]", s) for i, s in enumerate(self.strs(key))]
 
-    def cidrs(self, key: str) -> list[IPNetwork]:
-        out = []
-        for i, raw in enumerate(self.strs(key)):
-            # Upstream trims whitespace around source ranges and masks host bits (ParseCIDRSloppy).
-            try:
-                out.append(parse_cidr_sloppy(raw))
-            except ValueError:
-                raise self.error(f"{key}[{i}]", f"{show(raw)} is not a valid CIDR") from None
-        return out
+    def non_special_ips(self, key: str) -> list[CheckedIP]:
+        """externalIPs: addresses traffic may be sent to (not loopback, link-local, unspecified)."""
+        return [self._address(f"{key}[{i}]", s, non_special_ip) for i, s in enumerate(self.strs(key))]
 
-    def cidrs_of_one(self, key: str) -> list[IPNetwork]:
-        raw = self.text(key)
-        try:
-            return [parse_cidr_sloppy(raw)]
-        except ValueError:
-            raise self.error(key, f"{show(raw)} is not a valid CIDR") from None
+    def endpoint_ips(self, key: str, address_type: str) -> list[CheckedIP]:
+        """An endpoint's addresses: non-special and of the slice's address family."""
+        return [
+            self._address(f"{key}[{i}]", s, lambda text: endpoint_ip(text, address_type))
+            for i, s in enumerate(self.strs(key))
+        ]
+
+    def cidrs(self, key: str) -> list[CheckedNet]:
+        """loadBalancerSourceRanges and podCIDRs (upstream trims spaces around source ranges)."""
+        return [self._address(f"{key}[{i}]", raw, source_range) for i, raw in enumerate(self.strs(key))]
+
+    def cidrs_of_one(self, key: str) -> list[CheckedNet]:
+        return [self._address(key, self.text(key), source_range)]
 
     def enum(self, key: str, allowed: tuple[str, ...], default: str) -> str:
         value = self.text(key)
@@ -194,40 +208,14 @@ class Fields:
         return value
 
 
-def _strip_leading_zeros(text: str) -> str:
-    # Objects created before the API server became strict may hold "10.0.00.001"; upstream's
-    # ParseIPSloppy reads each octet as decimal, so we do too.
-    parts = text.split(".")
-    if len(parts) == 4 and all(p.isdigit() for p in parts):
-        return ".".join(str(int(p)) for p in parts)
-    return text
+def parse_ip_sloppy(text: str) -> CheckedIP:
+    """Any address a legacy IP field may hold (see `addresses.valid_ip`); ValueError if none."""
+    return valid_ip(text)
 
 
-def parse_ip_sloppy(text: str) -> IPAddress:
-    return plain_ipv4(text) or ipaddress.ip_address(_strip_leading_zeros(text.strip()))
-
-
-def plain_ipv4(text: str) -> ipaddress.IPv4Address | None:
-    """`text` as an IPv4 address if it is one in canonical dotted-quad form, else None.
-
-    The fast path of `parse_ip_sloppy` (20k objects carry 110k addresses): the C library's
-    inet_pton takes exactly four decimal octets without leading zeros or spaces, a subset of
-    what `ipaddress` accepts, with the same value; everything else (IPv6, leading zeros, spaces,
-    garbage) gets None and goes the general way, which also words the error. 5x faster than
-    `ipaddress.ip_address`.
-    """
-    try:
-        return _IPv4(int.from_bytes(inet_pton(AF_INET, text)))
-    except (OSError, ValueError, TypeError):  # ValueError: a NUL or a lone surrogate in the text
-        return None
-
-
-def parse_cidr_sloppy(text: str) -> IPNetwork:
+def parse_cidr_sloppy(text: str) -> CheckedNet:
     """A CIDR with upstream's tolerance: surrounding spaces, leading zeros, host bits set."""
-    addr, sep, prefix = text.strip().partition("/")
-    if not sep or not prefix.isdigit():
-        raise ValueError(text)
-    return ipaddress.ip_network(f"{_strip_leading_zeros(addr)}/{int(prefix)}", strict=False)
+    return source_range(text)
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:

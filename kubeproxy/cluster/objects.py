@@ -19,8 +19,9 @@ from socket import AF_INET, inet_pton
 from sys import intern
 from typing import Any
 
+from kubeproxy.cluster.addresses import SPECIAL_FIRST_OCTETS, AddressText, CheckedIP, CheckedIPv4, CheckedNet, ip_text
 from kubeproxy.cluster.errors import ObjectError
-from kubeproxy.cluster.fields import Fields, IPAddress, IPNetwork, object_ref
+from kubeproxy.cluster.fields import Fields, object_ref
 from kubeproxy.cluster.schema import Item, as_plain
 from kubeproxy.cluster.twins import twin_of
 from kubeproxy.cluster.validation import (
@@ -67,7 +68,7 @@ class ServicePort:
 
 @dataclass(frozen=True, slots=True)
 class LoadBalancerIngress:
-    ip: IPAddress | None
+    ip: CheckedIP | None
     hostname: str = ""
     # "VIP" (the default) means the node must accept traffic for the IP; "Proxy" means the
     # load balancer proxies to the node, so the node must not capture the IP.
@@ -80,10 +81,10 @@ class Service:
     name: str
     labels: Mapping[str, str]
     type: str
-    cluster_ips: tuple[IPAddress, ...]  # empty for headless ("None") and ExternalName
+    cluster_ips: tuple[CheckedIP, ...]  # empty for headless ("None") and ExternalName
     ports: tuple[ServicePort, ...]
-    external_ips: tuple[IPAddress, ...] = ()
-    load_balancer_source_ranges: tuple[IPNetwork, ...] = ()
+    external_ips: tuple[CheckedIP, ...] = ()
+    load_balancer_source_ranges: tuple[CheckedNet, ...] = ()
     load_balancer_ingress: tuple[LoadBalancerIngress, ...] = ()
     external_traffic_policy: str = "Cluster"
     internal_traffic_policy: str = "Cluster"
@@ -114,8 +115,8 @@ class Endpoint:
     # Its addresses as canonical text (as str() of an ipaddress object writes it): the first,
     # the one upstream uses, and any others. 100k endpoints at 10k services: an IPv4Address,
     # its int and a 1-tuple were 13 MiB; the node view shares this very string.
-    address: str
-    more_addresses: tuple[str, ...] = ()
+    address: AddressText
+    more_addresses: tuple[AddressText, ...] = ()
     # Unset conditions follow upstream: ready and serving default to true, terminating to false.
     ready: bool = True
     serving: bool = True
@@ -126,7 +127,7 @@ class Endpoint:
     node_hints: frozenset[str] = NO_HINTS
 
     @property
-    def addresses(self) -> tuple[str, ...]:
+    def addresses(self) -> tuple[AddressText, ...]:
         return (self.address, *self.more_addresses)
 
 
@@ -149,14 +150,14 @@ class EndpointSlice:
 class Node:
     name: str
     labels: Mapping[str, str]
-    addresses: tuple[tuple[str, IPAddress], ...]  # (type, ip), e.g. ("InternalIP", 192.168.0.2)
-    pod_cidrs: tuple[IPNetwork, ...]
+    addresses: tuple[tuple[str, CheckedIP], ...]  # (type, ip), e.g. ("InternalIP", 192.168.0.2)
+    pod_cidrs: tuple[CheckedNet, ...]
     # For /healthz only (a node on its way out fails it); not part of equality, because a
     # change of either does not change a single rule and must not force a full sync.
     deleting: bool = field(default=False, compare=False)
     taints: tuple[str, ...] = field(default=(), compare=False)  # taint keys
 
-    def ips(self) -> list[IPAddress]:
+    def ips(self) -> list[CheckedIP]:
         """Node IPs in upstream's order of preference: InternalIP first, then ExternalIP."""
         ranked = sorted(
             (a for a in self.addresses if a[0] in ("InternalIP", "ExternalIP")),
@@ -224,7 +225,7 @@ def parse_service(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTION
         type=svc_type,
         cluster_ips=cluster_ips,
         ports=tuple(ports),
-        external_ips=tuple(spec.ips("externalIPs")),
+        external_ips=tuple(spec.non_special_ips("externalIPs")),
         load_balancer_source_ranges=tuple(spec.cidrs("loadBalancerSourceRanges")),
         load_balancer_ingress=tuple(ingress),
         external_traffic_policy=spec.enum("externalTrafficPolicy", TRAFFIC_POLICIES, "Cluster"),
@@ -236,7 +237,7 @@ def parse_service(obj: Mapping[str, Any], options: ParseOptions = DEFAULT_OPTION
     )
 
 
-def _cluster_ips(spec: Fields, svc_type: str) -> tuple[IPAddress, ...]:
+def _cluster_ips(spec: Fields, svc_type: str) -> tuple[CheckedIP, ...]:
     if svc_type == "ExternalName":
         return ()
     raw = spec.strs("clusterIPs") or ([spec.text("clusterIP")] if spec.text("clusterIP") else [])
@@ -304,12 +305,12 @@ def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT
         if len(raw_endpoints) > MAX_SLICE_ENDPOINTS:
             raise top.error("endpoints", f"{len(raw_endpoints)} endpoints, more than the {MAX_SLICE_ENDPOINTS} allowed")
         for index, item in enumerate(raw_endpoints):
-            fast = _plain_endpoint(item, node_names)
+            fast = _plain_endpoint(item, node_names) if address_type == "IPv4" else None
             if fast is not None:
                 endpoints.append(fast)
                 continue
             ep = top.entry("endpoints", index, item)
-            addresses = ep.ips("addresses")
+            addresses = ep.endpoint_ips("addresses", address_type)
             if not addresses:
                 raise ep.error("addresses", "at least one address is required")
             if len(addresses) > MAX_ENDPOINT_ADDRESSES:
@@ -325,8 +326,8 @@ def parse_endpoint_slice(obj: Mapping[str, Any], options: ParseOptions = DEFAULT
             hints = ep.map("hints") if "hints" in ep.data else None
             endpoints.append(
                 Endpoint(
-                    str(addresses[0]),
-                    tuple([str(ip) for ip in addresses[1:]]),
+                    ip_text(addresses[0]),
+                    tuple([ip_text(ip) for ip in addresses[1:]]),
                     ready=ready is None or ready,
                     serving=serving is None or serving,
                     terminating=bool(terminating),
@@ -371,18 +372,20 @@ def _plain_endpoint(raw: Mapping[str, Any], node_names: set[str]) -> Endpoint | 
     """The endpoint of the shape nearly all have, read without the `Fields` machinery; None for any other.
 
     10k slices hold 100k endpoints: this path is most of the decode budget. It accepts a subset
-    of what the general path accepts (canonical IPv4 addresses, no hints, every field of its
-    expected type) and builds the same Endpoint; anything else, valid or not, returns None and
+    of what the general path accepts (canonical IPv4 addresses of an IPv4 slice, none with a
+    first octet that a special-address check looks at, no hints, every field of its expected
+    type) and builds the same Endpoint; anything else, valid or not, returns None and
     goes the general way, which also words the error. So it cannot make validation laxer.
     """
     addresses = raw.get("addresses")
     if type(addresses) is not list or not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or "hints" in raw:
         return None
     try:
-        # inet_pton: see `plain_ipv4` (inlined here, where it runs 100k times).
+        # inet_pton: see `addresses.valid_ip` (inlined here, where it runs 100k times).
         # inet_pton takes canonical dotted quads only (no leading zeros), so the text is canonical.
         for text in addresses:
-            inet_pton(AF_INET, text)
+            if inet_pton(AF_INET, text)[0] in SPECIAL_FIRST_OCTETS:
+                return None  # perhaps loopback or link-local: the general path decides
     except (OSError, ValueError, TypeError):  # not a str, not canonical IPv4, a NUL or a surrogate
         return None
     cond = raw.get("conditions")
@@ -415,7 +418,7 @@ ENDPOINT_TWIN = twin_of(
 )
 
 
-def _endpoint_maker() -> Callable[[str, tuple[str, ...], bool, bool, bool, str, str], Endpoint]:
+def _endpoint_maker() -> Callable[[AddressText, tuple[AddressText, ...], bool, bool, bool, str, str], Endpoint]:
     """`Endpoint(address, more_addresses, ready, serving, terminating, node_name, zone)` without hints, built faster.
 
     A frozen dataclass's __init__ assigns each field through `object.__setattr__` (1.3 us; 100k
@@ -427,7 +430,7 @@ def _endpoint_maker() -> Callable[[str, tuple[str, ...], bool, bool, bool, str, 
     new, empty = object.__new__, NO_HINTS
 
     def make(
-        address: str, more: tuple[str, ...], is_ready: bool, is_serving: bool, is_terminating: bool, node: str,
+        address: AddressText, more: tuple[AddressText, ...], is_ready: bool, is_serving: bool, is_terminating: bool, node: str,
         in_zone: str,
     ) -> Endpoint:
         ep: Any = new(twin)  # typed as what it becomes below
@@ -444,22 +447,23 @@ def _endpoint_maker() -> Callable[[str, tuple[str, ...], bool, bool, bool, str, 
         made: Endpoint = ep
         return made
 
-    make("", (), True, True, False, "", "")  # the check above, once, at import
+    make(AddressText(""), (), True, True, False, "", "")  # the check above, once, at import
     return make
 
 
 _new_endpoint = _endpoint_maker()
 
 
-def _ipv4_maker() -> Callable[[bytes], IPv4Address]:
+def _ipv4_maker() -> Callable[[bytes], CheckedIPv4]:
     """`IPv4Address(packed)` for 4 bytes from inet_pton, built without its pure-Python __init__
     (which checks the length and type we already know): a third less time, 100k times at start."""
     set_ip, new, from_bytes = IPv4Address._ip.__set__, object.__new__, int.from_bytes  # type: ignore[attr-defined]
 
-    def make(packed: bytes) -> IPv4Address:
+    def make(packed: bytes) -> CheckedIPv4:
+        # Only ever given inet_pton's 4 bytes: a canonical IPv4 address passes the gate as is.
         ip: IPv4Address = new(IPv4Address)
         set_ip(ip, from_bytes(packed))
-        return ip
+        return CheckedIPv4(ip)
 
     return make
 

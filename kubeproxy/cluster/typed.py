@@ -24,8 +24,19 @@ from typing import Any
 
 import msgspec
 
+from kubeproxy.cluster.addresses import (
+    SPECIAL_FIRST_OCTETS,
+    AddressText,
+    CheckedIP,
+    CheckedNet,
+    endpoint_ip,
+    ip_text,
+    non_special_ip,
+    source_range,
+    valid_ip,
+)
 from kubeproxy.cluster.checks import CheckCache
-from kubeproxy.cluster.fields import Fields, IPAddress, IPNetwork, parse_cidr_sloppy, parse_ip_sloppy
+from kubeproxy.cluster.fields import Fields
 from kubeproxy.cluster.objects import (
     AFFINITIES,
     DEFAULT_AFFINITY_TIMEOUT,
@@ -175,12 +186,12 @@ def _annotations(annotations: dict[str, str] | Any, checks: CheckCache) -> Mappi
     return dict(annotations)
 
 
-def _ip(text: str) -> IPAddress:
-    """`parse_ip_sloppy(text)`, with the canonical IPv4 case built directly (as `_plain_endpoint`)."""
+def _ip(text: str) -> CheckedIP:
+    """`addresses.valid_ip(text)`, with the canonical IPv4 case built directly (as `_plain_endpoint`)."""
     try:
         return _ipv4(inet_pton(AF_INET, text))
     except (OSError, ValueError):
-        return parse_ip_sloppy(text)  # ValueError if not an IP: the dict path words it
+        return valid_ip(text)  # ValueError if not an IP: the dict path words it
 
 
 def _port(value: int | Any, *, required: bool) -> int:
@@ -225,7 +236,7 @@ def _service(item: Item, options: ParseOptions, checks: CheckCache) -> Service:
     namespace, name, meta = _metadata(item, dns1123_label if options.relaxed_service_names else dns1035_label, checks)
     spec = item.spec or _NO_SPEC
     svc_type = _enum(spec.type, _SERVICE_TYPE, "ClusterIP")
-    cluster_ips: tuple[IPAddress, ...] = ()
+    cluster_ips: tuple[CheckedIP, ...] = ()
     if svc_type != "ExternalName":
         raw = spec.clusterIPs or ([spec.clusterIP] if spec.clusterIP else [])
         if raw and raw[0] not in ("None", ""):
@@ -268,7 +279,7 @@ def _service(item: Item, options: ParseOptions, checks: CheckCache) -> Service:
         type=svc_type,
         cluster_ips=cluster_ips,
         ports=tuple(ports),
-        external_ips=tuple([_ip(text) for text in spec.externalIPs or ()]),
+        external_ips=tuple([non_special_ip(text) for text in spec.externalIPs or ()]),
         load_balancer_source_ranges=_cidrs(spec.loadBalancerSourceRanges),
         load_balancer_ingress=ingress,
         external_traffic_policy=_enum(spec.externalTrafficPolicy, _TRAFFIC_POLICY, "Cluster"),
@@ -280,8 +291,8 @@ def _service(item: Item, options: ParseOptions, checks: CheckCache) -> Service:
     )
 
 
-def _cidrs(texts: list[str] | Any) -> tuple[IPNetwork, ...]:
-    return tuple([parse_cidr_sloppy(text) for text in texts or ()])  # ValueError: the dict path words it
+def _cidrs(texts: list[str] | Any) -> tuple[CheckedNet, ...]:
+    return tuple([source_range(text) for text in texts or ()])  # ValueError: the dict path words it
 
 
 def _slice(item: Item, checks: CheckCache) -> EndpointSlice:
@@ -294,7 +305,7 @@ def _slice(item: Item, checks: CheckCache) -> EndpointSlice:
     address_type = _enum(item.addressType, _ADDRESS_TYPE, "")
     if not address_type:
         raise _Skip
-    endpoints = _endpoints(item.endpoints, checks) if address_type != "FQDN" else ()
+    endpoints = _endpoints(item.endpoints, address_type, checks) if address_type != "FQDN" else ()
     raw_ports = item.ports or ()
     if len(raw_ports) > MAX_SLICE_PORTS:
         raise _Skip
@@ -320,7 +331,7 @@ def _slice(item: Item, checks: CheckCache) -> EndpointSlice:
     )
 
 
-def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[Endpoint, ...]:
+def _endpoints(raw: list[SchemaEndpoint] | Any, address_type: str, checks: CheckCache) -> tuple[Endpoint, ...]:
     """A slice's endpoints: 100k at 10k services, so the common shape is read with the fewest steps."""
     if not raw:
         return ()
@@ -332,24 +343,32 @@ def _endpoints(raw: list[SchemaEndpoint] | Any, checks: CheckCache) -> tuple[End
     canonical, pton = checks.canonical, inet_pton
     new, twin, endpoint_class = object.__new__, ENDPOINT_TWIN, Endpoint
     empty = NO_HINTS
+    special, ipv4 = SPECIAL_FIRST_OCTETS, address_type == "IPv4"
     endpoints = []
     for ep in raw:
-        addresses = ep.addresses
+        # Any: the texts below become AddressText only once inet_pton (or the gate) took them.
+        addresses: Any = ep.addresses
         if not addresses:
             raise _Skip
         count = len(addresses)
         if count > MAX_ENDPOINT_ADDRESSES:
             raise _Skip
-        try:  # canonical IPv4 (inet_pton takes no other spelling) is kept as it came
-            first = addresses[0]
-            pton(AF_INET, first)
-            more: tuple[str, ...] = ()
+        # Canonical IPv4 (inet_pton takes no other spelling) of an IPv4 slice is kept as it came,
+        # unless its first octet is one a special-address check looks at.
+        try:
+            if not ipv4:
+                raise OSError
+            first: AddressText = addresses[0]
+            if pton(AF_INET, first)[0] in special:
+                raise OSError
+            more: tuple[AddressText, ...] = ()
             if count > 1:
                 for text in addresses:
-                    pton(AF_INET, text)
+                    if pton(AF_INET, text)[0] in special:
+                        raise OSError
                 more = tuple(addresses[1:])
         except (OSError, ValueError):
-            first, *others = [str(_ip(text)) for text in addresses]
+            first, *others = [ip_text(endpoint_ip(text, address_type)) for text in addresses]
             more = tuple(others)
         cond = ep.conditions
         # Unset conditions as upstream reads them: ready and serving true, terminating false.
@@ -424,7 +443,7 @@ def _node(item: Item, checks: CheckCache) -> Node:
             if not a.address:
                 raise _Skip
             addresses.append((intern(kind), _ip(a.address)))
-    pod_cidrs = _cidrs(spec.podCIDRs) or ((parse_cidr_sloppy(spec.podCIDR),) if spec.podCIDR else ())
+    pod_cidrs = _cidrs(spec.podCIDRs) or ((source_range(spec.podCIDR),) if spec.podCIDR else ())
     taints = []
     for taint in spec.taints or ():
         key = taint.key
