@@ -138,14 +138,14 @@ def test_daemonset_is_shaped_like_upstreams(objects: dict[str, JSON]) -> None:
     assert "--hostname-override=$(NODE_NAME)" in c["command"]
 
 
-def test_liveness_probe_asks_the_healthz_server_the_config_starts(objects: dict[str, JSON], tmp_path: Path) -> None:
-    probe = container(objects["DaemonSet"])["livenessProbe"]["httpGet"]
+def test_no_probes_as_kubeadm_and_healthz_where_load_balancers_ask(objects: dict[str, JSON], tmp_path: Path) -> None:
+    # kubeadm's kube-proxy DaemonSet (cmd/kubeadm/app/phases/addons/proxy/manifests.go) has none.
+    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(container(objects["DaemonSet"]))
     path = tmp_path / "config.conf"
     path.write_text(config_text(objects))
     host, port = load_config_file(path).healthz_bind_address.rsplit(":", 1)
-    # hostNetwork: the kubelet probes the node's IP, so the server must listen on every address.
-    assert host in ("0.0.0.0", "")
-    assert (probe["path"], probe["port"]) == ("/livez", int(port))
+    # hostNetwork: a load balancer asks the node's IP, so the server must listen on every address.
+    assert (host, port) in (("0.0.0.0", "10256"), ("", "10256"))
 
 
 def test_configmap_config_loads_with_our_loader(objects: dict[str, JSON], tmp_path: Path) -> None:
@@ -419,14 +419,14 @@ def test_unknown_fields_follow_kubectls_validate_flag(deploy_server: ApiServer, 
     """fieldValidation as the real server honours it: Strict refuses (see BROKEN), Warn accepts with
     a warning, Ignore accepts silently; either way the field is not stored."""
     kubectl = Kubectl(deploy_server, tmp_path)
-    misspelled = copy_deploy(tmp_path / "misspelled", _misspelled_probe)
+    misspelled = copy_deploy(tmp_path / "misspelled", _misspelled_field)
     proc = kubectl("apply", "--validate=warn", "--dry-run=server", "-f", str(misspelled))
     assert proc.returncode == 0, proc.stderr
-    assert 'Warning: unknown field "spec.template.spec.containers[0].livenesProbe"' in proc.stderr
+    assert 'Warning: unknown field "spec.template.spec.containers[0].imagePulPolicy"' in proc.stderr
     proc = kubectl("apply", "--validate=ignore", "-f", str(misspelled))
     assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr
     held = container(deploy_server.get("DaemonSet", "kube-system", "kubeproxy"))
-    assert "livenesProbe" not in held and "livenessProbe" not in held
+    assert "imagePulPolicy" not in held and "imagePullPolicy" not in held
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -534,9 +534,9 @@ def _mismatched_selector(docs: list[JSON]) -> None:
     _kind(docs, "DaemonSet")["spec"]["selector"]["matchLabels"] = {"k8s-app": "kube-proxy"}
 
 
-def _misspelled_probe(docs: list[JSON]) -> None:
+def _misspelled_field(docs: list[JSON]) -> None:
     c = container(_kind(docs, "DaemonSet"))
-    c["livenesProbe"] = c.pop("livenessProbe")
+    c["imagePulPolicy"] = c.pop("imagePullPolicy")
 
 
 def _dangling_mount(docs: list[JSON]) -> None:
@@ -568,8 +568,8 @@ BROKEN = {
     "no selector": (_drop_selector, 'The DaemonSet "kubeproxy" is invalid: spec.selector: Required value'),
     "selector does not match": (_mismatched_selector, "spec.template.metadata.labels: Invalid value: "),
     "misspelled field": (
-        _misspelled_probe,
-        'strict decoding error: unknown field "spec.template.spec.containers[0].livenesProbe"',
+        _misspelled_field,
+        'strict decoding error: unknown field "spec.template.spec.containers[0].imagePulPolicy"',
     ),
     "mount of no volume": (_dangling_mount, 'spec.template.spec.containers[0].volumeMounts[2].name: Not found: "lib-modules"'),
     "wrong type": (_string_for_bool, "spec.template.spec.hostNetwork: expected boolean, got string"),
