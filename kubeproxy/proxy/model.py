@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from kubeproxy.cluster.fields import IPAddress, IPNetwork
+from kubeproxy.cluster.addresses import AddressText, CheckedIP, CheckedNet
 from kubeproxy.cluster.objects import Endpoint, EndpointSlice, Service
 from kubeproxy.cluster.twins import twin_of
 from kubeproxy.proxy.options import Family
@@ -50,13 +50,14 @@ class ServicePortName:
 @dataclass(frozen=True, slots=True)
 class ServicePortInfo:
     name: ServicePortName
-    cluster_ip: IPAddress
+    # Addresses only from cluster/addresses.py's gate: renderers write them into rule text.
+    cluster_ip: CheckedIP
     port: int
     protocol: str
     node_port: int = 0
-    external_ips: tuple[IPAddress, ...] = ()
-    load_balancer_vips: tuple[IPAddress, ...] = ()
-    load_balancer_source_ranges: tuple[IPNetwork, ...] = ()
+    external_ips: tuple[CheckedIP, ...] = ()
+    load_balancer_vips: tuple[CheckedIP, ...] = ()
+    load_balancer_source_ranges: tuple[CheckedNet, ...] = ()
     health_check_node_port: int = 0
     client_ip_affinity: bool = False
     sticky_max_age_seconds: int = 10800
@@ -81,7 +82,7 @@ class ServicePortInfo:
 
 @dataclass(frozen=True, slots=True)
 class EndpointInfo:
-    ip: str
+    ip: AddressText
     port: int
     is_local: bool = False
     ready: bool = True
@@ -251,13 +252,13 @@ def _port_info_maker() -> Callable[..., ServicePortInfo]:
 
     def make(
         name: ServicePortName,
-        cluster_ip: IPAddress,
+        cluster_ip: CheckedIP,
         port: int,
         protocol: str,
         node_port: int,
-        external_ips: tuple[IPAddress, ...],
-        load_balancer_vips: tuple[IPAddress, ...],
-        load_balancer_source_ranges: tuple[IPNetwork, ...],
+        external_ips: tuple[CheckedIP, ...],
+        load_balancer_vips: tuple[CheckedIP, ...],
+        load_balancer_source_ranges: tuple[CheckedNet, ...],
         health_check_node_port: int,
         client_ip_affinity: bool,
         sticky_max_age_seconds: int,
@@ -345,7 +346,7 @@ def _unique(infos: list[EndpointInfo]) -> list[EndpointInfo]:
     return out
 
 
-def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]:
+def _endpoint_info_maker() -> Callable[[AddressText, int, bool, Endpoint], EndpointInfo]:
     """`EndpointInfo(ip, port, is_local, <ep's conditions and hints>)`, built faster.
 
     A frozen dataclass's __init__ sets each field through `object.__setattr__` (2.9 us an
@@ -358,7 +359,7 @@ def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]
     twin = twin_of(EndpointInfo, fields)
     new = object.__new__
 
-    def make(ip: str, port: int, is_local: bool, ep: Endpoint) -> EndpointInfo:
+    def make(ip: AddressText, port: int, is_local: bool, ep: Endpoint) -> EndpointInfo:
         info: Any = new(twin)  # typed as what it becomes below
         info.ip = ip
         info.port = port
@@ -373,7 +374,7 @@ def _endpoint_info_maker() -> Callable[[str, int, bool, Endpoint], EndpointInfo]
         made: EndpointInfo = info
         return made
 
-    make("", 0, False, Endpoint(""))  # a TypeError here, at import, if the layouts ever differ
+    make(AddressText(""), 0, False, Endpoint(AddressText("")))  # a TypeError here, at import, if the layouts ever differ
     return make
 
 

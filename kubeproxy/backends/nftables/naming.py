@@ -12,6 +12,7 @@ import base64
 import hashlib
 
 from kubeproxy.backends.kernel_text import nft_name
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.proxy.model import ServicePortName
 
 NAME_LENGTH_MAX = 256  # nft's limit (NFT_NAME_MAXLEN)
@@ -32,7 +33,7 @@ def service_base(spn: ServicePortName) -> str:
     return _hash_and_truncate(f"{spn.namespace}/{spn.name}/{spn.protocol.lower()}/{spn.port}")
 
 
-def endpoint_base(spn: ServicePortName, ip: str, port: int) -> str:
+def endpoint_base(spn: ServicePortName, ip: AddressText, port: int) -> str:
     # Colons are not allowed in chain names: IPv6 addresses are written with dots.
     return _hash_and_truncate(f"{spn.namespace}/{spn.name}/{spn.protocol.lower()}/{spn.port}__{ip.replace(':', '.')}/{port}")
 
@@ -59,7 +60,7 @@ def firewall_set(spn: ServicePortName) -> str:
     return "firewall-allow-" + service_base(spn)
 
 
-def endpoint_chain(spn: ServicePortName, ip: str, port: int) -> str:
+def endpoint_chain(spn: ServicePortName, ip: AddressText, port: int) -> str:
     return "endpoint-" + endpoint_base(spn, ip, port)
 
 

@@ -495,7 +495,9 @@ def _allowed_sources(ctx: _Ctx, svc: ServicePortInfo) -> list[str]:
     all the time: 0.0.0.0/0 plus the load balancer's own address, or 10.0.0.0/8 beside
     10.1.0.0/16. Collapsing also keeps the set as small as the ranges allow.
     """
-    ranges = [c for c in svc.load_balancer_source_ranges if c.version == (6 if ctx.v6 else 4)]
+    ranges: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = [
+        c for c in svc.load_balancer_source_ranges if c.version == (6 if ctx.v6 else 4)
+    ]
     if ctx.node_ip is not None and any(ctx.node_ip in c for c in ranges):
         # A VIP-like load balancer whose IP is also local: the node's own requests loop
         # back with the VIP as source and must be allowed too.
