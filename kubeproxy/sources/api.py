@@ -62,7 +62,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +73,8 @@ from lightkube.resources.core_v1 import Node, Service
 from lightkube.resources.discovery_v1 import EndpointSlice
 
 from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.cluster.schema import Item, Metadata, as_plain, decode_list
+from kubeproxy.cluster.schema import Item, Metadata, decode_list
+from kubeproxy.sources import wire
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.events import BatchSink, EventType, Sink, WatchEvent, deliver
 
@@ -122,13 +123,17 @@ def node(name: str) -> ResourceSpec:
 
 
 class SourceError(Exception):
-    """The API server answered with an error (an HTTP status or a watch ERROR event)."""
+    """The API server answered with an error (an HTTP status or a watch ERROR event), or with
+    something that is not an answer it gives (a malformed Status, list or frame, one too large).
 
-    def __init__(self, url: str, code: int, reason: str, message: str) -> None:
+    `retry_after` is the delay in seconds the server asked for (`Retry-After`), if any."""
+
+    def __init__(self, url: str, code: int, reason: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{url}: {code} {reason}: {message}".rstrip(": "))
         self.url = url
         self.code = code
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class Stale(SourceError):
@@ -144,29 +149,35 @@ class TooLargeResourceVersion(Stale):
     so it lost (or never had) the history the reflector follows; list again from scratch."""
 
 
-def _status_error(url: str, code: int, body: Any) -> SourceError:
-    status = body if isinstance(body, dict) else {}
-    code = int(status.get("code") or code)
-    reason = str(status.get("reason") or "")
-    message = str(status.get("message") or (body if isinstance(body, str) else ""))[:300]
+def _status_error(url: str, code: int, body: Any, retry_after: float | None = None) -> SourceError:
+    """The error an answer with HTTP status `code` (500 for a watch ERROR event) and this body
+    (decoded JSON, or text) stands for. A body that is not a Status leaves the HTTP status to speak;
+    one that claims to be a Status and is malformed (a `code` that is a list, `1e400`) says so."""
+    if not isinstance(body, dict):
+        return SourceError(url, code, "", str(body)[:300], retry_after)
+    try:
+        status = wire.status_of(body)
+    except wire.WireError as e:
+        return SourceError(url, code, "MalformedStatus", str(e)[:300], retry_after)
+    code = status.code or code
+    reason = (status.reason or "")[:100]
+    message = (status.message or "")[:300]
     if code == 410:
-        return Gone(url, code, reason, message)
+        return Gone(url, code, reason, message, retry_after)
     if _too_large(status, code, reason, message):
-        return TooLargeResourceVersion(url, code, reason, message)
-    return SourceError(url, code, reason, message)
+        return TooLargeResourceVersion(url, code, reason, message, retry_after)
+    return SourceError(url, code, reason, message, retry_after)
 
 
-def _too_large(status: dict[str, Any], code: int, reason: str, message: str) -> bool:
+def _too_large(status: wire.Status, code: int, reason: str, message: str) -> bool:
     """client-go's isTooLargeResourceVersionError: the cause type, or on servers before 1.19 the
     cause message or the Status message of a Timeout."""
-    details = status.get("details")
-    causes = details.get("causes") if isinstance(details, dict) else None
-    causes = [c for c in causes if isinstance(c, dict)] if isinstance(causes, list) else []
-    if any(c.get("reason") == "ResourceVersionTooLarge" for c in causes):
+    causes = (status.details.causes if status.details else None) or []
+    if any(c.reason == "ResourceVersionTooLarge" for c in causes):
         return True
     if code != 504 and reason != "Timeout":
         return False
-    return any(c.get("message") == "Too large resource version" for c in causes) or "Too large resource version" in message
+    return any(c.message == "Too large resource version" for c in causes) or "Too large resource version" in message
 
 
 def _older(rv: str, than: str | None) -> bool:
@@ -178,18 +189,6 @@ def _older(rv: str, than: str | None) -> bool:
         return int(rv) < int(than)
     except ValueError:
         return False
-
-
-def _key(obj: Raw) -> Key | None:
-    if isinstance(obj, Item):
-        item_meta = obj.metadata
-        if not isinstance(item_meta, Metadata) or not isinstance(item_meta.name, str) or not item_meta.name:
-            return None
-        return (item_meta.namespace or "", item_meta.name)
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
-        return None
-    return (str(meta.get("namespace") or ""), meta["name"])
 
 
 def _rv(obj: Raw) -> str | None:
@@ -249,6 +248,11 @@ class Reflector:
     max_silence: float | None = None
     batch_sink: BatchSink | None = None  # see the module doc
     typed_lists: bool = False  # listed objects as `schema.Item` when the list fits the schema
+    # Bounds on what one answer may hold (see wire.py for why these values) and on how long a
+    # list or check may take: twice the API server's own request timeout (60 s).
+    max_frame_bytes: int = wire.MAX_FRAME_BYTES
+    max_list_bytes: int = wire.MAX_LIST_BYTES
+    request_deadline: float = 120.0
     resource_version: str | None = field(default=None, init=False)
     # The key and resourceVersion ("" if none) of every object delivered and not deleted: what a
     # relist diffs against. Not the objects: they are the consumer's once delivered.
@@ -314,7 +318,13 @@ class Reflector:
                     log.warning("%s: resourceVersion %s is gone (410), relisting: %s", self.spec, self.resource_version, e)
                 else:
                     log.warning("%s: relisting, the watch no longer follows the API server's history: %s", self.spec, e)
-            except (SourceError, httpx2.HTTPError, ValueError) as e:
+            except (SourceError, httpx2.HTTPError, httpx2.StreamError, ValueError, OSError) as e:
+                await self._back_off(e)
+            except Exception as e:
+                # Every answer is decoded into typed structures first (wire.py), so this is a
+                # defect here, not the server's doing: said loudly, and still only retried, so
+                # that no answer can end the proxy.
+                log.error("%s: unexpected %s reading the API server (a defect):", self.spec, type(e).__name__, exc_info=True)
                 await self._back_off(e)
 
     @property
@@ -327,24 +337,22 @@ class Reflector:
 
     async def _back_off(self, error: Exception) -> None:
         self._mark_stale()
-        delay = self.backoff.next()
-        log.warning("%s: backing off %.1fs after error: %s", self.spec, delay, _describe(error))
+        asked = error.retry_after if isinstance(error, SourceError) else None
+        obeyed = self.backoff.server_delays
+        delay = self.backoff.next(asked)
+        because = f" (the server's Retry-After: {asked:g}s)" if self.backoff.server_delays > obeyed else ""
+        log.warning("%s: backing off %.1fs%s after error: %s", self.spec, delay, because, _describe(error))
         await self.sleep(delay)
 
     # -- list
 
     async def _list(self) -> None:
-        items, rv = await self._list_all()
+        listed, rv = await self._list_all()
         fresh: dict[Key, Raw] = {}
-        for item in items:
-            key = _key(item) if isinstance(item, dict | Item) else None
-            if key is None:
-                shown = as_plain(item) if isinstance(item, Item) else item
-                log.warning("%s: skipping a listed item without metadata.name: %.200s", self.spec, shown)
-                continue
+        for key, item in listed:
             _fill_type(item, self.spec)
             fresh[key] = item
-        del items
+        del listed
         first = not self.synced.is_set()
         if _older(rv, self.resource_version):
             # A consistent list is the truth, older or not: the diff below brings us back to it.
@@ -398,44 +406,101 @@ class Reflector:
             "resourceVersionMatch": "NotOlderThan",
             "limit": "1",
         }
-        resp = await self.client.get(self.spec.path, params=params)
-        body = _json_body(resp)
-        if resp.status_code != 200:
-            raise _status_error(str(resp.url), resp.status_code, body)
-        meta = body.get("metadata") if isinstance(body, dict) else None
-        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        url, content = await self._get(params, wire.MAX_FRAME_BYTES)
+        head = self._list_head(url, _decode(url, content))
+        rv = head.metadata.resourceVersion if head.metadata else None
         if not rv:
-            raise SourceError(str(resp.url), 200, "BadList", "the list has no resourceVersion")
-        if _older(str(rv), self.resource_version):
-            raise Stale(str(resp.url), 200, "ResourceVersionWentBack", f"asked for {self.resource_version} or newer, got {rv}")
+            raise SourceError(url, 200, "BadList", "the list has no resourceVersion")
+        if _older(rv, self.resource_version):
+            raise Stale(url, 200, "ResourceVersionWentBack", f"asked for {self.resource_version} or newer, got {rv}")
         self._heard()
         self.failing_since = None
 
-    async def _list_all(self) -> tuple[list[Any], str]:
-        items: list[Any] = []
+    async def _list_all(self) -> tuple[list[tuple[Key, Raw]], str]:
+        """Every page of the list, each object with its key; SourceError for anything that is
+        not a list of this resource's objects, or one past the bounds of `wire`."""
+        listed: list[tuple[Key, Raw]] = []
         params = self._selectors()
-        while True:
-            resp = await self.client.get(self.spec.path, params=params)
+        budget = self.max_list_bytes
+        url = self.spec.path
+        for _ in range(wire.MAX_LIST_PAGES):
+            url, content = await self._get(params, budget)
+            budget -= len(content)
             # A list within the typed schema decodes straight into structs (no dicts at all);
             # anything else (an unknown field, a value of another type) the general way.
-            typed = decode_list(resp.content) if self.typed_lists and resp.status_code == 200 else None
+            typed = decode_list(content) if self.typed_lists else None
+            page: list[Any]
             if typed is not None:
                 body, page = typed
-                items.extend(page)
             else:
-                body = _json_body(resp)
-                if resp.status_code != 200:
-                    raise _status_error(str(resp.url), resp.status_code, body)
-                if not isinstance(body, dict) or not isinstance(body.get("items", []), list):
-                    raise SourceError(str(resp.url), resp.status_code, "BadList", "the list is not a JSON list object")
-                items.extend(body.get("items") or [])
-            meta = body.get("metadata") or {}
-            if not meta.get("continue"):
-                rv = meta.get("resourceVersion")
-                if not rv:
-                    raise SourceError(str(resp.url), 200, "BadList", "the list has no resourceVersion")
-                return items, str(rv)
-            params = {**self._selectors(), "continue": meta["continue"]}
+                body = _decode(url, content)
+                page_items = body.get("items") if isinstance(body, dict) else None
+                if page_items is not None and not isinstance(page_items, list):
+                    raise SourceError(url, 200, "BadList", "the list's items are not a JSON list")
+                page = page_items or []
+            del content
+            head = self._list_head(url, body)
+            if len(listed) + len(page) > wire.MAX_LIST_ITEMS:
+                raise SourceError(url, 200, "TooLarge", f"the list has over {wire.MAX_LIST_ITEMS} objects, the most taken")
+            for item in page:
+                listed.append((self._item_key(url, item, len(listed)), item))
+            meta = head.metadata or wire.ListMeta()
+            if not meta.continue_:
+                if not meta.resourceVersion:
+                    raise SourceError(url, 200, "BadList", "the list has no resourceVersion")
+                return listed, meta.resourceVersion
+            params = {**self._selectors(), "continue": meta.continue_}
+        raise SourceError(
+            url, 200, "TooManyPages", f"the list did not end within {wire.MAX_LIST_PAGES} pages (its continue token never ends)"
+        )
+
+    def _list_head(self, url: str, body: Any) -> wire.ListHead:
+        """A list answer's typed envelope, of this resource's kind; SourceError otherwise."""
+        try:
+            head = wire.list_head(body)
+        except wire.WireError as e:
+            raise SourceError(url, 200, "BadList", str(e)[:300]) from None
+        if head.kind and head.kind != f"{self.spec.kind}List":
+            raise SourceError(url, 200, "BadList", f"a {head.kind[:60]} is not a list of {self.spec.kind} objects")
+        if head.apiVersion and head.apiVersion != self.spec.api_version:
+            raise SourceError(url, 200, "BadList", f"a list of {head.apiVersion[:60]} is not one of {self.spec.api_version}")
+        return head
+
+    def _item_key(self, url: str, item: Any, index: int) -> Key:
+        """A listed object's key. An item that cannot be keyed, or another kind's, makes the whole
+        list untrustworthy (a Go client's typed decoding refuses such a list too): refusing it
+        keeps what was delivered, where skipping it would delete the object from the consumer."""
+        what = f"item {index} of the list"
+        if isinstance(item, Item):
+            meta = item.metadata
+            name = meta.name if isinstance(meta, Metadata) else None
+            if not isinstance(name, str) or not name:
+                raise SourceError(url, 200, "BadList", f"{what} has no metadata.name")
+            kind = item.kind if isinstance(item.kind, str) else ""
+            namespace = meta.namespace if isinstance(meta, Metadata) and isinstance(meta.namespace, str) else ""
+            key = wire.ObjectKey(kind, "", namespace, name, "")
+        else:
+            try:
+                key = wire.object_key(item, what)
+            except wire.WireError as e:
+                raise SourceError(url, 200, "BadList", str(e)[:300]) from None
+        if key.kind and key.kind != self.spec.kind:
+            raise SourceError(url, 200, "BadList", f"{what} is a {key.kind[:60]}, not a {self.spec.kind}")
+        return (key.namespace, key.name)
+
+    async def _get(self, params: dict[str, str], limit: int) -> tuple[str, bytes]:
+        """(URL, body) of a GET of the collection that answered 200, at most `limit` bytes read
+        and within `request_deadline`; SourceError (with the server's Retry-After) otherwise."""
+        url = self.spec.path
+        try:
+            async with asyncio.timeout(self.request_deadline):
+                async with self.client.stream("GET", self.spec.path, params=params) as resp:
+                    url = str(resp.url)
+                    if resp.status_code != 200:
+                        raise await _error_of(url, resp)
+                    return url, await _read(url, resp, limit, "the list")
+        except TimeoutError:
+            raise SourceError(url, 0, "Timeout", f"no complete answer within {self.request_deadline:g}s") from None
 
     # -- watch
 
@@ -461,10 +526,9 @@ class Reflector:
                 async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
                     url = str(resp.url)
                     if resp.status_code != 200:
-                        await resp.aread()
-                        raise _status_error(url, resp.status_code, _json_body(resp))
+                        raise await _error_of(url, resp)
                     self.failing_since = None
-                    async for line in resp.aiter_lines():
+                    async for line in _lines(url, resp, self.max_frame_bytes):
                         if line.strip():
                             await self._on_line(url, line)
                             silence.reschedule(self._heard_at + self.silence_bound)
@@ -479,18 +543,22 @@ class Reflector:
             ) from None
         log.debug("watch of %s ended by the server at resourceVersion %s", self.spec, self.resource_version)
 
-    async def _on_line(self, url: str, line: str) -> None:
+    async def _on_line(self, url: str, line: bytes) -> None:
+        # Anything that is not a watch event ends the watch as an error, as in client-go (its
+        # stream decoder reports it and the reflector watches again, after a back-off, from the
+        # last version it saw): skipping it would lose the event it should have been.
         try:
-            event = json.loads(line)
-            type_, obj = event["type"], event["object"]
-            if not isinstance(obj, dict):
-                raise TypeError("object is not a JSON object")
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("%s: skipping a malformed watch event (%s): %.200s", self.spec, e, line)
+            frame = wire.frame_of(line)
+            if frame.type == "ERROR":
+                raise _status_error(url, 500, frame.object)
+            key = wire.object_key(frame.object, f"the {frame.type} event's object", named=frame.type != "BOOKMARK")
+        except wire.WireError as e:
+            raise SourceError(url, 500, "MalformedEvent", f"{e}: {line[:200]!r}") from None
+        type_, obj, rv = frame.type, frame.object, key.resource_version
+        if key.kind and key.kind != self.spec.kind:
+            # client-go's reflector skips an event of another kind than it watches, with an error.
+            log.warning("%s: skipping a %s event for a %.60s, not a %s", self.spec, type_, key.kind, self.spec.kind)
             return
-        if type_ == "ERROR":
-            raise _status_error(url, 500, obj)
-        rv = _rv(obj)
         if rv and _older(rv, self.resource_version):
             # A watch from version N only ever carries newer ones: this server is not the one
             # whose history we followed (restored, replaced, or it forgot) and nothing it sends
@@ -501,19 +569,12 @@ class Reflector:
                 self._heard()
                 await self._advance(rv)
             return
-        if type_ not in ("ADDED", "MODIFIED", "DELETED"):
-            log.warning("%s: skipping a watch event of unknown type %r", self.spec, type_)
-            return
-        key = _key(obj)
-        if key is None:
-            log.warning("%s: skipping a %s event without metadata.name: %.200s", self.spec, type_, line)
+        _fill_type(obj, self.spec)
+        if type_ == "DELETED":
+            self.versions.pop((key.namespace, key.name), None)
         else:
-            _fill_type(obj, self.spec)
-            if type_ == "DELETED":
-                self.versions.pop(key, None)
-            else:
-                self.versions[key] = rv or ""
-            self._deliver([WatchEvent(_event_type(type_), self.spec.kind, obj)])
+            self.versions[(key.namespace, key.name)] = rv
+        self._deliver([WatchEvent(_event_type(type_), self.spec.kind, obj)])
         # The first event on a watch proves the connection works; later errors start the back-off over.
         self.backoff.reset()
         if rv:
@@ -566,11 +627,72 @@ def decode_body(content: bytes) -> Any:
             return json.loads(content)
 
 
-def _json_body(resp: httpx2.Response) -> Any:
+def _decode(url: str, content: bytes) -> Any:
+    """A 200 answer's JSON; SourceError if it is not JSON."""
     try:
-        return decode_body(resp.content)
-    except ValueError:
-        return resp.text[:300]
+        with paused_gc():
+            return wire.decode_json(content)
+    except wire.WireError as e:
+        raise SourceError(url, 200, "BadList", str(e)) from None
+
+
+async def _read(url: str, resp: httpx2.Response, limit: int, what: str) -> bytes:
+    """The whole body, or SourceError once it passes `limit` bytes (nothing more is read)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise SourceError(url, resp.status_code, "TooLarge", f"{what} is over {limit} bytes, the most this client reads")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# Of an error answer only the Status matters, whose message is cut to 300 characters.
+MAX_ERROR_BYTES = 64 * 1024
+
+
+async def _error_of(url: str, resp: httpx2.Response) -> SourceError:
+    """The error a non-200 answer stands for, read from at most MAX_ERROR_BYTES of its body."""
+    retry_after = wire.retry_after(resp.status_code, resp.headers.get("Retry-After"))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_ERROR_BYTES:
+            break
+    content = b"".join(chunks)
+    if size > MAX_ERROR_BYTES:
+        return SourceError(url, resp.status_code, "", f"(an error body over {MAX_ERROR_BYTES} bytes)", retry_after)
+    try:
+        body: Any = wire.decode_json(content)
+    except wire.WireError:
+        body = content[:300].decode("utf-8", "replace")
+    return _status_error(url, resp.status_code, body, retry_after)
+
+
+async def _lines(url: str, resp: httpx2.Response, limit: int) -> AsyncIterator[bytes]:
+    """The body's lines (one watch event each); SourceError once a line passes `limit` bytes
+    without its newline, so a server that never ends a line cannot fill the memory."""
+    pending = bytearray()
+    async for chunk in resp.aiter_bytes():
+        pending += chunk
+        if b"\n" in chunk:
+            *lines, rest = pending.split(b"\n")
+            pending = bytearray(rest)
+            for line in lines:
+                if len(line) > limit:
+                    raise _frame_too_large(url, limit)
+                yield bytes(line)
+        if len(pending) > limit:
+            raise _frame_too_large(url, limit)
+    if pending.strip():
+        yield bytes(pending)  # the last event, if the server ended without its newline
+
+
+def _frame_too_large(url: str, limit: int) -> SourceError:
+    return SourceError(url, 200, "FrameTooLarge", f"a watch event is over {limit} bytes without a newline, the most read")
 
 
 def _describe(e: BaseException) -> str:
