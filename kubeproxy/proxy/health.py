@@ -10,6 +10,8 @@ Proxy health (upstream's ProxyHealthServer):
   2 × syncPeriod). /livez is the proxy's health; /healthz also fails while the node is being
   deleted (deletionTimestamp set, or the cluster autoscaler's ToBeDeleted taint), so load
   balancers drain the node before it goes.
+- Whether the source reaches the API server is not part of it: an outage queues no update, so
+  a node whose rules are fine stays healthy; proxy/source_watch.py shows the outage instead.
 
 Service health (upstream's ServiceHealthServer): one listener per Service with
 externalTrafficPolicy Local on its healthCheckNodePort, answering 200 while the service has
