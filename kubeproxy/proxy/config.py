@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
+from kubeproxy.proxy.duration import DurationError, format_go_duration, parse_go_duration
 
 if TYPE_CHECKING:
     from kubeproxy.proxy.config_schema import _Conntrack, _KubeProxyConfiguration
@@ -201,6 +202,24 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
     return cfg
 
 
+def _validate_sync_periods(cfg: ProxyConfig) -> None:
+    """Upstream's bounds: syncPeriod > 0, minSyncPeriod >= 0, syncPeriod >= minSyncPeriod.
+
+    Named as the mode reads them: the ipvs flags and section in ipvs mode, the nftables section
+    in nftables mode (its flags are the iptables ones), the iptables ones otherwise."""
+    section = cfg.mode if cfg.mode in ("ipvs", "nftables") else "iptables"
+    flag = "ipvs" if cfg.mode == "ipvs" else "iptables"
+    sync = f"--{flag}-sync-period ({section}.syncPeriod)"
+    min_sync = f"--{flag}-min-sync-period ({section}.minSyncPeriod)"
+    if cfg.sync_period <= 0:
+        raise ConfigError(f"{sync}: {format_go_duration(cfg.sync_period)}: must be greater than 0")
+    if cfg.min_sync_period < 0:
+        raise ConfigError(f"{min_sync}: {format_go_duration(cfg.min_sync_period)}: must be greater than or equal to 0")
+    if cfg.min_sync_period > cfg.sync_period:
+        raise ConfigError(f"{sync}: {format_go_duration(cfg.sync_period)}: must be greater than or equal to "
+                          f"{min_sync}, {format_go_duration(cfg.min_sync_period)}")
+
+
 def _validate_more(cfg: ProxyConfig) -> None:
     """Upstream's validation of the fields beyond the rules, with the field's name."""
     try:
@@ -234,10 +253,7 @@ def _validate_more(cfg: ProxyConfig) -> None:
     ):
         if seconds is not None and seconds < 0:
             raise ConfigError(f"{name}: must be greater than or equal to 0")
-    if cfg.sync_period <= 0:
-        raise ConfigError("--iptables-sync-period (syncPeriod): must be greater than 0")
-    if cfg.min_sync_period < 0:
-        raise ConfigError("--iptables-min-sync-period (minSyncPeriod): must be greater than or equal to 0")
+    _validate_sync_periods(cfg)
     if cfg.config_sync_period <= 0:
         raise ConfigError("--config-sync-period (configSyncPeriod): must be greater than 0")
     if cfg.client_burst < 0 or cfg.client_qps < 0:
@@ -292,22 +308,12 @@ def unused_settings(cfg: ProxyConfig) -> list[str]:
     return out
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_duration(text: str) -> float:
-    """A Go duration string ("1s", "1m30s", "500ms") in seconds."""
-    text = text.strip()
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNIT[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or not text:
-        raise ConfigError(f"{text!r} is not a duration like 1s, 500ms or 1m30s")
-    return total
+    """A Go duration string ("1s", "1m30s", "500ms") in seconds, as Go parses it (proxy/duration.py)."""
+    try:
+        return parse_go_duration(text)
+    except DurationError as exc:
+        raise ConfigError(f"{text!r} is not a duration like 1s, 500ms or 1m30s ({exc})") from None
 
 
 # --- KubeProxyConfiguration file ---------------------------------------------------------
@@ -323,6 +329,11 @@ def _seconds(path: str, field_name: str, value: str | None) -> float | None:
         return parse_duration(value)
     except ConfigError as exc:
         raise ConfigError(f"--config {path}: {field_name}: {exc}") from None
+
+
+def _duration_text(value: Any) -> str | None:
+    """A duration field of a section kept as plain YAML: its text (a number is not a Go duration)."""
+    return None if value is None else str(value)
 
 
 def _not_a_kube_proxy_configuration(path: str | Path, raw: dict[str, Any]) -> ConfigError:
@@ -382,6 +393,12 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
         if doc.detectLocal.interfaceNamePrefix:
             changes["interface_name_prefix"] = doc.detectLocal.interfaceNamePrefix
     section = doc.nftables if (doc.mode or cfg.mode) == "nftables" and doc.nftables else doc.iptables
+    if (doc.mode or cfg.mode) == "ipvs" and doc.ipvs:
+        # The ipvs section's periods are the ones ipvs mode runs by, as upstream's conversion has it.
+        ipvs = doc.ipvs.model_extra or {}
+        for attr, key in (("sync_period", "syncPeriod"), ("min_sync_period", "minSyncPeriod")):
+            if seconds := _seconds(str(path), f"ipvs.{key}", _duration_text(ipvs.get(key))):
+                changes[attr] = seconds
     # A zero duration in the file means "the default", as upstream's defaulting has it
     # (kubeadm writes `0s`); only the command-line flags can ask for a real 0.
     for top_level, value in (("sync_period", doc.syncPeriod), ("min_sync_period", doc.minSyncPeriod)):
@@ -396,9 +413,10 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
         if section.localhostNodePorts is not None:
             changes["localhost_nodeports"] = section.localhostNodePorts
         name = "nftables" if section is doc.nftables else "iptables"
-        if seconds := _seconds(str(path), f"{name}.syncPeriod", section.syncPeriod):
+        periods = (doc.mode or cfg.mode) != "ipvs"  # ipvs mode runs by the ipvs section's
+        if periods and (seconds := _seconds(str(path), f"{name}.syncPeriod", section.syncPeriod)):
             changes["sync_period"] = seconds
-        if seconds := _seconds(str(path), f"{name}.minSyncPeriod", section.minSyncPeriod):
+        if periods and (seconds := _seconds(str(path), f"{name}.minSyncPeriod", section.minSyncPeriod)):
             changes["min_sync_period"] = seconds
     if doc.nodePortAddresses is not None:
         changes["nodeport_addresses"] = tuple(doc.nodePortAddresses)
@@ -518,14 +536,7 @@ def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
     """`cfg` as upstream's v1alpha1 KubeProxyConfiguration (what `--write-config-to` writes)."""
 
     def go_duration(seconds: float | None) -> str | None:
-        if seconds is None:
-            return None
-        whole = int(seconds)
-        if whole != seconds:
-            return f"{round(seconds * 1000)}ms"
-        h, rest = divmod(whole, 3600)
-        m, s = divmod(rest, 60)
-        return f"{h}h{m}m{s}s" if h else f"{m}m{s}s" if m else f"{s}s"
+        return None if seconds is None else format_go_duration(seconds)
 
     sync = {
         "masqueradeAll": cfg.masquerade_all,

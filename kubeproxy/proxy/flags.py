@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +29,7 @@ from kubeproxy.proxy.config import (
     parse_node_ips,
     validate,
 )
+from kubeproxy.proxy.duration import parse_go_duration
 
 
 class FlagError(ValueError):
@@ -177,8 +177,6 @@ ALIASES = {"sync-period": "iptables-sync-period", "min-sync-period": "iptables-m
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
-_GO_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def go_bool(text: str) -> bool:
@@ -190,22 +188,8 @@ def go_bool(text: str) -> bool:
 
 
 def go_duration(text: str) -> float:
-    """Go's time.ParseDuration, in seconds (a sign, several units, "0" alone)."""
-    s = text
-    sign = -1.0 if s.startswith("-") else 1.0
-    s = s.lstrip("+-") if s[:1] in "+-" else s
-    if s == "0":
-        return 0.0
-    if not s:
-        raise ValueError(f'time: invalid duration "{text}"')
-    pos, total = 0, 0.0
-    while pos < len(s):
-        m = _GO_DURATION.match(s, pos)
-        if not m or m.group(1) in ("", "."):
-            raise ValueError(f'time: invalid duration "{text}"' if m else f'time: missing unit in duration "{text}"')
-        total += float(m.group(1)) * _UNIT[m.group(2)]
-        pos = m.end()
-    return sign * total
+    """Go's time.ParseDuration, in seconds (proxy/duration.py); ValueError with Go's message."""
+    return parse_go_duration(text)
 
 
 def _go_int(text: str, bits: int = 32) -> int:
@@ -431,7 +415,11 @@ def _apply(cfg: ProxyConfig, name: str, value: Any) -> ProxyConfig:
         key = {"ipvs-sync-period": "syncPeriod", "ipvs-min-sync-period": "minSyncPeriod", "ipvs-scheduler": "scheduler",
                "ipvs-exclude-cidrs": "excludeCIDRs", "ipvs-strict-arp": "strictARP", "ipvs-tcp-timeout": "tcpTimeout",
                "ipvs-tcpfin-timeout": "tcpFinTimeout", "ipvs-udp-timeout": "udpTimeout"}[name]
-        return replace(cfg, ipvs={**cfg.ipvs, key: value})
+        cfg = replace(cfg, ipvs={**cfg.ipvs, key: value})
+        if name in ("ipvs-sync-period", "ipvs-min-sync-period") and cfg.mode == "ipvs":
+            # processV1Alpha1Flags: in ipvs mode these set the top-level periods.
+            cfg = replace(cfg, **{"sync_period" if name == "ipvs-sync-period" else "min_sync_period": value})
+        return cfg
     if name in ("iptables-sync-period", "iptables-min-sync-period"):
         # processV1Alpha1Flags: these set the top-level periods unless the mode is ipvs.
         attr = "sync_period" if name == "iptables-sync-period" else "min_sync_period"

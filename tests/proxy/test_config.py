@@ -140,3 +140,32 @@ def test_zero_sync_periods_in_a_file_mean_the_defaults(tmp_path) -> None:
     )
     cfg = load_config_file(path)
     assert (cfg.sync_period, cfg.min_sync_period) == (30.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("mode: iptables\niptables: {syncPeriod: 30s, minSyncPeriod: 1m}\n",
+         "--iptables-sync-period (iptables.syncPeriod): 30s: must be greater than or equal to --iptables-min-sync-period"),
+        ("mode: nftables\nnftables: {syncPeriod: 1s, minSyncPeriod: 2s}\n", "(nftables.syncPeriod): 1s: must be greater"),
+        ("mode: ipvs\nipvs: {syncPeriod: 1s, minSyncPeriod: 2s}\n", "--ipvs-sync-period (ipvs.syncPeriod): 1s: must be greater"),
+        ("syncPeriod: 1ns\n", "(iptables.syncPeriod): 1ns: must be greater than or equal to"),
+        ("iptables: {syncPeriod: -5s}\n", "(iptables.syncPeriod): -5s: must be greater than 0"),
+        ("iptables: {syncPeriod: \"\u0661\u0660s\"}\n", "iptables.syncPeriod: '\u0661\u0660s' is not a duration"),
+    ],
+)  # fmt: skip
+def test_sync_periods_of_the_file_are_validated_naming_the_field(tmp_path: Path, section: str, message: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" + section)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config(config_file=str(path))
+    result = CliRunner().invoke(main, ["run", "--config", str(path)])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+
+
+def test_ipvs_mode_runs_by_the_ipvs_sections_periods(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\n"
+                    "iptables: {syncPeriod: 1h, minSyncPeriod: 1m}\nipvs: {syncPeriod: 45s, minSyncPeriod: 5s}\n")  # fmt: skip
+    cfg = load_config_file(path)
+    assert (cfg.sync_period, cfg.min_sync_period) == (45.0, 5.0)

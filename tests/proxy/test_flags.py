@@ -236,7 +236,7 @@ def test_upstream_validation_messages_name_the_field() -> None:
     for args, message in (
         (["--oom-score-adj=1001"], "--oom-score-adj (oomScoreAdj): 1001 must be within [-1000, 1000]"),
         (["--logging-format=xml"], "--logging-format (logging.format): unsupported value 'xml'"),
-        (["--iptables-sync-period=0s"], "--iptables-sync-period (syncPeriod): must be greater than 0"),
+        (["--iptables-sync-period=0s"], "--iptables-sync-period (iptables.syncPeriod): 0s: must be greater than 0"),
         (["--nodeport-addresses=primary,10.0.0.0/8"], "'primary' cannot be combined with CIDRs"),
         (["--show-hidden-metrics-for-version=latest"], "must be <major>.<minor>"),
         (["--hostname-override= "], "empty hostname-override is invalid"),
@@ -452,3 +452,42 @@ def test_the_proxy_commands_leave_the_collector_as_they_found_it(args: list[str]
     finally:
         server.main = real  # type: ignore[assignment]
     assert seen == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--iptables-min-sync-period=60s", "--iptables-sync-period=30s"],
+         "--iptables-sync-period (iptables.syncPeriod): 30s: must be greater than or equal to "
+         "--iptables-min-sync-period (iptables.minSyncPeriod), 1m0s"),
+        (["--iptables-sync-period=1ns"], "--iptables-sync-period (iptables.syncPeriod): 1ns: must be greater than or equal to"),
+        (["--iptables-sync-period=-1m"], "--iptables-sync-period (iptables.syncPeriod): -1m0s: must be greater than 0"),
+        (["--iptables-min-sync-period=-1s"],
+         "--iptables-min-sync-period (iptables.minSyncPeriod): -1s: must be greater than or equal to 0"),
+        (["--proxy-mode=nftables", "--iptables-min-sync-period=31s"], "--iptables-sync-period (nftables.syncPeriod): 30s"),
+        (["--ipvs-min-sync-period=2m", "--ipvs-sync-period=1m", "--proxy-mode=ipvs"],
+         "--ipvs-sync-period (ipvs.syncPeriod): 1m0s: must be greater than or equal to "
+         "--ipvs-min-sync-period (ipvs.minSyncPeriod), 2m0s"),
+        (["--proxy-mode=ipvs", "--ipvs-sync-period=0s"], "--ipvs-sync-period (ipvs.syncPeriod): 0s: must be greater than 0"),
+    ],
+)  # fmt: skip
+def test_sync_periods_are_validated_as_upstream_naming_the_flag(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        inv(*args)
+    assert str(caught.value).startswith(message)
+
+
+def test_sync_periods_upstream_accepts() -> None:
+    assert (inv("--iptables-sync-period=1ns", "--iptables-min-sync-period=0").cfg.sync_period) == 1e-9
+    assert inv("--iptables-sync-period=1s", "--iptables-min-sync-period=1s").cfg.min_sync_period == 1.0
+    # The ipvs flags set the periods in ipvs mode only, the iptables ones in every other mode.
+    ipvs = inv("--proxy-mode=ipvs", "--ipvs-sync-period=45s", "--ipvs-min-sync-period=5s", "--iptables-sync-period=1h").cfg
+    assert (ipvs.sync_period, ipvs.min_sync_period) == (45.0, 5.0)
+    iptables = inv("--ipvs-sync-period=45s", "--iptables-sync-period=1h").cfg
+    assert iptables.sync_period == 3600.0
+
+
+def test_non_ascii_digits_are_refused_by_the_flag() -> None:
+    message = 'invalid argument "\u0661\u0660s" for "--iptables-sync-period" flag: time: invalid duration'
+    with pytest.raises(FlagError, match=re.escape(message)):
+        inv("--iptables-sync-period=\u0661\u0660s")

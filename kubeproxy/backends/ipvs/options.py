@@ -8,6 +8,7 @@ from typing import Any
 
 from kubeproxy.backends.ipvs.render import DEFAULT_SCHEDULER, IpvsOptions, validate_scheduler
 from kubeproxy.proxy.config import ConfigError
+from kubeproxy.proxy.duration import DurationError, parse_go_duration
 
 
 def _seconds(value: Any) -> float:
@@ -16,18 +17,10 @@ def _seconds(value: Any) -> float:
         return 0.0
     if isinstance(value, (int, float)):
         return float(value)
-    text, total, num = str(value), 0.0, ""
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
-    for ch in text:
-        if ch.isdigit() or ch == ".":
-            num += ch
-        elif ch in units and num:
-            total, num = total + float(num) * units[ch], ""
-        else:
-            raise ConfigError(f"ipvs: {value!r} is not a duration")
-    if num:
-        raise ConfigError(f"ipvs: {value!r} is not a duration (missing unit)")
-    return total
+    try:
+        return parse_go_duration(str(value))
+    except DurationError as exc:
+        raise ConfigError(f"ipvs: {value!r} is not a duration ({exc})") from None
 
 
 def ipvs_options(section: Mapping[str, Any], node_addresses: tuple[str, ...] = ()) -> IpvsOptions:
