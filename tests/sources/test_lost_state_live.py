@@ -3,12 +3,14 @@
 The test API server comes back from a restart with the same objects under resourceVersions far
 below the proxy's (etcd replaced or restored from an old backup), then an endpoint changes: the
 proxy must notice (the real server's "Too large resource version"), relist, and program the
-change; /healthz ends up healthy only once it has.
+change. /healthz stays healthy throughout (upstream's rule: no update waits unsynced), and the
+body's `source` field says the source is in sync again only once it has relisted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -61,7 +63,8 @@ def test_live_proxy_follows_an_api_server_that_lost_its_state(netns: NetNS, serv
         assert all(lists >= 2 for connected, lists in samples[noticed:] if connected), samples
         took = time.monotonic() - started
         assert not _dnats_to(netns, mode, "10.244.1.77")
-        await _until(proxy, lambda: _get(healthz)[0] == 200, "healthz to recover")
+        await _until(proxy, lambda: json.loads(_get(healthz)[1])["source"] == {"inSync": True}, "the source back in sync")
+        assert (await asyncio.to_thread(_get, healthz))[0] == 200
         # The server waits 3 s (upstream's blockTimeout) before "Too large resource version".
         print(f"{mode}: change programmed {took:.1f}s after the API server lost its state")
 
