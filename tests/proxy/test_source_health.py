@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -28,36 +28,15 @@ from kubeproxy.proxy.health import rfc3339
 from kubeproxy.proxy.http import Response
 from kubeproxy.proxy.logs import STARTUP_LOGGER
 from kubeproxy.proxy.source_watch import METRIC, SourceWatch
-from kubeproxy.sources.events import WatchEvent
 from tests.proxy.test_health import T0, FakeClock
 from tests.test_live import _service
+from tests.test_live_fake import Source
 
 SYNC_PERIOD = 30.0
 HEALTH_TIMEOUT = 2 * SYNC_PERIOD  # upstream: cmd/kube-proxy/app/server.go
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, sync_period=SYNC_PERIOD,
                   healthz_bind_address="", metrics_bind_address="")  # fmt: skip
 UPSTREAM_HEALTHZ_FIELDS = ["lastUpdated", "currentTime", "nodeEligible", "healthy", "status"]
-
-
-@dataclass
-class Source:
-    """Delivers `initial`, then what `publish` is given; `connected` is set by the test."""
-
-    proxy: LiveProxy
-    initial: list[dict[str, Any]]
-    connected: bool = True
-    _synced: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def run(self) -> None:
-        self.proxy.on_events([WatchEvent("ADDED", obj["kind"], obj) for obj in self.initial])
-        self._synced.set()
-        await asyncio.Event().wait()
-
-    async def wait_synced(self) -> None:
-        await self._synced.wait()
-
-    def publish(self, *objs: dict[str, Any]) -> None:
-        self.proxy.on_events([WatchEvent("MODIFIED", obj["kind"], obj) for obj in objs])
 
 
 def _doc(response: Response) -> dict[str, Any]:
