@@ -137,8 +137,10 @@ def _address_pattern(ip: str) -> re.Pattern[str]:
 
 def foreign_text(text: str) -> list[str]:
     """Anything of the hostile objects found in `text`."""
-    # The proxy's own exclusion of the node's IPv6 loopback from NodePorts names ::1.
-    text = text.replace("! -d ::1/128", "").replace("daddr != ::1 ", "")
+    # The proxy's own rules that name the IPv6 loopback: NodePorts exclude it; IPVS mode returns
+    # the node's loopback traffic early.
+    for own in ("! -d ::1/128", "daddr != ::1 ", "-A KUBE-SERVICES -s ::1/128 -j RETURN"):
+        text = text.replace(own, "")
     found = [f"address {ip}" for ip in {*REFUSED_EXTERNAL_IPS, *(ip for ips in REFUSED_ENDPOINTS.values() for ip in ips)}
              if _address_pattern(ip).search(text)]  # fmt: skip
     found += [f"text {t!r}" for t in ("fd00::99", "%1", "--dport 22", "dport 22", "10.96.0.4", "fd00:96::40") if t in text]
