@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
 from kubeproxy.proxy.duration import DurationError, format_go_duration, parse_go_duration
+from kubeproxy.proxy.features import gate_enabled
 
 if TYPE_CHECKING:
     from kubeproxy.proxy.config_schema import _Conntrack, _KubeProxyConfiguration
@@ -120,7 +121,7 @@ class ProxyConfig:
         return options_for(
             node_port_range=self.service_node_port_range,
             from_api_server=from_api_server,
-            relaxed_service_names=self.feature_gates.get("RelaxedServiceNameValidation", False),
+            relaxed_service_names=gate_enabled(self.feature_gates, "RelaxedServiceNameValidation"),
         )
 
     def masquerade_mark(self) -> str:

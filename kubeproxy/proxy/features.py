@@ -1,79 +1,169 @@
-"""Feature gates (`--feature-gates`, `featureGates:`): the ones kubeproxy knows, validated as upstream.
+"""Feature gates (`--feature-gates`, `featureGates:`), validated as upstream's kube-proxy does.
 
-Upstream's kube-proxy accepts every Kubernetes gate and refuses an unknown one with
-"unrecognized feature gate: NAME"; a GA gate is locked to true ("cannot set feature gate NAME to
-false, feature is locked to true"). kubeproxy knows the gates that change what a proxy does,
-plus upstream's AllAlpha/AllBeta switches: those it implements follow the gate; those whose
-behaviour it always has (GA upstream) are accepted at true and refused at false, as upstream.
+Upstream's kube-proxy shares one gate registry with every Kubernetes binary: all Kubernetes
+gates, the API server library's, client-go's, component-base's (logging, metrics, z-pages) and
+the AllAlpha/AllBeta switches. That registry, as the release kubeproxy follows holds it at its own
+version, is data here (feature_gates_v1_37.json: its "source" names the upstream files, and
+scripts/feature-gates regenerates it from the release's code). Setting gates is checked as
+k8s.io/component-base/featuregate does it at that release, with its messages.
+
+kubeproxy's behaviour follows the gates in IMPLEMENTED; every other gate is accepted as upstream
+accepts it, and one set away from its default is named in a start-up warning.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+RELEASE_DATA = "feature_gates_v1_37.json"
+ALL_ALPHA = "AllAlpha"
+ALL_BETA = "AllBeta"
+# The gates whose state changes what kubeproxy does (read through `GateRegistry.enabled`).
+IMPLEMENTED = frozenset({"PreferSameTrafficDistribution", "RelaxedServiceNameValidation", "NFTablesProxyMode"})
 
 
 class FeatureGateError(ValueError):
-    """A gate that cannot be set; the message names it (a ConfigError for the caller)."""
+    """A gate setting upstream refuses; the message is upstream's (a ConfigError for the caller)."""
 
 
 @dataclass(frozen=True)
 class Gate:
+    stage: str  # ALPHA, BETA, GA, DEPRECATED or PRE-ALPHA (not yet available at this version)
     default: bool
-    stage: str  # "ALPHA", "BETA" or "GA" (locked to true)
-    implemented: bool  # kubeproxy's behaviour follows the gate
+    locked: bool
+    depends_on: tuple[str, ...] = ()
 
 
-KNOWN_GATES: dict[str, Gate] = {
-    # Implemented: the node model reads these.
-    "PreferSameTrafficDistribution": Gate(True, "BETA", True),
-    "RelaxedServiceNameValidation": Gate(False, "ALPHA", True),
-    # Upstream's proxy gates that are GA: kubeproxy always behaves as with the gate on.
-    "ServiceTrafficDistribution": Gate(True, "GA", True),
-    "TopologyAwareHints": Gate(True, "GA", True),
-    "KubeProxyDrainingTerminatingNodes": Gate(True, "GA", True),
-    "NFTablesProxyMode": Gate(True, "GA", True),
-    "ProxyTerminatingEndpoints": Gate(True, "GA", True),
-    "MinimizeIPTablesRestore": Gate(True, "GA", True),
-    "ServiceInternalTrafficPolicy": Gate(True, "GA", True),
-    "EndpointSliceTerminatingCondition": Gate(True, "GA", True),
-    "LoadBalancerIPMode": Gate(True, "GA", True),
-    "IPv6DualStack": Gate(True, "GA", True),
-    # Gates of other components that clusters commonly set for everything (kubeadm passes the
-    # cluster's gates to kube-proxy too): accepted, no effect on a proxy.
-    "MultiCIDRServiceAllocator": Gate(False, "BETA", False),
-    "DisableAllocatorDualWrite": Gate(False, "BETA", False),
-    "InPlacePodVerticalScaling": Gate(True, "BETA", False),
-    "SidecarContainers": Gate(True, "BETA", False),
-    "UserNamespacesSupport": Gate(False, "BETA", False),
-    "StructuredAuthenticationConfiguration": Gate(True, "BETA", False),
-    "ComponentFlagz": Gate(False, "ALPHA", False),
-    "ComponentStatusz": Gate(False, "ALPHA", False),
-    "ContextualLogging": Gate(True, "BETA", False),
-    "LoggingAlphaOptions": Gate(False, "ALPHA", False),
-    "LoggingBetaOptions": Gate(True, "BETA", False),
-    "AllAlpha": Gate(False, "ALPHA", False),
-    "AllBeta": Gate(False, "BETA", False),
-}
+def _go_bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
-def check_gates(gates: dict[str, bool]) -> None:
-    """Raise FeatureGateError (naming the gate) for a gate upstream would refuse or we do not know."""
+def _aggregate(errors: list[str]) -> str:
+    """apimachinery's aggregate error text: one message alone, several (deduplicated) in brackets."""
+    unique = list(dict.fromkeys(errors))
+    return unique[0] if len(unique) == 1 else "[" + ", ".join(unique) + "]"
+
+
+@dataclass(frozen=True)
+class GateRegistry:
+    release: str
+    emulation_version: str
+    min_compatibility_version: str
+    gates: Mapping[str, Gate]
+
+    def _resolved(self, values: Mapping[str, bool]) -> tuple[dict[str, bool], list[str]]:
+        """The explicitly enabled state and the errors, in component-base's order of checks."""
+        enabled: dict[str, bool] = {}
+        errors: list[str] = []
+        for name, value in values.items():
+            gate = self.gates.get(name)
+            if gate is None:
+                # Upstream stops at the first unknown gate.
+                errors.append(f"unrecognized feature gate: {name}")
+                return enabled, errors
+            if gate.locked and gate.default != value:
+                errors.append(f"cannot set feature gate {name} to {_go_bool(value)}, "
+                              f"feature is locked to {_go_bool(gate.default)}")
+                continue
+            if name in (ALL_ALPHA, ALL_BETA):
+                stage = "ALPHA" if name == ALL_ALPHA else "BETA"
+                for other, spec in self.gates.items():
+                    if spec.stage == stage and other not in (ALL_ALPHA, ALL_BETA):
+                        enabled.setdefault(other, value)
+                enabled[name] = value
+                continue
+            if gate.stage == "PRE-ALPHA":
+                errors.append(f"cannot set feature gate {name} to {_go_bool(value)}, feature is PreAlpha at emulated "
+                              f"version {self.emulation_version}, min compatibility version {self.min_compatibility_version}")
+                continue
+            # An explicit setting wins over AllAlpha/AllBeta whichever comes first.
+            enabled[name] = value
+        return enabled, errors
+
+    def errors(self, values: Mapping[str, bool]) -> list[str]:
+        enabled, errors = self._resolved(values)
+        if errors:
+            return errors
+        for name in sorted(self.gates):
+            if not self._on(name, enabled):
+                continue
+            disabled = [dep for dep in self.gates[name].depends_on if not self._on(dep, enabled)]
+            if disabled:
+                errors.append(f"{name} is enabled, but depends on features that are disabled: [{' '.join(disabled)}]")
+        return errors
+
+    def _on(self, name: str, enabled: Mapping[str, bool]) -> bool:
+        gate = self.gates.get(name)
+        return enabled.get(name, gate.default if gate else False)
+
+    def check(self, values: Mapping[str, bool]) -> None:
+        """Raise FeatureGateError with upstream's message when upstream would refuse these settings."""
+        errors = self.errors(values)
+        if errors:
+            raise FeatureGateError(_aggregate(errors))
+
+    def enabled(self, values: Mapping[str, bool], name: str) -> bool:
+        """A gate's state under these (valid) settings: the setting, AllAlpha/AllBeta, else its default."""
+        enabled, _ = self._resolved(values)
+        return self._on(name, enabled)
+
+    def warnings(self, values: Mapping[str, bool]) -> list[str]:
+        """Upstream's warnings for deprecated and GA gates that are set, and our note for gates
+        set away from their default whose behaviour kubeproxy does not have."""
+        out: list[str] = []
+        for name, value in sorted(values.items()):
+            gate = self.gates.get(name)
+            if gate is None:
+                continue
+            if gate.stage == "DEPRECATED":
+                out.append("Warning: setting deprecated feature gate. It will be removed in a future release. "
+                           f'featureGate="{name}" value={_go_bool(value)}')
+            elif gate.stage == "GA":
+                out.append("Warning: setting GA feature gate. It will be removed in a future release. "
+                           f'featureGate="{name}" value={_go_bool(value)}')
+            if name not in IMPLEMENTED and name not in (ALL_ALPHA, ALL_BETA) and value != gate.default:
+                out.append(f"featureGates.{name}={_go_bool(value)}: no effect on kubeproxy")
+        return out
+
+
+def _gate(raw: Mapping[str, Any]) -> Gate:
+    return Gate(str(raw["stage"]), bool(raw["default"]), bool(raw["locked"]), tuple(raw.get("dependsOn") or ()))
+
+
+@functools.cache
+def registry() -> GateRegistry:
+    """The pinned release's registry (immutable data, read once)."""
+    raw = json.loads(resources.files("kubeproxy.proxy").joinpath(RELEASE_DATA).read_text())
+    return GateRegistry(
+        str(raw["release"]),
+        str(raw["emulationVersion"]),
+        str(raw["minCompatibilityVersion"]),
+        {name: _gate(spec) for name, spec in raw["gates"].items()},
+    )
+
+
+def check_gates(gates: Mapping[str, object]) -> None:
+    """Raise FeatureGateError (upstream's message, after the flag and field) for settings
+    upstream's kube-proxy refuses."""
+    where = "--feature-gates (featureGates)"
     for name, value in gates.items():
-        gate = KNOWN_GATES.get(name)
-        if gate is None:
-            known = ", ".join(sorted(KNOWN_GATES))
-            raise FeatureGateError(f"--feature-gates (featureGates): unrecognized feature gate: {name} (known: {known})")
         if not isinstance(value, bool):
-            raise FeatureGateError(f"--feature-gates (featureGates): {name}: {value!r} is not true or false")
-        if gate.stage == "GA" and not value:
-            raise FeatureGateError(f"--feature-gates (featureGates): cannot set feature gate {name} to false, "
-                                   "feature is locked to true")
+            raise FeatureGateError(f"{where}: {name}: {value!r} is not true or false")
+    try:
+        registry().check({name: bool(value) for name, value in gates.items()})
+    except FeatureGateError as exc:
+        raise FeatureGateError(f"{where}: {exc}") from None
 
 
-def gates_without_effect(gates: dict[str, bool]) -> list[str]:
-    """Gates set away from their default that change nothing in a proxy (for a start-up warning)."""
-    return [
-        f"featureGates.{name}={str(value).lower()}: no effect on kubeproxy"
-        for name, value in sorted(gates.items())
-        if name in KNOWN_GATES and not KNOWN_GATES[name].implemented and value != KNOWN_GATES[name].default
-    ]
+def gate_enabled(gates: Mapping[str, bool], name: str) -> bool:
+    return registry().enabled(gates, name)
+
+
+def gates_without_effect(gates: Mapping[str, bool]) -> list[str]:
+    """Start-up warnings for the gates set (see `GateRegistry.warnings`)."""
+    return registry().warnings(gates)

@@ -16,6 +16,7 @@ from enum import StrEnum
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, parse_node_ips
+from kubeproxy.proxy.features import gate_enabled
 
 
 class Family(StrEnum):
@@ -158,5 +159,5 @@ def node_options(
         random_fully=cfg.random_fully,
         nfacct_counters=tuple(nfacct_counters),
         conntrack_tcp_liberal=conntrack_tcp_liberal,
-        prefer_same_node=cfg.feature_gates.get("PreferSameTrafficDistribution", True),
+        prefer_same_node=gate_enabled(cfg.feature_gates, "PreferSameTrafficDistribution"),
     )

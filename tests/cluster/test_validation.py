@@ -264,9 +264,9 @@ def test_parse_port_range_refuses(text: str) -> None:
 def test_config_checks_the_range_and_relaxed_service_names_gate() -> None:
     with pytest.raises(ConfigError, match="--service-node-port-range: '1-x' is not a port range"):
         validate(ProxyConfig(service_node_port_range="1-x"))
-    relaxed = ProxyConfig(feature_gates={"RelaxedServiceNameValidation": True}).parse_options(from_api_server=True)
-    assert apply(service(name="1web"), relaxed) is None
-    assert apply(service(name="1web"), ProxyConfig().parse_options(from_api_server=True)) is not None
+    # RelaxedServiceNameValidation is GA and locked on at v1.37: the API server admits such names.
+    assert apply(service(name="1web"), ProxyConfig().parse_options(from_api_server=True)) is None
+    assert apply(service(name="1web"), options_for(from_api_server=True)) is not None
 
 
 def test_render_refuses_out_of_range_node_ports_unless_the_range_is_widened(tmp_path: Path) -> None:

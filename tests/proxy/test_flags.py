@@ -42,8 +42,8 @@ TABLE: dict[str, tuple[list[str], Check]] = {
     "write-config-to": (["--write-config-to=/tmp/out.yaml"], lambda i: i.write_config_to == "/tmp/out.yaml"),
     "cleanup": (["--cleanup"], lambda i: i.cleanup),
     "init-only": (["--init-only=true"], lambda i: i.init_only),
-    "feature-gates": (["--feature-gates=PreferSameTrafficDistribution=false"],
-                      lambda i: i.cfg.feature_gates == {"PreferSameTrafficDistribution": False}),
+    "feature-gates": (["--feature-gates=KubeProxyIPVS=false"],
+                      lambda i: i.cfg.feature_gates == {"KubeProxyIPVS": False}),
     "kubeconfig": (["--kubeconfig", "/etc/kp.conf"], lambda i: i.cfg.kubeconfig == "/etc/kp.conf"),
     "master": (["--master=https://10.0.0.1:6443"], lambda i: i.master == "https://10.0.0.1:6443"),
     "kube-api-content-type": (["--kube-api-content-type=application/json"],
@@ -175,9 +175,9 @@ def test_verbosity_anywhere_in_every_spelling() -> None:
 
 def test_underscores_lists_and_maps_add_up() -> None:
     cfg = inv("--cluster_cidr=10.0.0.0/8", "--nodeport-addresses=10.0.0.0/8", "--nodeport-addresses", "fd00::/64",
-              "--feature-gates=PreferSameTrafficDistribution=false", "--feature-gates=RelaxedServiceNameValidation=T").cfg
+              "--feature-gates=ContextualLogging=false", "--feature-gates=NFTablesNetlink=T").cfg
     assert cfg.cluster_cidr == ("10.0.0.0/8",) and cfg.nodeport_addresses == ("10.0.0.0/8", "fd00::/64")
-    assert cfg.feature_gates == {"PreferSameTrafficDistribution": False, "RelaxedServiceNameValidation": True}
+    assert cfg.feature_gates == {"ContextualLogging": False, "NFTablesNetlink": True}
 
 
 @pytest.mark.parametrize(
@@ -227,9 +227,11 @@ def test_ipvs_is_accepted_and_windows_mode_refused_by_name(tmp_path: Path) -> No
 def test_feature_gates_as_upstream() -> None:
     with pytest.raises(ConfigError, match="unrecognized feature gate: NoSuchGate"):
         inv("--feature-gates=NoSuchGate=true")
-    with pytest.raises(ConfigError, match="cannot set feature gate ServiceTrafficDistribution to false, feature is locked"):
-        inv("--feature-gates=ServiceTrafficDistribution=false")
-    assert inv("--feature-gates=ServiceTrafficDistribution=true").cfg.feature_gates == {"ServiceTrafficDistribution": True}
+    with pytest.raises(ConfigError, match="cannot set feature gate NFTablesProxyMode to false, feature is locked"):
+        inv("--feature-gates=NFTablesProxyMode=false")
+    assert inv("--feature-gates=NFTablesProxyMode=true").cfg.feature_gates == {"NFTablesProxyMode": True}
+    with pytest.raises(ConfigError, match="unrecognized feature gate: LoadBalancerIPMode"):
+        inv("--feature-gates=LoadBalancerIPMode=true")  # GA gate no longer in the v1.37.2 registry
 
 
 def test_upstream_validation_messages_name_the_field() -> None:
