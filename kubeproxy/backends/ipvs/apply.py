@@ -16,7 +16,7 @@ one loaded (upstream resends it every time; it is idempotent, we only skip the w
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.base import SyncError
@@ -201,7 +201,7 @@ def parse_ipset_save(text: str) -> dict[str, set[str]]:
     return sets
 
 
-def diff_ipsets(want: Mapping[str, frozenset[str]], have: Mapping[str, set[str]], family: Family) -> list[str]:
+def diff_ipsets(want: Mapping[str, Set[str]], have: Mapping[str, Set[str]], family: Family) -> list[str]:
     """`ipset restore` lines taking `have` to `want`: creates for missing sets, then dels and adds.
 
     `want` is keyed by the names in SETS, `have` by the kernel's names: `family`'s sets only are

@@ -18,8 +18,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NewType
 
 from kubeproxy.backends.iptables.render import local_detector_args
+from kubeproxy.cluster.addresses import AddressText, CheckedNet, ip_text
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.topology import Categorized, categorize
@@ -29,6 +31,14 @@ DEFAULT_SCHEDULER = "rr"
 SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh", "fo", "ovf", "twos")
 # Kernel modules IPVS mode needs (upstream loads ip_vs plus the scheduler's module).
 MODULES = ("ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_conntrack")
+
+# An address of the node itself (its interfaces, --nodeport-addresses), where NodePorts listen.
+# Object addresses are `AddressText`, made only by cluster/addresses.py's gate; the helpers below
+# that write an address into ipset, ipvsadm or ip input take one of the two, so mypy holds every
+# address that comes from a cluster object to the gate.
+NodeAddress = NewType("NodeAddress", str)
+# An ipset entry (`IP,PROTO:PORT`, `IP,PROTO:PORT,IP|NET`, or a port), made only by the `_entry*` helpers.
+SetEntry = NewType("SetEntry", str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,33 +185,49 @@ class VirtualServer:
 
 @dataclass(frozen=True)
 class IpvsRendered:
-    sets: Mapping[str, frozenset[str]]  # every set in SETS, with its entries
+    sets: Mapping[str, frozenset[SetEntry]]  # every set in SETS, with its entries
     iptables: str  # iptables-restore --noflush input (nat then filter)
     services: Mapping[VirtualServer, tuple[RealServer, ...]]
-    bind_addresses: frozenset[str]  # on kube-ipvs0
+    bind_addresses: frozenset[AddressText]  # on kube-ipvs0
     no_local_endpoints_internal: int = 0
     no_local_endpoints_external: int = 0
     # Rules in the iptables text per table (upstream's sync_proxy_rules_iptables_total).
     rule_counts: Mapping[str, int] = field(default_factory=dict)
 
 
-def _entry_ip_port(ip: str, proto: str, port: int) -> str:
-    return f"{ip},{proto}:{port}"
+def _entry_ip(ip: AddressText) -> SetEntry:
+    return SetEntry(ip)
+
+
+def _entry_ip_port(ip: AddressText | NodeAddress, proto: str, port: int) -> SetEntry:
+    return SetEntry(f"{ip},{proto}:{port}")
+
+
+def _entry_ip_port_ip(ip: AddressText, proto: str, port: int, source: AddressText) -> SetEntry:
+    return SetEntry(f"{ip},{proto}:{port},{source}")
+
+
+def _entry_ip_port_net(ip: AddressText, proto: str, port: int, source: CheckedNet) -> SetEntry:
+    return SetEntry(f"{ip},{proto}:{port},{source}")
+
+
+def _entry_port(port: int) -> SetEntry:
+    return SetEntry(str(port))
 
 
 def render(view: NodeView, opts: NodeOptions, ipvs: IpvsOptions = IpvsOptions()) -> IpvsRendered:
     """Everything IPVS mode programs for `view`. Deterministic: same input, same output."""
-    entries: dict[str, set[str]] = {s.name: set() for s in SETS}
+    entries: dict[str, set[SetEntry]] = {s.name: set() for s in SETS}
     services: dict[VirtualServer, tuple[RealServer, ...]] = {}
-    bind: set[str] = set()
-    lb_no_node_access: list[tuple[str, str, int]] = []
+    bind: set[AddressText] = set()
+    lb_no_node_access: list[tuple[AddressText, str, int]] = []
     no_local_int: set[tuple[str, str]] = set()
     no_local_ext: set[tuple[str, str]] = set()
     node_addrs = set(ipvs.node_addresses)
     node_ip = ipaddress.ip_address(opts.node_ip) if opts.node_ip else None
     # Upstream sets FlagSourceHash (IP_VS_SVC_F_SCHED2: mh hashes the source port too) for mh.
     flags = ("flag-2",) if ipvs.scheduler == "mh" else ()
-    nodeport_addresses = ipvs.node_addresses if opts.nodeport_match_all else opts.nodeport_ips
+    nodeport_addresses = [NodeAddress(a) for a in (ipvs.node_addresses if opts.nodeport_match_all else opts.nodeport_ips)]
 
     for name in sorted(view.services, key=lambda n: (n.namespace, n.name, n.port, n.protocol)):
         svc = view.services[name]
@@ -209,7 +235,7 @@ def render(view: NodeView, opts: NodeOptions, ipvs: IpvsOptions = IpvsOptions())
         proto = svc.protocol.lower()
         for ep in endpoints:
             if ep.is_local:
-                entries["KUBE-LOOP-BACK"].add(f"{ep.ip},{proto}:{ep.port},{ep.ip}")
+                entries["KUBE-LOOP-BACK"].add(_entry_ip_port_ip(ep.ip, proto, ep.port, ep.ip))
         cat = categorize(endpoints, svc, opts.node_name, opts.node_labels, prefer_same_node=opts.prefer_same_node)
 
         def real_servers(only_local: bool, cat: Categorized = cat, svc: ServicePortInfo = svc,
@@ -228,24 +254,24 @@ def render(view: NodeView, opts: NodeOptions, ipvs: IpvsOptions = IpvsOptions())
                 chosen = cat.cluster
             return tuple(sorted({RealServer(e.ip, e.port) for e in chosen}))
 
-        def virtual(address: str, port: int, svc: ServicePortInfo = svc) -> VirtualServer:
+        def virtual(address: AddressText | NodeAddress, port: int, svc: ServicePortInfo = svc) -> VirtualServer:
             persistent = svc.sticky_max_age_seconds if svc.client_ip_affinity else 0
             return VirtualServer(svc.protocol.upper(), address, port, ipvs.scheduler, persistent, flags)
 
-        cip = str(svc.cluster_ip)
+        cip = ip_text(svc.cluster_ip)
         entries["KUBE-CLUSTER-IP"].add(_entry_ip_port(cip, proto, svc.port))
         services[virtual(cip, svc.port)] = real_servers(svc.internal_policy_local)
         bind.add(cip)
 
-        for ext in svc.external_ips:
-            e = _entry_ip_port(str(ext), proto, svc.port)
+        for ext in map(ip_text, svc.external_ips):
+            e = _entry_ip_port(ext, proto, svc.port)
             entries["KUBE-EXTERNAL-IP-LOCAL" if svc.external_policy_local else "KUBE-EXTERNAL-IP"].add(e)
-            services[virtual(str(ext), svc.port)] = real_servers(svc.external_policy_local)
-            if str(ext) not in node_addrs:
-                bind.add(str(ext))
+            services[virtual(ext, svc.port)] = real_servers(svc.external_policy_local)
+            if ext not in node_addrs:
+                bind.add(ext)
 
-        for vip in svc.load_balancer_vips:
-            e = _entry_ip_port(str(vip), proto, svc.port)
+        for vip in map(ip_text, svc.load_balancer_vips):
+            e = _entry_ip_port(vip, proto, svc.port)
             entries["KUBE-LOAD-BALANCER"].add(e)
             if svc.external_policy_local:
                 entries["KUBE-LOAD-BALANCER-LOCAL"].add(e)
@@ -253,20 +279,20 @@ def render(view: NodeView, opts: NodeOptions, ipvs: IpvsOptions = IpvsOptions())
                 entries["KUBE-LOAD-BALANCER-FW"].add(e)
                 allow_from_node = False
                 for cidr in svc.load_balancer_source_ranges:
-                    entries["KUBE-LOAD-BALANCER-SOURCE-CIDR"].add(f"{vip},{proto}:{svc.port},{cidr}")
+                    entries["KUBE-LOAD-BALANCER-SOURCE-CIDR"].add(_entry_ip_port_net(vip, proto, svc.port, cidr))
                     if node_ip is not None and node_ip.version == cidr.version and node_ip in cidr:
                         allow_from_node = True
                 if allow_from_node:
-                    entries["KUBE-LOAD-BALANCER-SOURCE-IP"].add(f"{vip},{proto}:{svc.port},{vip}")
+                    entries["KUBE-LOAD-BALANCER-SOURCE-IP"].add(_entry_ip_port_ip(vip, proto, svc.port, vip))
                 else:
-                    lb_no_node_access.append((str(vip), proto, svc.port))
-            services[virtual(str(vip), svc.port)] = real_servers(svc.external_policy_local)
-            if str(vip) not in node_addrs:
-                bind.add(str(vip))
+                    lb_no_node_access.append((vip, proto, svc.port))
+            services[virtual(vip, svc.port)] = real_servers(svc.external_policy_local)
+            if vip not in node_addrs:
+                bind.add(vip)
 
         if svc.node_port and nodeport_addresses:
             if proto in ("tcp", "udp"):
-                np_entries = [str(svc.node_port)]
+                np_entries = [_entry_port(svc.node_port)]
                 np_set, local_set = f"KUBE-NODE-PORT-{proto.upper()}", f"KUBE-NODE-PORT-LOCAL-{proto.upper()}"
             else:
                 np_entries = [_entry_ip_port(ip, proto, svc.node_port) for ip in nodeport_addresses]
@@ -278,9 +304,9 @@ def render(view: NodeView, opts: NodeOptions, ipvs: IpvsOptions = IpvsOptions())
                 services[virtual(ip, svc.node_port)] = real_servers(svc.external_policy_local)
 
         if svc.health_check_node_port:
-            entries["KUBE-HEALTH-CHECK-NODE-PORT"].add(str(svc.health_check_node_port))
+            entries["KUBE-HEALTH-CHECK-NODE-PORT"].add(_entry_port(svc.health_check_node_port))
 
-    entries["KUBE-IPVS-IPS"] = set(bind)
+    entries["KUBE-IPVS-IPS"] = {_entry_ip(ip) for ip in bind}
     text, counts = _iptables(entries, opts, sorted(set(lb_no_node_access)))
     return IpvsRendered(
         sets={k: frozenset(v) for k, v in entries.items()},
@@ -302,7 +328,7 @@ def _comment(name: str) -> str:
 
 
 def _iptables(
-    entries: Mapping[str, set[str]], opts: NodeOptions, lb_no_node: Iterable[tuple[str, str, int]]
+    entries: Mapping[str, set[SetEntry]], opts: NodeOptions, lb_no_node: Iterable[tuple[AddressText, str, int]]
 ) -> tuple[str, dict[str, int]]:
     """Upstream's writeIptablesRules: the same rules, in the same order, for the same sets."""
     nat: list[str] = []
