@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kubeproxy.backends.kernel_text import iptables_comment, word
+from kubeproxy.cluster.addresses import AddressText, ip_text
 from kubeproxy.proxy.model import NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 
@@ -84,15 +85,18 @@ class Rendered:
     warnings: tuple[str, ...] = ()
 
 
-def _cidr(ip: str) -> str:
+def _cidr(ip: AddressText) -> str:
+    """A service address (from a cluster object, so through the address gate) as a /32 or /128."""
     return f"{ip}/128" if ":" in ip else f"{ip}/32"
 
 
-def _host_port(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+def _host_port(node_ip: str, port: int) -> str:
+    """Where the node's own traffic is sent: the node's address (--bind-address, --node-ip or its
+    Node's, each checked where it is read), never a Service's."""
+    return f"[{node_ip}]:{port}" if ":" in node_ip else f"{node_ip}:{port}"
 
 
-def _common(name: ServicePortName, protocol: str, port: int, dest: str | None) -> str:
+def _common(name: ServicePortName, protocol: str, port: int, dest: AddressText | None) -> str:
     """The match upstream's iptablesCommonPortalArgs builds, as iptables-save prints it."""
     proto = protocol.lower()
     comment = iptables_comment(word(str(name)))
@@ -119,11 +123,11 @@ def service_rules(svc: ServicePortInfo, proxy_port: int, node_ip: str, listen_ip
     name, proto = svc.name, svc.protocol
     container, host = out[KUBE_PORTALS_CONTAINER], out[KUBE_PORTALS_HOST]
     # Cluster IP and load-balancer IPs: "not external" portals in upstream's words.
-    for ip in (str(svc.cluster_ip), *(str(v) for v in svc.load_balancer_vips)):
+    for ip in (ip_text(svc.cluster_ip), *map(ip_text, svc.load_balancer_vips)):
         container.append(f"{_common(name, proto, svc.port, ip)} {to_relay}")
         if node_ip:
             host.append(f"{_common(name, proto, svc.port, ip)} {_dnat(node_ip, proxy_port)}")
-    for ip in (str(v) for v in svc.external_ips):
+    for ip in map(ip_text, svc.external_ips):
         common = _common(name, proto, svc.port, ip)
         container.append(f"{common} -m physdev ! --physdev-is-in {to_relay}")
         container.append(f"{common} -m addrtype --dst-type LOCAL {to_relay}")
