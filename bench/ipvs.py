@@ -40,6 +40,7 @@ from kubeproxy.backends.ipvs.render import IpvsOptions, IpvsRendered  # noqa: E4
 from kubeproxy.backends.ipvs.render import render as render_ipvs  # noqa: E402
 from kubeproxy.backends.nftables.diff import plan  # noqa: E402
 from kubeproxy.backends.nftables.render import render as render_nft  # noqa: E402
+from kubeproxy.cluster.addresses import ip_text, valid_ip  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.model import NodeView, ServicePortName, build_view  # noqa: E402
@@ -69,7 +70,7 @@ def change_one(view: NodeView) -> tuple[NodeView, ServicePortName]:
     """One service's first endpoint replaced by a new pod (bench/nftables.py's change)."""
     spn = sorted(view.services)[len(view.services) // 2]
     eps = list(view.endpoints[spn])
-    eps[0] = dataclasses.replace(eps[0], ip="10.250.0.1")
+    eps[0] = dataclasses.replace(eps[0], ip=ip_text(valid_ip("10.250.0.1")))
     endpoints = dict(view.endpoints)
     endpoints[spn] = sorted(eps, key=lambda e: e.address)
     return NodeView(view.services, endpoints), spn

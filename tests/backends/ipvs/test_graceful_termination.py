@@ -7,14 +7,13 @@ many flows `ipvsadm -Ln` still counts for it.
 
 from __future__ import annotations
 
-import ipaddress
-
 import pytest
 
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.ipvs.apply import diff_ipvs, graceful_termination_needed
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
+from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 
@@ -23,8 +22,8 @@ OPTS = NodeOptions(node_name="node", node_ip="192.168.0.2")
 
 def _view(protocol: str, *pods: str) -> NodeView:
     name = ServicePortName("default", "dns", "p53", protocol)
-    svc = ServicePortInfo(name, ipaddress.ip_address("10.96.0.10"), 53, protocol)
-    return NodeView({name: svc}, {name: [EndpointInfo(ip, 5353) for ip in pods]})
+    svc = ServicePortInfo(name, valid_ip("10.96.0.10"), 53, protocol)
+    return NodeView({name: svc}, {name: [EndpointInfo(ip_text(valid_ip(ip)), 5353) for ip in pods]})
 
 
 @pytest.mark.parametrize(("protocol", "needed"), [("TCP", True), ("UDP", False), ("SCTP", False), ("udp", False)])

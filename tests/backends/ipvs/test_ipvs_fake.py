@@ -4,7 +4,6 @@ start-up error, and the live loop in ipvs mode. tests/vm runs the same backend o
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from dataclasses import replace
 
 import pytest
@@ -13,6 +12,7 @@ from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.ipvs.apply import IpvsUnavailable
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
+from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
@@ -20,13 +20,13 @@ from tests.test_live import _service
 from tests.test_live_fake import CFG, Source
 
 NAME = ServicePortName("default", "web", "http", "TCP")
-SVC = ServicePortInfo(NAME, ipaddress.ip_address("10.96.10.10"), 80, "TCP", node_port=30080)
+SVC = ServicePortInfo(NAME, valid_ip("10.96.10.10"), 80, "TCP", node_port=30080)
 OPTS = NodeOptions(node_name="node", node_ip="192.168.0.2")
 VS = VirtualServer("TCP", "10.96.10.10", 80)
 
 
 def _view(*pods: str) -> NodeView:
-    return NodeView({NAME: SVC}, {NAME: [EndpointInfo(ip, 8080) for ip in pods]})
+    return NodeView({NAME: SVC}, {NAME: [EndpointInfo(ip_text(valid_ip(ip)), 8080) for ip in pods]})
 
 
 def test_sync_programs_the_table_and_a_resync_sends_nothing() -> None:
@@ -135,8 +135,8 @@ def test_a_new_service_leaves_the_others_alone() -> None:
     proxier = IpvsProxier(run=node.run)
     proxier.sync(_view("10.244.1.10"), OPTS, None)
     other = ServicePortName("default", "other", "", "TCP")
-    view = NodeView({NAME: SVC, other: ServicePortInfo(other, ipaddress.ip_address("10.96.30.30"), 81, "TCP")},
-                    {NAME: [EndpointInfo("10.244.1.10", 8080)], other: [EndpointInfo("10.244.3.10", 81)]})
+    view = NodeView({NAME: SVC, other: ServicePortInfo(other, valid_ip("10.96.30.30"), 81, "TCP")},
+                    {NAME: _view("10.244.1.10").endpoints[NAME], other: [EndpointInfo(ip_text(valid_ip("10.244.3.10")), 81)]})
     report = proxier.sync(view, OPTS, None)
     assert report.ipvs_ops.lines == ("-A -t 10.96.30.30:81 -s rr", "-a -t 10.96.30.30:81 -r 10.244.3.10:81 -m -w 1")
     assert node.ipvs.table()[VS] == (RealServer("10.244.1.10", 8080),)

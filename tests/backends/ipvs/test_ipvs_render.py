@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from kubeproxy.backends.ipvs.apply import IpvsUnavailable, check_kernel, diff_ipvs, parse_connections, parse_ipvsadm_save
 from kubeproxy.backends.ipvs.render import IpvsOptions, RealServer, VirtualServer, ipvsadm_save_text, render
 from kubeproxy.cli import main
+from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 from tests.paths import DEMO
@@ -24,8 +25,8 @@ NODE_IP = "100.101.102.103"  # upstream's test node address
 def _view(**svc_fields: object) -> NodeView:
     # Upstream's usual fixture: ns1/svc1 port p80 at 10.20.30.41:80, one endpoint 10.180.0.1:80.
     name = ServicePortName("ns1", "svc1", "p80", "TCP")
-    svc = ServicePortInfo(name, ipaddress.ip_address("10.20.30.41"), 80, "TCP", **svc_fields)  # type: ignore[arg-type]
-    return NodeView({name: svc}, {name: [EndpointInfo("10.180.0.1", 80)]})
+    svc = ServicePortInfo(name, valid_ip("10.20.30.41"), 80, "TCP", **svc_fields)  # type: ignore[arg-type]
+    return NodeView({name: svc}, {name: [EndpointInfo(ip_text(valid_ip("10.180.0.1")), 80)]})
 
 
 OPTS = NodeOptions(node_name="testHostname", node_ip=NODE_IP)

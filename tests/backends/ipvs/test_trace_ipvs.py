@@ -5,7 +5,6 @@ our own IPVS render of a small cluster, dumped the way the kernel's tools print 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from kubeproxy.backends.ipvs.render import (
     render,
 )
 from kubeproxy.cli import main
+from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.netfilter.ipvs import IpvsParseError, parse_ipset_save, parse_ipvs
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
@@ -36,8 +36,8 @@ NODE = ["--iface", "eth0=192.168.0.2/24", "--iface", "cni0=10.244.1.1/24",
 def _svc(ns: str, name: str, ip: str, port: int, proto: str, pods: list[tuple[str, int]],
          node_port: int = 0) -> tuple[ServicePortName, ServicePortInfo, list[EndpointInfo]]:
     spn = ServicePortName(ns, name, "p", proto)
-    info = ServicePortInfo(spn, ipaddress.ip_address(ip), port, proto, node_port=node_port)
-    return spn, info, [EndpointInfo(a, p, is_local=a.startswith("10.244.1.")) for a, p in pods]
+    info = ServicePortInfo(spn, valid_ip(ip), port, proto, node_port=node_port)
+    return spn, info, [EndpointInfo(ip_text(valid_ip(a)), p, is_local=a.startswith("10.244.1.")) for a, p in pods]
 
 
 def _dumps(tmp_path: Path) -> dict[str, Path]:

@@ -152,9 +152,9 @@ def test_clean_legacy_service_keeps_excluded_cidrs() -> None:
     """TestCleanLegacyService: of six UDP services, the two still wanted stay, those inside
     --ipvs-exclude-cidrs (3.3.3.0/24, 4.4.4.0/24) are someone else's, the other two go."""
     from kubeproxy.backends.ipvs.apply import diff_ipvs
-    from kubeproxy.backends.ipvs.render import VirtualServer
+    from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
 
-    have = {VirtualServer("UDP", f"{i}.{i}.{i}.{i}", 52 + i): [] for i in range(1, 7)}
+    have: dict[VirtualServer, list[RealServer]] = {VirtualServer("UDP", f"{i}.{i}.{i}.{i}", 52 + i): [] for i in range(1, 7)}
     want = {vs: () for vs in have if vs.address in ("1.1.1.1", "2.2.2.2")}
     ops = diff_ipvs(want, have, {}, exclude_cidrs=("3.3.3.0/24", "4.4.4.0/24"))
     assert ops.lines == ("-D -u 5.5.5.5:57", "-D -u 6.6.6.6:58")

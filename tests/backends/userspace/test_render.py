@@ -3,7 +3,6 @@ the fake iptables: listeners follow services, rules follow listeners, without ro
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.userspace import render as R
 from kubeproxy.backends.userspace.ports import PortRange, parse_port_range
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
+from kubeproxy.cluster.addresses import CheckedIP, ip_text, valid_ip
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 
@@ -22,8 +22,8 @@ SHOP = ServicePortName("default", "shop", "", "TCP")
 OPTS = NodeOptions(node_name="node", node_ip="192.168.0.2")
 
 
-def ip(text: str) -> ipaddress.IPv4Address:
-    return ipaddress.IPv4Address(text)
+def ip(text: str) -> CheckedIP:
+    return valid_ip(text)
 
 
 def view(*, web_endpoints: int = 2) -> NodeView:
@@ -36,9 +36,9 @@ def view(*, web_endpoints: int = 2) -> NodeView:
         ),
     }  # fmt: skip
     endpoints = {
-        WEB: [EndpointInfo(f"10.244.1.{i}", 8080) for i in range(1, web_endpoints + 1)],
-        DNS: [EndpointInfo("10.244.1.9", 53)],
-        SHOP: [EndpointInfo("10.244.2.1", 8080, ready=False, serving=True, terminating=True)],
+        WEB: [EndpointInfo(ip_text(ip(f"10.244.1.{i}")), 8080) for i in range(1, web_endpoints + 1)],
+        DNS: [EndpointInfo(ip_text(ip("10.244.1.9")), 53)],
+        SHOP: [EndpointInfo(ip_text(ip("10.244.2.1")), 8080, ready=False, serving=True, terminating=True)],
     }
     return NodeView(services, endpoints)
 
