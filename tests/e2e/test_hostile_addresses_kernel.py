@@ -21,21 +21,30 @@ address is gone from the kernel, the sync that saw the hostile objects is done.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
 
 from kubeproxy.lab import netns as L
+from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.cluster import http_get, kubeproxy_binary, last_lines, poll
+from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.options import Family
+from kubeproxy.sources.api import ApiSource
+from kubeproxy.sources.connection import connect, load_config
 from tests.e2e import test_dualstack
 from tests.e2e.test_dualstack import ADDR, CFG, NODE, Bed, endpoints, node, service
 
@@ -49,6 +58,7 @@ HEALTHZ = "127.0.0.1:10256"
 METRICS = "127.0.0.1:10249"
 CANARY_IPS = ("10.96.0.30", "fd00:96::30")
 FAMILIES = (Family.IPV4, Family.IPV6)
+MODES = ("iptables", "nftables")
 
 
 def _svc_ip(family: Family, last: int) -> str:
@@ -98,24 +108,108 @@ def injected_node() -> dict[str, Any]:
     return obj
 
 
-def write(folder: Path, filename: str, objs: list[dict[str, Any]]) -> None:
-    """One manifest file, atomically (a watcher never sees half of it)."""
-    tmp = folder / f".{filename}.tmp"
-    tmp.write_text(yaml.safe_dump_all(objs, sort_keys=False))
-    os.replace(tmp, folder / filename)
+class Node(Protocol):
+    """Where the objects come from and how the proxy under test is looked at, whatever its source."""
+
+    def put(self, group: str, objs: list[dict[str, Any]]) -> None:
+        """Make `objs` the objects of `group`, in one step."""
+
+    def drop(self, group: str) -> None:
+        """Remove the objects of `group`."""
+
+    def check_alive(self) -> None:
+        """Raise, with the proxy's last words, if it has ended."""
+
+    def log(self) -> str: ...
+
+    def get(self, what: str) -> tuple[int, str]:
+        """GET /healthz or /metrics from the proxy."""
+
+
+@dataclass
+class FileNode:
+    """`kubeproxy run --manifests FOLDER` in the node namespace; one manifest file per group."""
+
+    bed: Bed
+    folder: Path
+    log_path: Path
+    proc: subprocess.Popen[str] | None = None
+
+    def put(self, group: str, objs: list[dict[str, Any]]) -> None:
+        tmp = self.folder / f".{group}.yaml.tmp"  # written whole, then renamed: never seen half written
+        tmp.write_text(yaml.safe_dump_all(objs, sort_keys=False))
+        os.replace(tmp, self.folder / f"{group}.yaml")
+
+    def drop(self, group: str) -> None:
+        (self.folder / f"{group}.yaml").unlink()
+
+    def check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"the proxy ended:\n{last_lines(self.log())}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, what: str) -> tuple[int, str]:
+        answer = http_get(self.bed.node, f"http://{HEALTHZ if what == 'healthz' else METRICS}/{what}", 5)
+        return answer.status, answer.body
 
 
 @contextmanager
-def running_proxy(bed: Bed, mode: str, folder: Path, log: Path) -> Iterator[subprocess.Popen[str]]:
+def file_node(bed: Bed, mode: str, tmp_path: Path, world: list[dict[str, Any]]) -> Iterator[FileNode]:
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    node = FileNode(bed, folder, tmp_path / "proxy.log")
+    node.put("cluster", world)
     argv = [kubeproxy_binary(), "-v", "2", "run", "--manifests", str(folder), "--proxy-mode", mode,
             "--hostname-override", NODE, "--cluster-cidr", ",".join(CFG.cluster_cidr),
             "--healthz-bind-address", HEALTHZ, "--metrics-bind-address", METRICS]  # fmt: skip
-    with log.open("w") as out:
-        proc = bed.node.popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    with node.log_path.open("w") as out:
+        node.proc = bed.node.popen(argv, stdout=out, stderr=subprocess.STDOUT)
         try:
-            yield proc
+            yield node
         finally:
-            L.stop_process(proc, 10)
+            L.stop_process(node.proc, 10)
+
+
+@dataclass
+class ApiNode:
+    """The test API server (which stores Services, EndpointSlices and Nodes as given) and a live
+    proxy in this process watching it, every kernel command sent into the node namespace."""
+
+    server: ApiServer
+    proxy: LiveProxy
+    logs: pytest.LogCaptureFixture
+    task: asyncio.Task[None]
+    groups: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
+
+    def put(self, group: str, objs: list[dict[str, Any]]) -> None:
+        keys = [(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objs]
+        for obj in objs:
+            self.server.apply(obj)
+        for key in self.groups.get(group, []):
+            if key not in keys:
+                self.server.delete(*key)
+        self.groups[group] = keys
+
+    def drop(self, group: str) -> None:
+        for key in self.groups.pop(group):
+            self.server.delete(*key)
+
+    def check_alive(self) -> None:
+        if self.task.done():
+            raise AssertionError(f"the proxy ended: {self.task!r}")
+
+    def log(self) -> str:
+        return "\n".join(r.getMessage() for r in self.logs.records)
+
+    def get(self, what: str) -> tuple[int, str]:
+        port = self.proxy.servers[what].sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{what}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
 
 
 def rules(bed: Bed, mode: str) -> dict[str, str]:
@@ -147,12 +241,12 @@ def foreign_text(text: str) -> list[str]:
     return found
 
 
-def metrics(bed: Bed) -> dict[str, float]:
+def metrics(node: Node) -> dict[str, float]:
     """The proxy's metrics, `name{labels}` to value."""
-    answer = http_get(bed.node, f"http://{METRICS}/metrics", 5)
-    assert answer.status == 200
+    status, body = node.get("metrics")
+    assert status == 200
     out = {}
-    for line in answer.body.splitlines():
+    for line in body.splitlines():
         if line and not line.startswith("#"):
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
@@ -184,82 +278,111 @@ def canary_answers(bed: Bed) -> bool | None:
     return True if all(r and isinstance(r[0], dict) and r[0]["pod"] == "b" for r in got) else None
 
 
-def _polling(proc: subprocess.Popen[str], log: Path, check: Callable[[], Any]) -> Callable[[], Any]:
+def _polling(node: Node, check: Callable[[], Any]) -> Callable[[], Any]:
     def checked() -> Any:
-        if proc.poll() is not None:
-            raise AssertionError(f"the proxy exited {proc.returncode}:\n{last_lines(log.read_text(errors='replace'))}")
+        node.check_alive()
         return check()
 
     return checked
 
 
-@pytest.mark.parametrize("mode", ["iptables", "nftables"])
-def test_hostile_addresses_never_reach_the_kernel_and_cost_no_service(bed: Bed, mode: str, tmp_path: Path) -> None:
-    folder, log = tmp_path / "manifests", tmp_path / "proxy.log"
-    folder.mkdir()
-    write(folder, "cluster.yaml", world())
-    with running_proxy(bed, mode, folder, log) as proc:
+def hostile_round(bed: Bed, mode: str, node: Node) -> None:
+    """The world, then the hostile objects: the checks of the module's docstring."""
 
-        def canary_round(change: Callable[[], None]) -> None:
-            """The canary in, then `change` and the canary out in one step, until its rules are gone."""
-            write(folder, "canary.yaml", canary())
-            poll("the canary answering", _polling(proc, log, lambda: canary_answers(bed)), timeout=60)
-            change()
-            (folder / "canary.yaml").unlink()
+    def canary_round(change: Callable[[], None]) -> None:
+        """The canary in, then `change` and the canary out in one step, until its rules are gone."""
+        node.put("canary", canary())
+        poll("the canary answering", _polling(node, lambda: canary_answers(bed)), timeout=60)
+        change()
+        node.drop("canary")
 
-            def canary_gone() -> bool:
-                return not any(ip in text for text in rules(bed, mode).values() for ip in CANARY_IPS)
+        def canary_gone() -> bool:
+            return not any(ip in text for text in rules(bed, mode).values() for ip in CANARY_IPS)
 
-            poll("the canary's rules gone", _polling(proc, log, canary_gone), timeout=60)
+        poll("the canary's rules gone", _polling(node, canary_gone), timeout=60)
 
-        # The world alone: its rules, reached the same way as the hostile round's, are the reference.
-        canary_round(lambda: None)
-        before = answers(bed)
-        assert all(v is True for v in before.values()), before
-        reference = rules(bed, mode)
-        for tool, text in reference.items():
-            assert foreign_text(text) == [], tool  # so that "the same as before" below says "none of it"
-        assert any(_svc_ip(Family.IPV6, 10) in text for text in reference.values())  # it shows the world
+    # The world alone: its rules, reached the same way as the hostile round's, are the reference.
+    canary_round(lambda: None)
+    before = answers(bed)
+    assert all(v is True for v in before.values()), before
+    reference = rules(bed, mode)
+    for tool, text in reference.items():
+        assert foreign_text(text) == [], tool  # so that "the same as before" below says "none of it"
+    assert any(_svc_ip(Family.IPV6, 10) in text for text in reference.values())  # it shows the world
 
-        # The hostile objects arrive and the node's own Node gets the injection.
-        objs, expected = hostile()
-        started = time.time()
+    # The hostile objects arrive and the node's own Node gets the injection.
+    objs, expected = hostile()
+    started = time.time()
 
-        def hostile_change() -> None:
-            write(folder, "hostile.yaml", objs)
-            write(folder, "cluster.yaml", [injected_node(), *world()[1:]])
+    def hostile_change() -> None:
+        node.put("hostile", objs)
+        node.put("cluster", [injected_node(), *world()[1:]])
 
-        canary_round(hostile_change)
-        text = log.read_text(errors="replace")
-        lines = text.splitlines()
-        for kind, ref, field in [*expected, ("Node", NODE, "status.addresses[2].address")]:
-            named = [line for line in lines if f"{kind} {ref}:" in line and field in line]
-            assert len(named) >= 1, (kind, ref, field, last_lines(text))
-        assert "Traceback" not in text and "sync failed" not in text.lower(), last_lines(text)
+    canary_round(hostile_change)
+    text = node.log()
+    lines = text.splitlines()
+    for kind, ref, field_ in [*expected, ("Node", NODE, "status.addresses[2].address")]:
+        assert any(f"{kind} {ref}:" in line and field_ in line for line in lines), (kind, ref, field_, last_lines(text))
+    assert "Traceback" not in text and "sync failed" not in text.lower(), last_lines(text)
 
-        after = rules(bed, mode)
-        for tool, got in after.items():
-            assert foreign_text(got) == [], (tool, foreign_text(got))
-            assert got == reference[tool], tool  # exactly the world's rules: nothing added, nothing lost
-        if mode == "iptables":
-            for tool in ("iptables-save", "ip6tables-save"):
-                filter_input = bed.node.run([tool.replace("-save", ""), "-S", "INPUT"]).stdout.splitlines()
-                assert all("KUBE-" in rule or rule.startswith("-P ") for rule in filter_input), (tool, filter_input)
-                services = bed.node.run([tool.replace("-save", ""), "-t", "nat", "-S", "KUBE-SERVICES"]).stdout
-                assert "-A KUBE-SERVICES -j RETURN" not in services.splitlines(), tool
-        else:
-            tables = bed.node.run(["nft", "list", "tables"]).stdout.split("\n")
-            assert sorted(t for t in tables if t) == ["table ip kube-proxy", "table ip6 kube-proxy"], tables
+    after = rules(bed, mode)
+    for tool, got in after.items():
+        assert foreign_text(got) == [], (tool, foreign_text(got))
+        assert got == reference[tool], tool  # exactly the world's rules: nothing added, nothing lost
+    if mode == "iptables":
+        for tool in ("iptables", "ip6tables"):
+            filter_input = bed.node.run([tool, "-S", "INPUT"]).stdout.splitlines()
+            assert all("KUBE-" in rule or rule.startswith("-P ") for rule in filter_input), (tool, filter_input)
+            services = bed.node.run([tool, "-t", "nat", "-S", "KUBE-SERVICES"]).stdout
+            assert "-A KUBE-SERVICES -j RETURN" not in services.splitlines(), tool
+    else:
+        tables = bed.node.run(["nft", "list", "tables"]).stdout.split("\n")
+        assert sorted(t for t in tables if t) == ["table ip kube-proxy", "table ip6 kube-proxy"], tables
 
-        now = answers(bed)
-        assert all(v is True for v in now.values()), now
-        health = http_get(bed.node, f"http://{HEALTHZ}/healthz", 5)
-        assert health.status == 200, health.body
-        values = metrics(bed)
-        failures = ("kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
-                    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
-                    "kubeproxy_sync_proxy_rules_nftables_sync_failures_total")  # fmt: skip
-        for family in FAMILIES:
-            assert family_metric(values, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", family) > started, family
-            assert [family_metric(values, name, family) for name in failures] == [0.0, 0.0, 0.0], family
-        assert proc.poll() is None
+    now = answers(bed)
+    assert all(v is True for v in now.values()), now
+    status, body = node.get("healthz")
+    assert status == 200, body
+    values = metrics(node)
+    failures = ("kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+                "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total")  # fmt: skip
+    for family in FAMILIES:
+        assert family_metric(values, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", family) > started, family
+        assert [family_metric(values, name, family) for name in failures] == [0.0, 0.0, 0.0], family
+    node.check_alive()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hostile_addresses_from_manifests_never_reach_the_kernel(bed: Bed, mode: str, tmp_path: Path) -> None:
+    with file_node(bed, mode, tmp_path, world()) as node:
+        hostile_round(bed, mode, node)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hostile_addresses_from_the_api_server_never_reach_the_kernel(
+    bed: Bed, mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    cfg = replace(CFG, mode=mode, healthz_bind_address="127.0.0.1:0", metrics_bind_address="127.0.0.1:0")
+
+    async def main() -> None:
+        with ApiServer() as server:
+            for obj in world():
+                server.apply(obj)
+            proxy = LiveProxy(cfg, NODE, run_cmd=bed.node.run)
+            client = connect(load_config(server.write_kubeconfig(tmp_path / "kubeconfig")))
+            # wired as `kubeproxy run` wires it (proxy/server.py): lists as one batch, typed where they fit
+            source = ApiSource(client, NODE, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True)
+            task = asyncio.create_task(proxy.serve(source))
+            try:
+                await asyncio.wait_for(proxy.wait_for_syncs(1), 30)
+                node = ApiNode(server, proxy, caplog, task, {"cluster": [("Node", "", NODE)]})
+                await asyncio.to_thread(hostile_round, bed, mode, node)
+                assert proxy.failed_syncs == 0
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await client.aclose()
+
+    asyncio.run(main())
