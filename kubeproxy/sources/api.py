@@ -252,6 +252,7 @@ class Reflector:
     # list or check may take: twice the API server's own request timeout (60 s).
     max_frame_bytes: int = wire.MAX_FRAME_BYTES
     max_list_bytes: int = wire.MAX_LIST_BYTES
+    max_list_pages: int = wire.MAX_LIST_PAGES
     request_deadline: float = 120.0
     resource_version: str | None = field(default=None, init=False)
     # The key and resourceVersion ("" if none) of every object delivered and not deleted: what a
@@ -423,7 +424,7 @@ class Reflector:
         params = self._selectors()
         budget = self.max_list_bytes
         url = self.spec.path
-        for _ in range(wire.MAX_LIST_PAGES):
+        for _ in range(self.max_list_pages):
             url, content = await self._get(params, budget)
             budget -= len(content)
             # A list within the typed schema decodes straight into structs (no dicts at all);
@@ -451,7 +452,7 @@ class Reflector:
                 return listed, meta.resourceVersion
             params = {**self._selectors(), "continue": meta.continue_}
         raise SourceError(
-            url, 200, "TooManyPages", f"the list did not end within {wire.MAX_LIST_PAGES} pages (its continue token never ends)"
+            url, 200, "TooManyPages", f"the list did not end within {self.max_list_pages} pages (its continue token never ends)"
         )
 
     def _list_head(self, url: str, body: Any) -> wire.ListHead:

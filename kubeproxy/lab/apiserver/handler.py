@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 import yaml
 
-from kubeproxy.lab.apiserver import discovery, watch
+from kubeproxy.lab.apiserver import discovery, hostile, watch
 from kubeproxy.lab.apiserver.admission import FIELD_VALIDATION, admit
 from kubeproxy.lab.apiserver.errors import JSON, ApiError, status_object
 from kubeproxy.lab.apiserver.patches import json_patch, merge_patch, strategic_merge_patch
@@ -124,9 +124,16 @@ class Handler(BaseHTTPRequestHandler):
             route = route_of(api.resources, url.path)
             if route is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            hostility = api.hostility
+            drawn = hostility.draw(query.get("watch") in ("true", "1"), query) if hostility and self.command == "GET" else None
+            if hostility is not None and drawn is not None:
+                hostile.answer(self, hostility, *drawn, route.rt, query)
+                return
             if api._failing is not None:
                 code = api._failing
-                raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected failure {code}")
+                retry = api._failing_retry_after
+                details: JSON = {} if retry is None else {"retryAfterSeconds": retry}
+                raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected failure {code}", details)
             self._resource(route, query)
         except ApiError as e:
             retry = e.details.get("retryAfterSeconds")

@@ -15,6 +15,7 @@ import yaml
 
 from kubeproxy.lab.apiserver.errors import BLOCK_TIMEOUT, JSON, ApiError
 from kubeproxy.lab.apiserver.handler import Handler, HttpServer
+from kubeproxy.lab.apiserver.hostile import Hostility
 from kubeproxy.lab.apiserver.resources import DEFAULT_RESOURCES, NAMESPACE, SYSTEM_NAMESPACES, ResourceType
 from kubeproxy.lab.apiserver.store import Store
 
@@ -40,12 +41,15 @@ class ApiServer:
     # Where to listen: loopback by default; the multi-node lab binds its control-plane namespace's
     # address so that every node namespace reaches one server.
     host: str = "127.0.0.1"
+    # Seeded hostile answers in place of some real ones (hostile.py); None: a sane server.
+    hostility: Hostility | None = None
     _server: HttpServer | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _connections: set[socket.socket] = field(default_factory=set, init=False, repr=False)
     _dropped: set[socket.socket] = field(default_factory=set, init=False, repr=False)
     _closing: bool = field(default=False, init=False, repr=False)
     _failing: int | None = field(default=None, init=False, repr=False)
+    _failing_retry_after: int | None = field(default=None, init=False, repr=False)
     # (method, path with query) of the latest requests, oldest first: what clients asked for,
     # e.g. to derive the RBAC rules a client needs.
     requests: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=10_000), init=False, repr=False)
@@ -110,9 +114,11 @@ class ApiServer:
             self.store.cond.notify_all()
         self._kill(victims)
 
-    def fail_with(self, code: int | None) -> None:
-        """Answer every resource request with this HTTP status (e.g. 503) until called with None."""
+    def fail_with(self, code: int | None, retry_after: int | None = None) -> None:
+        """Answer every resource request with this HTTP status (e.g. 503) until called with None;
+        with `retry_after`, a Status asking to retry after that many seconds (and `Retry-After`)."""
         self._failing = code
+        self._failing_retry_after = retry_after
 
     def expire_history(self) -> None:
         """Compact the history: watches from any version before now get 410 Gone."""
