@@ -27,8 +27,6 @@ import os
 import re
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -47,6 +45,7 @@ from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.connection import connect, load_config
 from tests.e2e import test_dualstack
 from tests.e2e.test_dualstack import ADDR, CFG, NODE, Bed, endpoints, node, service
+from tests.test_live import _get, _port
 
 pytestmark = pytest.mark.root
 bed = test_dualstack.bed  # the same fixture: the dual-stack bed, removed after each test
@@ -204,12 +203,7 @@ class ApiNode:
         return "\n".join(r.getMessage() for r in self.logs.records)
 
     def get(self, what: str) -> tuple[int, str]:
-        port = self.proxy.servers[what].sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{what}", timeout=5) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        return _get(f"http://127.0.0.1:{_port(self.proxy, what)}/{what}")
 
 
 def rules(bed: Bed, mode: str) -> dict[str, str]:
