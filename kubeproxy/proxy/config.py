@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubeproxy.cluster.addresses import AddressError, valid_cidr
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
 from kubeproxy.proxy.duration import DurationError, format_go_duration, parse_go_duration
@@ -164,12 +165,8 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
         )
     if not 0 <= cfg.masquerade_bit <= 31:
         raise ConfigError(f"--iptables-masquerade-bit: {cfg.masquerade_bit} is out of range 0-31")
-    if "primary" in cfg.nodeport_addresses and len(cfg.nodeport_addresses) > 1:
-        # Upstream's validation: the keyword stands alone.
-        raise ConfigError("--nodeport-addresses (nodePortAddresses): 'primary' cannot be combined with CIDRs")
-    for cidr in (*cfg.cluster_cidr, *cfg.nodeport_addresses):
-        if cidr == "primary":
-            continue
+    _validate_nodeport_addresses(cfg.nodeport_addresses)
+    for cidr in cfg.cluster_cidr:
         try:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
@@ -270,6 +267,33 @@ def _validate_more(cfg: ProxyConfig) -> None:
         check_gates(cfg.feature_gates)
     except FeatureGateError as exc:
         raise ConfigError(str(exc)) from None
+
+
+# Upstream's nodePortAddresses keywords (kubeproxy.proxy.options expands them).
+NODEPORT_PRIMARY = "primary"
+NODEPORT_LOCALHOST = "localhost"
+NODEPORT_ALL = "all"
+NODEPORT_KEYWORDS = (NODEPORT_PRIMARY, NODEPORT_LOCALHOST, NODEPORT_ALL)
+
+
+def _validate_nodeport_addresses(entries: tuple[str, ...]) -> None:
+    """Upstream's check: each entry a CIDR (as ParseCIDRSloppy reads one) or a keyword, each
+    keyword at most once; keywords and CIDRs mix freely."""
+    where = "--nodeport-addresses (nodePortAddresses"
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        if entry in NODEPORT_KEYWORDS:
+            if entry in seen:
+                raise ConfigError(f'{where}[{index}]): Duplicate value: "{entry}"')
+            seen.add(entry)
+            continue
+        try:
+            valid_cidr(entry)
+        except AddressError:
+            raise ConfigError(
+                f'{where}[{index}]): Invalid value: "{entry}": must be a valid CIDR or one of the keywords '
+                "'primary', 'localhost', 'all'"
+            ) from None
 
 
 def _host_port(value: str) -> bool:

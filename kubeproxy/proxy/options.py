@@ -13,9 +13,18 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import Node
-from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, parse_node_ips
+from kubeproxy.proxy.config import (
+    NODEPORT_ALL,
+    NODEPORT_LOCALHOST,
+    NODEPORT_PRIMARY,
+    ConfigError,
+    LocalDetector,
+    ProxyConfig,
+    parse_node_ips,
+)
 from kubeproxy.proxy.features import gate_enabled
 
 
@@ -86,13 +95,68 @@ def node_name(cfg: ProxyConfig, default_hostname: str) -> str:
     return (cfg.hostname_override or default_hostname).strip().lower()
 
 
+def configured_node_ips(cfg: ProxyConfig) -> tuple[tuple[str, ...], str]:
+    """The node IPs the configuration names, and the setting that names them: --node-ip (ours:
+    one address or a dual-stack pair, the primary first), else bindAddress unless it is the
+    unspecified address (upstream's override of the node's primary IP)."""
+    if cfg.node_ip:
+        return parse_node_ips(cfg.node_ip), "bindAddress" if cfg.node_ip == cfg.bind_address else "--node-ip"
+    try:
+        bind = ipaddress.ip_address(cfg.bind_address)
+    except ValueError:
+        return (), ""
+    return ((), "") if bind.is_unspecified else ((str(bind),), "bindAddress")
+
+
 def node_ips(cfg: ProxyConfig, node: Node | None) -> list[str]:
-    """--node-ip first (one address or a dual-stack pair, the primary first), then the Node
-    object's addresses (InternalIP before ExternalIP)."""
-    ips = list(parse_node_ips(cfg.node_ip)) if cfg.node_ip else []
+    """This node's IPs, the primary first: the configured ones (see `configured_node_ips`), then
+    the Node object's addresses (InternalIP before ExternalIP). `run` and `render` both use this."""
+    ips = list(configured_node_ips(cfg)[0])
     if node is not None:
         ips.extend(str(ip) for ip in node.ips() if str(ip) not in ips)
     return ips
+
+
+def node_ip_by_family(cfg: ProxyConfig, node: Node | None) -> dict[Family, str]:
+    """Upstream's node IP of each family: the first of that family among `node_ips`."""
+    out: dict[Family, str] = {}
+    for ip in node_ips(cfg, node):
+        out.setdefault(Family.of(ipaddress.ip_address(ip)), ip)
+    return out
+
+
+def nodeport_addresses(cfg: ProxyConfig) -> tuple[str, ...]:
+    """--nodeport-addresses with upstream's per-mode default: `primary` in nftables mode; every
+    local address (nothing listed) in iptables and ipvs modes."""
+    if cfg.nodeport_addresses:
+        return cfg.nodeport_addresses
+    return (NODEPORT_PRIMARY,) if cfg.mode == "nftables" else ()
+
+
+def expand_nodeport_keywords(addresses: Sequence[str], node_ip: Mapping[Family, str]) -> list[str]:
+    """The keywords replaced by the CIDRs they stand for, in place, as upstream expands them:
+    `primary` the node IP of each family (a family without one, or with a loopback one, adds
+    nothing), `localhost` both loopback CIDRs, `all` both zero CIDRs."""
+    out: list[str] = []
+    for entry in addresses:
+        if entry == NODEPORT_PRIMARY:
+            for family, bits in ((Family.IPV4, 32), (Family.IPV6, 128)):
+                ip = node_ip.get(family)
+                if ip and not ipaddress.ip_address(ip).is_loopback:
+                    out.append(f"{ip}/{bits}")
+        elif entry == NODEPORT_LOCALHOST:
+            out.extend(("127.0.0.0/8", "::1/128"))
+        elif entry == NODEPORT_ALL:
+            out.extend(("0.0.0.0/0", "::/0"))
+        else:
+            out.append(entry)
+    return out
+
+
+def effective_nodeport_cidrs(cfg: ProxyConfig, node: Node | None) -> list[str]:
+    """What upstream's proxier gets as nodePortAddresses: the mode's default, keywords expanded.
+    Empty means NodePorts on every local address."""
+    return expand_nodeport_keywords(nodeport_addresses(cfg), node_ip_by_family(cfg, node))
 
 
 def local_detector(cfg: ProxyConfig, node: Node | None, family: Family) -> LocalDetector:
@@ -127,20 +191,15 @@ def node_options(
 ) -> NodeOptions:
     family = Family(family)
     ips = [ip for ip in node_ips(cfg, node) if Family.of(ipaddress.ip_address(ip)) == family]
-    cidrs: list[IPNetwork] = []
-    match_all = False
-    for raw in cfg.nodeport_addresses:
-        if raw == "primary":
-            cidrs.extend(ipaddress.ip_network(ip) for ip in ips[:1])
-            continue
-        net = ipaddress.ip_network(raw, strict=False)
-        if Family.of(net) != family:
-            continue
-        if net.prefixlen == 0:
-            match_all = True
-        cidrs.append(net)
-    match_all = match_all or not cidrs
-    contains_loopback = match_all or any(ipaddress.ip_address("127.0.0.1") in c for c in cidrs)
+    # As upstream's NodePortAddresses: this family's CIDRs; none, or a zero CIDR, is every address.
+    cidrs: list[IPNetwork] = [
+        net for net in (valid_cidr(c) for c in effective_nodeport_cidrs(cfg, node)) if Family.of(net) == family
+    ]
+    match_all = not cidrs or any(net.prefixlen == 0 for net in cidrs)
+    ipv4_loopback = ipaddress.ip_address("127.0.0.0")
+    contains_loopback = match_all or any(
+        net.version == 4 and (net.network_address.is_loopback or ipv4_loopback in net) for net in cidrs
+    )
     candidates = list(dict.fromkeys([*local_ips, *ips, family.loopback]))
     nodeport_ips = () if match_all else tuple(
         ip for ip in candidates if any(ipaddress.ip_address(ip) in c for c in cidrs)

@@ -14,7 +14,14 @@ from kubeproxy import __version__
 from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, unused_settings
 from kubeproxy.proxy.features import gates_without_effect
-from kubeproxy.proxy.options import Family, local_detector, node_ips
+from kubeproxy.proxy.options import (
+    Family,
+    configured_node_ips,
+    effective_nodeport_cidrs,
+    local_detector,
+    node_ips,
+    nodeport_addresses,
+)
 
 # Upstream's texts, so that searches for them find our logs too.
 NO_NODE_IP = "Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag"
@@ -38,8 +45,9 @@ def node_facts(cfg: ProxyConfig, node: Node | None) -> NodeFacts:
     """This node's IPs (and where they come from), its local-traffic detector, and warnings."""
     ips = tuple(node_ips(cfg, node))
     warnings: list[str] = []
-    if cfg.node_ip:
-        ips_from = "bindAddress" if cfg.node_ip == cfg.bind_address else "--node-ip"
+    configured, setting = configured_node_ips(cfg)
+    if configured:
+        ips_from = setting
     elif ips:
         ips_from = "the Node's status.addresses"
     else:
@@ -57,6 +65,9 @@ def node_facts(cfg: ProxyConfig, node: Node | None) -> NodeFacts:
         shown = ",".join(cfg.cluster_cidr) or "none"
         warnings.append(f"{NO_CLUSTER_CIDR} (ipFamily={family}, clusterCIDRs={shown}): traffic from pods is "
                         "not told apart; set --cluster-cidr (clusterCIDR) to the pod CIDR")
+    if nodeport_addresses(cfg) and not effective_nodeport_cidrs(cfg, node):
+        # `primary` without a node IP leaves nothing: upstream then accepts NodePorts everywhere, and says so.
+        warnings.append(f"Kube-proxy configuration may be incomplete or incorrect: {NODEPORT_ADDRESSES_UNSET}")
     return NodeFacts(ips, ips_from, family, detector, tuple(warnings))
 
 
@@ -64,7 +75,7 @@ def config_warnings(cfg: ProxyConfig) -> list[str]:
     """Settings that do nothing here, gates without effect, and upstream's bad-config warnings."""
     out = [f"{text}" for text in unused_settings(cfg)]
     out.extend(gates_without_effect(cfg.feature_gates))
-    if not cfg.nodeport_addresses:
+    if not nodeport_addresses(cfg):
         out.append(f"Kube-proxy configuration may be incomplete or incorrect: {NODEPORT_ADDRESSES_UNSET}")
     return out
 

@@ -239,7 +239,7 @@ def test_upstream_validation_messages_name_the_field() -> None:
         (["--oom-score-adj=1001"], "--oom-score-adj (oomScoreAdj): 1001 must be within [-1000, 1000]"),
         (["--logging-format=xml"], "--logging-format (logging.format): unsupported value 'xml'"),
         (["--iptables-sync-period=0s"], "--iptables-sync-period (iptables.syncPeriod): 0s: must be greater than 0"),
-        (["--nodeport-addresses=primary,10.0.0.0/8"], "'primary' cannot be combined with CIDRs"),
+        (["--nodeport-addresses=primary,primary"], '--nodeport-addresses (nodePortAddresses[1]): Duplicate value: "primary"'),
         (["--show-hidden-metrics-for-version=latest"], "must be <major>.<minor>"),
         (["--hostname-override= "], "empty hostname-override is invalid"),
     ):
