@@ -45,9 +45,15 @@ What a reflector does, following client-go's reflector:
   - no event and no bookmark for `max_silence` seconds across watches: a healthy server sends a
     bookmark at least once per watch to a client that allows them;
   while it knows its data may be stale and until that relist succeeds, `connected` is False;
-- on errors (connection refused, 5xx, a broken stream) it backs off exponentially with jitter;
-- objects are never validated here: a malformed one is delivered as it is, for the cluster
-  model to reject by name, and a watch line that is not even JSON is logged and skipped.
+- on errors (connection refused, 5xx, a broken stream) it backs off exponentially with jitter,
+  or as long as the server asks with `Retry-After` on a 429 or 5xx (see `backoff.py`);
+- every answer is decoded into typed structures first (`wire.py`): a Status, list or watch
+  event of the wrong shape, another kind's list, a list item that cannot be keyed, or an answer
+  past the size bounds is an error like any other (logged, retried with back-off; a watch
+  resumes from the last version seen, so the event a bad line stood for is not lost), never an
+  exception out of `run()`; an event of another kind is skipped, as client-go's reflector does;
+- objects themselves are never validated here: a malformed one is delivered as it is, for the
+  cluster model to reject by name.
 
 lightkube supplies configuration, authentication and the resource catalogue (see
 `connection.py`); list and watch are spoken here over lightkube's HTTP client because the
