@@ -20,7 +20,9 @@ Size bounds (a 5,000-node cluster's real answers are far below each; a hostile o
 - `MAX_LIST_BYTES`, the bodies of one list, all its pages together: 512 MiB. The largest real
   list is the EndpointSlices of the largest cluster: ~150k pods, each behind one or two Services,
   is ~250k endpoints at ~400 bytes of JSON each (addresses, conditions, node, zone, targetRef),
-  ~100 MB with the slices' own metadata; 10k Services are ~20 MB. 5x headroom over the largest.
+  ~100 MB with the slices' own metadata; 10k Services are ~20 MB. 5x headroom over the largest:
+  refusing a real list would leave the proxy on stale rules for good, which is worse than what
+  a hostile server can make it hold meanwhile (this bound, decoded).
 - `MAX_LIST_ITEMS`: 1,000,000 objects. 10k Services, or ~25k EndpointSlices (one per family per
   Service, more for the large ones), are far below it; a body of tiny items (`{}` is 2 bytes) could
   otherwise hold 250M of them within the byte bound.
