@@ -108,7 +108,9 @@ def proxy_options(func: Any) -> Any:
             default=None,
             help="Allow NodePorts on 127.0.0.1 (IPv4).",
         ),
-        click.option("--nodeport-addresses", multiple=True, help="CIDRs (or 'primary') where NodePorts answer."),
+        click.option("--nodeport-addresses", multiple=True,
+                     help="CIDRs and/or 'primary', 'localhost', 'all' where NodePorts answer "
+                     "(unset: 'primary' in nftables mode, every address otherwise)."),
         click.option("--iptables-random-fully/--no-iptables-random-fully", default=None, help="MASQUERADE --random-fully."),
         click.option("--ipvs-scheduler", help="IPVS scheduler for ipvs mode (rr, wrr, lc, wlc, sh, dh, sed, nq, mh)."),
         click.option(

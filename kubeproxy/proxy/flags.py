@@ -106,8 +106,10 @@ FLAGS: tuple[Flag, ...] = (
          "--detect-local-mode=InterfaceNamePrefix)."),
     Flag("cluster-cidr", "string", f"The CIDR range of the pods in the cluster (a comma-separated dual-stack "
          f"pair for dual-stack). {_IGNORED}"),
-    Flag("nodeport-addresses", "strings", f"A list of CIDR ranges that contain valid node IPs, or the single "
-         f"string 'primary'. If unset, NodePort connections are accepted on all local IPs. {_IGNORED}"),
+    Flag("nodeport-addresses", "strings", f"CIDR ranges and/or keywords naming the node IPs where NodePorts "
+         f"answer: 'primary' (the node's IPv4 and/or IPv6 IP), 'localhost' (127.0.0.0/8 and ::1/128), 'all' "
+         f"(0.0.0.0/0 and ::/0), in any combination. Unset: 'primary' in nftables mode, 'all' in iptables and ipvs "
+         f"modes. {_IGNORED}"),
     Flag("oom-score-adj", "int", f"The oom-score-adj value for kube-proxy process. Values must be within the "
          f"range [-1000, 1000]. {_IGNORED}"),
     Flag("conntrack-max-per-core", "int", "Maximum number of NAT connections to track per CPU core (0 to leave "
