@@ -49,6 +49,9 @@ def verdict_text(o: Outcome, pkt: Packet) -> str:
         return f"rejected ({o.reject_with}){by}: the sender gets an error"
     if o.verdict == "UNKNOWN":
         return f"unknown: sent{by.replace(' by ', ' from ', 1)} to a chain or target the tracer cannot follow"
+    if o.verdict == "UNTRACED":
+        return (f"not followed{by.replace(' by ', ' past ', 1)}: the tracer's branch budget ran out, so where this "
+                "share of the packets goes is not known")
     if o.verdict == "QUEUE":
         return f"queued to userspace{by}: its fate is decided by a program, not the rules"
     parts: list[str] = []

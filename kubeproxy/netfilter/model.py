@@ -281,9 +281,12 @@ Match = (
 # --------------------------------------------------------------------------- actions
 @dataclass(slots=True)
 class Verdict:
-    """ACCEPT, DROP, REJECT, RETURN, QUEUE (terminal) with the reject type as detail."""
+    """ACCEPT, DROP, REJECT, RETURN, QUEUE (terminal) with the reject type as detail.
 
-    kind: Literal["ACCEPT", "DROP", "REJECT", "RETURN", "QUEUE", "UNKNOWN"]
+    UNKNOWN and UNTRACED come from the tracer, never from a dump: a chain it cannot follow, and
+    a way it did not follow because its branch budget ran out."""
+
+    kind: Literal["ACCEPT", "DROP", "REJECT", "RETURN", "QUEUE", "UNKNOWN", "UNTRACED"]
     detail: str = ""
 
 

@@ -5,6 +5,8 @@ nf_nat_inet_fn. Rules are compiled on first use and long chains indexed by desti
 from __future__ import annotations
 
 import bisect
+import heapq
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from kubeproxy.netfilter import addr as A
@@ -36,6 +38,11 @@ if TYPE_CHECKING:  # kubeproxy.netfilter.ipvs builds on this package's branches
 
 _INDEX_MIN_RULES = 32
 _MAX_DEPTH = 100
+# Forks one trace may make (random elements, unknown matches): a real service chain forks once per
+# endpoint; rules that fork without ending the walk multiply, and past this the remaining ways
+# end as UNTRACED outcomes (their share is reported) instead of the walk running for ever.
+MAX_BRANCHES = 20_000
+_UNTRACED = Verdict("UNTRACED")
 
 
 class _Compiled:
@@ -84,9 +91,10 @@ class Simulator(NftEvaluator):
 
     An `NftEvaluator` as well: matchers and actions ask it for the value of nft expressions."""
 
-    def __init__(self, ruleset: Ruleset, node: Node, *, max_branches: int = 100_000, ipvs: IpvsState | None = None) -> None:
+    def __init__(self, ruleset: Ruleset, node: Node, *, max_branches: int = MAX_BRANCHES, ipvs: IpvsState | None = None) -> None:
         super().__init__(ruleset, node)
         self.max_branches = max_branches
+        self._forks = 0  # branches made by forking in the current trace
         self.ipvs = ipvs  # an IPVS node's virtual services (kubeproxy/netfilter/ipvs.py walks them)
         self._hooks: dict[tuple[str, bool], list[tuple[Table, Chain]]] = {}
         self._index: dict[int, _ChainIndex | None] = {}
@@ -118,6 +126,7 @@ class Simulator(NftEvaluator):
                 f"conntrack state {pkt.ct_state}: nat chains are skipped (the connection keeps the "
                 "mapping its first packet got, which a dump does not show)"
             )
+        self._forks = 0
         done: list[Outcome] = []
         work = [b]
         while work:
@@ -127,10 +136,26 @@ class Simulator(NftEvaluator):
                     done.append(self._outcome(nb))
                 else:
                     work.append(nb)
-            if len(done) + len(work) > self.max_branches:
-                raise TraceError(f"more than {self.max_branches} branches")
+            work = _merged(work)
         done.sort(key=lambda o: (-o.probability, o.verdict, o.dst, o.dport))
-        return TraceResult(pkt, _merge(done), list(self.rs.notes))
+        notes = list(self.rs.notes)
+        untraced = sum((o.probability for o in done if o.verdict == "UNTRACED"), Fraction(0))
+        if untraced:
+            notes.append(f"the branch budget ({self.max_branches:,} forks) ran out: {float(untraced) * 100:.4g}% of "
+                         "the packet's ways were not followed to the end (outcomes UNTRACED)")
+        return TraceResult(pkt, _merge(done), notes)
+
+    def _fork(self, b: Branch) -> Branch | None:
+        """A copy of `b` to follow another way, or None once this trace has made `max_branches` of them."""
+        if self._forks >= self.max_branches:
+            return None
+        self._forks += 1
+        return b.copy()
+
+    def _untraced(self, b: Branch) -> tuple[Branch, Verdict]:
+        b.note(f"the tracer's branch budget ({self.max_branches:,} forks) ran out at this rule: this way is not "
+               "followed further")
+        return b, _UNTRACED
 
     def _stage(self, b: Branch) -> list[Branch]:
         st = b.stage
@@ -231,7 +256,7 @@ class Simulator(NftEvaluator):
                     if is_nat and hook == "output" and (nb.dst, nb.dport) != before:
                         self._reroute(nb)  # ip_route_me_harder after a local DNAT
                     (dead if nb.stage == "done" else after).append(nb)
-            live = after
+            live = _merged(after)
         for br in live:
             br.stage = nxt
         return live + dead
@@ -279,7 +304,7 @@ class Simulator(NftEvaluator):
         out: list[tuple[Branch, str]] = []
         rules = chain.rules
         n = len(rules)
-        pending = [(start, b)]
+        pending = _Pending(start, b)
         while pending:
             pos, br = pending.pop()
             cands = self._candidates(chain, br) if n >= _INDEX_MIN_RULES else None
@@ -324,20 +349,24 @@ class Simulator(NftEvaluator):
                             # branches that all skipped the rule are the same packet: merge
                             cont.prob += nb.prob
                         else:  # the same packet under other assumptions about an unknown match
-                            pending.append((i + 1, nb))
+                            pending.push(i + 1, nb)
                         continue
                     if a is _NEXT:
                         self._hop(nb, table, chain, i, rule, hook)
-                        pending.append((i + 1, nb))
+                        pending.push(i + 1, nb)
                         continue
                     for nb2, v in self._act(a, nb, table, chain, i, rule, depth, hook):
                         if v == _NEXT:
-                            pending.append((i + 1, nb2))
+                            pending.push(i + 1, nb2)
                         elif v == "RETURN":
                             out.append((nb2, _NEXT))
                         else:
                             out.append((nb2, v))
                 cur = cont
+                if cur is not None and pending:
+                    # other ways wait in this chain: go on in rule order with them, to meet and merge
+                    pending.push(i + 1, cur)
+                    cur = None
         return out
 
     def _hop(self, b: Branch, table: Table, chain: Chain, i: int, rule: Rule, hook: str) -> None:
@@ -362,7 +391,10 @@ class Simulator(NftEvaluator):
             s = steps[k]
             t = type(s)
             if t is Unsupported:
-                miss = b.copy()
+                miss = self._fork(b)
+                if miss is None:
+                    out.append(self._untraced(b))
+                    return out
                 miss.assume = (*b.assume, _assumption(table, where, hook, s.what, False))
                 out.append((miss, _NOMATCH if not executed else _NEXT))
                 b.assume = (*b.assume, _assumption(table, where, hook, s.what, True))
@@ -372,6 +404,10 @@ class Simulator(NftEvaluator):
                 gens = [g for g in numgens(s, []) if id(g) not in b.numgen]
                 if gens:
                     g = gens[0]
+                    if self._forks + g.mod - 1 > self.max_branches:  # the branch itself takes one value
+                        out.append(self._untraced(b))
+                        return out
+                    self._forks += g.mod - 1
                     for v in range(g.mod):
                         nb = b.copy()
                         nb.prob = b.prob / g.mod
@@ -384,7 +420,10 @@ class Simulator(NftEvaluator):
                     out.append((b, _NOMATCH if not executed else _NEXT))
                     return out
                 if p != 1:
-                    miss = b.copy()
+                    miss = self._fork(b)
+                    if miss is None:
+                        out.append(self._untraced(b))
+                        return out
                     miss.prob = b.prob * (1 - p)
                     out.append((miss, _NOMATCH if not executed else _NEXT))
                     b.prob = b.prob * p
@@ -400,7 +439,10 @@ class Simulator(NftEvaluator):
             # an action: the rule has matched
             if t is UnknownTarget:
                 # what it does is not known: it may end the packet's walk here, or let it go on
-                stop = b.copy()
+                stop = self._fork(b)
+                if stop is None:
+                    out.append(self._untraced(b))
+                    return out
                 stop.assume = (*b.assume, _assumption(table, where, hook, f"target {s.name}", True, "ends the walk"))
                 stop.notes.append(f"target or chain {s.name} is not in the dump: where the packet goes from there is unknown")
                 out.append((stop, Verdict("UNKNOWN")))
@@ -438,7 +480,9 @@ class Simulator(NftEvaluator):
             if sub is None:
                 # a partial listing: what that chain does is not known; it may decide the
                 # packet's fate or return, and the outcomes cover both
-                stop = b.copy()
+                stop = self._fork(b)
+                if stop is None:
+                    return [(self._untraced(b)[0], "UNTRACED")]
                 stop.assume = (*b.assume, _assumption(table, (chain, i, rule), hook, f"chain {a.chain}", True,
                                                        "ends the walk"))
                 stop.notes.append(f"chain {a.chain} is not in the dump: where the packet goes from there is unknown")
@@ -484,6 +528,69 @@ class Simulator(NftEvaluator):
         )
 
 
+class _Pending:
+    """Branches waiting at a rule position of one chain, taken in rule order. A branch pushed where an
+    equal one (the same packet, marks, translations and assumptions) already waits joins it: the two
+    ways rejoined, and only their probabilities add up (the path kept is the first one's, with a
+    note). Taken in rule order, every way that reaches a position has arrived before it is taken."""
+
+    __slots__ = ("_heap", "_seq", "_waiting")
+
+    def __init__(self, pos: int, b: Branch) -> None:
+        self._heap: list[tuple[int, int, Branch]] = [(pos, 0, b)]
+        self._seq = 1
+        self._waiting: dict[tuple[Any, ...], Branch] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def push(self, pos: int, b: Branch) -> None:
+        key = (pos, *_state(b))
+        other = self._waiting.get(key)
+        if other is not None:
+            _join(other, b)
+            return
+        self._waiting[key] = b
+        heapq.heappush(self._heap, (pos, self._seq, b))
+        self._seq += 1
+
+    def pop(self) -> tuple[int, Branch]:
+        pos, _, b = heapq.heappop(self._heap)
+        key = (pos, *_state(b))
+        if self._waiting.get(key) is b:
+            del self._waiting[key]
+        return pos, b
+
+
+def _state(b: Branch) -> tuple[Any, ...]:
+    """Everything about a branch that decides where it goes from here (not its path, notes or chance)."""
+    return (b.stage, b.src, b.sport, b.dst, b.dport, b.odst, b.odport, b.proto, b.v6, b.mark, b.ctmark, b.ct_state,
+            b.dnat, b.dnat_done, b.snat, b.snat_done, b.masq, b.in_iface, b.out_iface, b.via, b.phys_in, b.phys_out,
+            b.local, b.verdict, b.reject_with, b.assume, tuple(sorted(b.recent.items())))  # fmt: skip
+
+
+def _join(into: Branch, b: Branch) -> None:
+    into.prob += b.prob
+    into.note("ways that rejoined the same packet state are merged (their chances added); the path shown is one of them")
+
+
+def _merged(branches: list[Branch]) -> list[Branch]:
+    """`branches` with equal states joined (see _Pending)."""
+    if len(branches) < 2:
+        return branches
+    seen: dict[tuple[Any, ...], Branch] = {}
+    out: list[Branch] = []
+    for b in branches:
+        key = _state(b)
+        other = seen.get(key)
+        if other is None:
+            seen[key] = b
+            out.append(b)
+        else:
+            _join(other, b)
+    return out
+
+
 def _build_index(chain: Chain) -> _ChainIndex | None:
     by_dst: dict[int, list[int]] = {}
     others: list[int] = []
@@ -508,6 +615,16 @@ def _merge(outs: list[Outcome]) -> list[Outcome]:
     """Outcomes with the same result and the same path are one outcome."""
     merged: dict[tuple[Any, ...], Outcome] = {}
     for o in outs:
+        if o.verdict == "UNTRACED":
+            # ways the budget stopped differ in what they did before: they are one outcome per
+            # rule where they stopped, or the output would be as big as the walk that was cut
+            last = o.path[-1] if o.path else None
+            key: tuple[Any, ...] = ("UNTRACED", last and (last.table, last.chain, last.rule, last.hook))
+            if key in merged:
+                merged[key].probability += o.probability
+            else:
+                merged[key] = o
+            continue
         key = (
             o.verdict,
             o.dnat,
