@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
+from contextlib import suppress
 from dataclasses import dataclass
 
 from kubeproxy import __version__
+from kubeproxy.cluster.addresses import AddressError, valid_cidr
 from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, unused_settings
 from kubeproxy.proxy.features import gates_without_effect
@@ -65,10 +67,42 @@ def node_facts(cfg: ProxyConfig, node: Node | None) -> NodeFacts:
         shown = ",".join(cfg.cluster_cidr) or "none"
         warnings.append(f"{NO_CLUSTER_CIDR} (ipFamily={family}, clusterCIDRs={shown}): traffic from pods is "
                         "not told apart; set --cluster-cidr (clusterCIDR) to the pod CIDR")
-    if nodeport_addresses(cfg) and not effective_nodeport_cidrs(cfg, node):
-        # `primary` without a node IP leaves nothing: upstream then accepts NodePorts everywhere, and says so.
-        warnings.append(f"Kube-proxy configuration may be incomplete or incorrect: {NODEPORT_ADDRESSES_UNSET}")
+    if nodeport_addresses(cfg) and (warning := _nodeport_family_warning(cfg, node, family)):
+        warnings.append(f"Kube-proxy configuration may be incomplete or incorrect: {warning}")
     return NodeFacts(ips, ips_from, family, detector, tuple(warnings))
+
+
+def _families(cidrs: list[str]) -> set[Family]:
+    """The families of these CIDRs; one that is not a CIDR (a section unused in this mode) has none."""
+    out: set[Family] = set()
+    for cidr in cidrs:
+        try:
+            out.add(Family.of(valid_cidr(cidr)))
+        except AddressError:
+            with suppress(ValueError):
+                out.add(Family.of(ipaddress.ip_network(cidr, strict=False)))
+    return out
+
+
+def _nodeport_family_warning(cfg: ProxyConfig, node: Node | None, primary: Family) -> str | None:
+    """Upstream's checks of the expanded nodePortAddresses against the families in use: a family
+    they leave out accepts NodePorts on every local address of it."""
+    cidrs = effective_nodeport_cidrs(cfg, node)
+    if not cidrs:
+        # `primary` without a node IP leaves nothing: upstream then accepts NodePorts everywhere.
+        return NODEPORT_ADDRESSES_UNSET
+    other = Family.IPV4 if primary.ipv6 else Family.IPV6
+    configs = [list(cfg.cluster_cidr), cidrs, [str(c) for c in cfg.ipvs.get("excludeCIDRs") or ()],
+               [str(c) for c in node.pod_cidrs] if node else []]
+    dual = any(len(_families(c)) == 2 for c in configs)
+    families = _families(cidrs)
+    if dual and families == {primary}:
+        return (f"cluster appears to be dual-stack but nodePortAddresses contains only {primary} addresses; "
+                f"NodePort connections will be accepted on all local {other} IPs")
+    if primary not in families:
+        return (f"cluster appears to be {primary}-primary but nodePortAddresses contains only {other} addresses; "
+                f"NodePort connections will be accepted on all local {primary} IPs")
+    return None
 
 
 def config_warnings(cfg: ProxyConfig) -> list[str]:

@@ -216,3 +216,24 @@ def test_render_and_run_take_the_same_node_ip(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         assert NO_NODE_IP not in result.output
         assert f"add element ip kube-proxy nodeport-ips {{ {expected} }}" in result.stdout.splitlines()
+
+
+# Test_checkBadConfig: (clusterCIDRs, nodePortAddresses, node IP of the primary family, warned).
+BAD_CONFIG = [
+    (("10.0.0.0/8",), ("192.168.0.0/24",), "192.168.0.2", False),
+    (("10.0.0.0/8", "fd09::/64"), ("192.168.0.0/24", "fd03::/64"), "192.168.0.2", False),
+    (("10.0.0.0/8", "fd09::/64"), ("192.168.0.0/24",), "192.168.0.2", True),
+    (("fd09::/64",), ("192.168.0.0/24",), "fd03::2", True),
+]
+
+
+@pytest.mark.parametrize(("cluster_cidr", "addresses", "node_ip", "warned"), BAD_CONFIG)
+def test_families_left_out_are_warned_as_upstream(
+    cluster_cidr: tuple[str, ...], addresses: tuple[str, ...], node_ip: str, warned: bool
+) -> None:
+    cfg = validate(ProxyConfig(cluster_cidr=cluster_cidr, nodeport_addresses=addresses, node_ip=node_ip))
+    found = [w for w in node_facts(cfg, None).warnings if "nodePortAddresses contains only" in w]
+    assert bool(found) is warned, found
+    # nftables mode's default on a dual-stack node covers both families: nothing to say.
+    dual = validate(ProxyConfig(mode="nftables", cluster_cidr=cluster_cidr, node_ip="192.168.0.2,fd03::2"))
+    assert not [w for w in node_facts(dual, None).warnings if "nodePortAddresses" in w]
