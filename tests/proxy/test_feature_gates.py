@@ -80,3 +80,14 @@ def test_implemented_gates_follow_the_release_defaults() -> None:
     # Both are GA and locked on at 1.37: the proxy behaves as with them on, and cannot be told otherwise.
     assert ProxyConfig().parse_options(from_api_server=True).relaxed_service_names
     assert gate_enabled({}, "PreferSameTrafficDistribution")
+
+
+def test_upstream_binarys_help_lists_the_same_alpha_and_beta_gates() -> None:
+    lines = (REPO / "tests" / "fixtures" / "upstream_feature_gates" / "kube_proxy_help_v1_37_2.txt").read_text()
+    listed = {}
+    for line in lines.splitlines():
+        match = re.match(r"(\w+)=true\|false \((ALPHA|BETA) - default=(true|false)\)", line)  # a clause may follow
+        assert match, line
+        listed[match[1]] = (match[2], match[3] == "true")
+    ours = {name: (g.stage, g.default) for name, g in registry().gates.items() if g.stage in ("ALPHA", "BETA")}
+    assert ours == listed
