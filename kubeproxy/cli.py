@@ -352,18 +352,24 @@ def trace_cmd(
 
     if bool(in_iface) == from_host:
         raise click.UsageError("give exactly one of --in-iface IF or --from-host")
+    from kubeproxy.netfilter.dumpfile import DumpError, read_dump
+
     try:
-        text = sys.stdin.read() if rules_path == "-" else Path(rules_path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise click.UsageError(f"--rules {rules_path}: {e.strerror}") from None
+        text = read_dump(rules_path)
+    except DumpError as e:
+        raise click.UsageError(f"--rules {e}") from None
     dumps: dict[str, str | None] = {}
     for flag, path in (("--ipset-file", ipset_file), ("--ipvs", ipvs_file)):
         try:
-            dumps[flag] = Path(path).read_text(encoding="utf-8") if path is not None else None
-        except OSError as e:
-            raise click.UsageError(f"{flag} {path}: {e.strerror}") from None
+            dumps[flag] = read_dump(path) if path is not None else None
+        except DumpError as e:
+            raise click.UsageError(f"{flag} {e}") from None
     try:
         ruleset = nf_detect.parse(text, fmt)
+    except ParseError as e:
+        click.echo(f"error: --rules {'standard input' if rules_path == '-' else rules_path}: {e}", err=True)
+        sys.exit(2)
+    try:
         node = Node.from_live() if live else Node.from_flags()
         extra = Node.from_flags(list(local_ip), list(iface), list(route), list(ipset), list(affinity))
         for name, addrs in extra.interfaces.items():
@@ -376,6 +382,9 @@ def trace_cmd(
         result = nf_simulate.trace(ruleset, node, packet, ipvs=ipvs_state)
     except (ParseError, NodeError, PacketError, nf_simulate.TraceError) as e:
         click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except RecursionError:  # an expression nested within the parser's bound but past the walk's stack
+        click.echo(f"error: --rules {rules_path}: an expression is nested too deeply to evaluate", err=True)
         sys.exit(2)
     except ValueError as e:  # e.g. a bad --mark
         click.echo(f"error: {e}", err=True)

@@ -8,9 +8,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+
+if TYPE_CHECKING:  # the rules model is imported when a command runs
+    from kubeproxy.netfilter.model import Ruleset
 
 _FORMATS = ("auto", "iptables-save", "iptables-list", "nft-json", "nft")
 
@@ -21,10 +24,23 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _read(path: str) -> str:
+    from kubeproxy.netfilter.dumpfile import DumpError, read_dump
+
     try:
-        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"{path}: {getattr(exc, 'strerror', None) or exc}")
+        return read_dump(path)
+    except DumpError as exc:
+        _fail(str(exc))
+
+
+def _parse(path: str, fmt: str) -> Ruleset:
+    """The ruleset of the dump at `path`; a dump that cannot be parsed ends the command naming it."""
+    from kubeproxy.netfilter import detect
+    from kubeproxy.netfilter.model import ParseError
+
+    try:
+        return detect.parse(_read(path), fmt)
+    except ParseError as exc:
+        _fail(f"{'standard input' if path == '-' else path}: {exc}")
 
 
 def _csv(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -72,7 +88,6 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
     from kubeproxy.doctor.core import DoctorInput, diagnose
     from kubeproxy.doctor.facts import FactError, NodeFacts, stats_from_flags, sysctls_from_flags
     from kubeproxy.doctor.live import LiveError, read_node
-    from kubeproxy.netfilter import detect
     from kubeproxy.netfilter.model import ParseError
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
@@ -118,9 +133,9 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
             for name, addrs in extra.interfaces.items():
                 node.interfaces.setdefault(name, []).extend(addrs)
         else:
-            ruleset = detect.parse(_read(rules_paths[0]), fmt)
+            ruleset = _parse(rules_paths[0], fmt)
             for more in rules_paths[1:]:  # e.g. the ip6tables-save dump beside the iptables-save one
-                ruleset.tables += detect.parse(_read(more), fmt).tables
+                ruleset.tables += _parse(more, fmt).tables
             source, node, facts = ", ".join(rules_paths), extra, NodeFacts()
         node.local_ips |= extra.local_ips
         node.routes = extra.routes + node.routes
@@ -152,13 +167,12 @@ def graph(rules_path: str | None, fmt: str, live: bool, netns: str | None, servi
     new flows and the masquerade marks; in nftables mode the same through the maps."""
     from kubeproxy.doctor.graph import GraphError, build
     from kubeproxy.doctor.live import LiveError, read_rules
-    from kubeproxy.netfilter import detect
     from kubeproxy.netfilter.model import ParseError
 
     if bool(rules_path) == live:
         raise click.UsageError("give exactly one of --rules FILE or --live")
     try:
-        ruleset = read_rules(netns)[0] if live else detect.parse(_read(rules_path or "-"), fmt)
+        ruleset = read_rules(netns)[0] if live else _parse(rules_path or "-", fmt)
         text = build(ruleset, service).dot(service or "kube-proxy")
     except (ParseError, GraphError, LiveError) as exc:
         _fail(str(exc))

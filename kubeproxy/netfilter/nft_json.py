@@ -448,9 +448,17 @@ def parse(text: str) -> Ruleset:
     except json.JSONDecodeError as e:
         line = text.splitlines()[e.lineno - 1] if text.splitlines() else ""
         raise ParseError(e.lineno, line.strip()[:120], f"not JSON: {e.msg}") from None
+    except RecursionError:  # the decoder's own bound on nesting, far below what a ruleset needs
+        raise ParseError(1, text.strip()[:120], "JSON nested too deeply to be `nft -j list ruleset` output") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("nftables"), list):
         raise ParseError(1, text.strip()[:120], 'not `nft -j list ruleset` output (no "nftables" list)')
-    return parse_objects(doc["nftables"])
+    try:
+        return parse_objects(doc["nftables"])
+    except RecursionError:
+        # The decoder bounds nesting (~1,000 levels); the walk of expressions takes a few frames per
+        # level, so input nested within that bound may still exceed the stack: refused the same way.
+        # (A walk to measure the depth first would cost a third of the decode on a big dump.)
+        raise ParseError(1, text.strip()[:120], "JSON nested too deeply to be `nft -j list ruleset` output") from None
 
 
 def parse_objects(objs: list[Any]) -> Ruleset:
