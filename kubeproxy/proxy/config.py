@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubeproxy.cluster.addresses import AddressError, valid_cidr
+from kubeproxy.cluster.addresses import AddressError, valid_cidr, valid_ip
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
 from kubeproxy.proxy.duration import DurationError, format_go_duration, parse_go_duration
@@ -140,7 +140,7 @@ def parse_node_ips(text: str) -> tuple[str, ...]:
     ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
     for part in parts:
         try:
-            ips.append(ipaddress.ip_address(part))
+            ips.append(valid_ip(part))
         except ValueError:
             raise ValueError(f"{part!r} is not a valid IP address") from None
         if ips[-1].is_unspecified:
@@ -168,9 +168,11 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
     _validate_nodeport_addresses(cfg.nodeport_addresses)
     for cidr in cfg.cluster_cidr:
         try:
-            ipaddress.ip_network(cidr, strict=False)
+            valid_cidr(cidr)
         except ValueError:
-            raise ConfigError(f"{cidr!r} is not a valid CIDR") from None
+            raise ConfigError(f"--cluster-cidr (clusterCIDR): {cidr!r} is not a valid CIDR") from None
+    # Rules carry the CIDR as upstream's detector does: parsed, host bits masked, canonical text.
+    cfg = replace(cfg, cluster_cidr=tuple(str(valid_cidr(cidr)) for cidr in cfg.cluster_cidr))
     if cfg.service_node_port_range:
         try:
             parse_port_range(cfg.service_node_port_range)
@@ -221,7 +223,7 @@ def _validate_sync_periods(cfg: ProxyConfig) -> None:
 def _validate_more(cfg: ProxyConfig) -> None:
     """Upstream's validation of the fields beyond the rules, with the field's name."""
     try:
-        ipaddress.ip_address(cfg.bind_address)
+        valid_ip(cfg.bind_address)
     except ValueError:
         raise ConfigError(f"--bind-address (bindAddress): {cfg.bind_address!r} is not a valid IP address") from None
     for name, value in (("healthzBindAddress", cfg.healthz_bind_address), ("metricsBindAddress", cfg.metrics_bind_address)):
@@ -301,7 +303,7 @@ def _host_port(value: str) -> bool:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         return False
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        valid_ip(host.strip("[]"))
     except ValueError:
         return False
     return True

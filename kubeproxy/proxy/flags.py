@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubeproxy.cluster.addresses import valid_ip
 from kubeproxy.proxy.config import (
     ConfigError,
     ProxyConfig,
@@ -30,6 +31,7 @@ from kubeproxy.proxy.config import (
     validate,
 )
 from kubeproxy.proxy.duration import parse_go_duration
+from kubeproxy.version import parse_version_flag
 
 
 class FlagError(ValueError):
@@ -51,6 +53,31 @@ class Flag:
 
 
 _IGNORED = "This parameter is ignored if a config file is specified by --config."
+
+# The defaults upstream's --help shows, as it shows them (pflag prints a flag's initial value
+# unless it is the type's zero value).
+HELP_DEFAULTS: dict[str, str] = {
+    "bind-address": "0.0.0.0",
+    "config-sync-period": "15m0s",
+    "conntrack-max-per-core": "32768",
+    "conntrack-min": "131072",
+    "conntrack-tcp-timeout-close-wait": "1h0m0s",
+    "conntrack-tcp-timeout-established": "24h0m0s",
+    "healthz-bind-address": "0.0.0.0:10256",
+    "iptables-localhost-nodeports": "true",
+    "iptables-masquerade-bit": "14",
+    "iptables-min-sync-period": "1s",
+    "iptables-sync-period": "30s",
+    "ipvs-min-sync-period": "1s",
+    "ipvs-sync-period": "30s",
+    "kube-api-burst": "10",
+    "kube-api-content-type": '"application/vnd.kubernetes.protobuf"',
+    "kube-api-qps": "5",
+    "log-flush-frequency": "5s",
+    "logging-format": '"text"',
+    "metrics-bind-address": "127.0.0.1:10249",
+    "oom-score-adj": "-999",
+}
 
 FLAGS: tuple[Flag, ...] = (
     Flag("config", "string", "The path to the configuration file.", with_config=True),
@@ -146,7 +173,8 @@ FLAGS: tuple[Flag, ...] = (
          effect="accepted; unbuffered"),
     Flag("log-text-split-stream", "bool", "[Alpha] write error messages to stderr, info messages to stdout",
          with_config=True, effect="accepted; everything goes to stderr"),
-    Flag("version", "string", "Print version information and quit", with_config=True),
+    Flag("version", "version", "--version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the "
+         "reported version", with_config=True),
     Flag("help", "bool", "help for kube-proxy", with_config=True, shorthand="h"),
     # kubeproxy's own.
     Flag("manifests", "strings", "Watch these YAML/JSON files or folders instead of an API server (repeatable).",
@@ -225,7 +253,7 @@ def _map_bool(text: str) -> dict[str, bool]:
 
 def _ip(text: str) -> str:
     try:
-        return str(ipaddress.ip_address(text.strip()))
+        return str(valid_ip(text.strip()))
     except ValueError:
         raise ValueError(f'"{text}" is not a valid IP address') from None
 
@@ -239,13 +267,13 @@ def _ipport(text: str) -> str:
     if text == "":
         return ""
     try:
-        ipaddress.ip_address(text)
+        valid_ip(text)
         return text  # a bare IP: the port comes from the default (upstream's IPPortVar)
     except ValueError:
         pass
     host, sep, port = text.rpartition(":")
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        valid_ip(host.strip("[]"))
         if not sep or not 0 <= int(port) <= 65535:
             raise ValueError
     except ValueError:
@@ -265,6 +293,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "ips": _ips,
     "ipport": _ipport,
     "level": lambda text: _go_int(text),
+    "version": parse_version_flag,
 }
 
 
@@ -435,7 +464,7 @@ def _with_port(address: str, port: int) -> str:
     if port == 0:
         return ""
     try:
-        ip = ipaddress.ip_address(address)
+        ip = valid_ip(address)
     except ValueError:
         return address
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
@@ -501,14 +530,14 @@ def resolve(parsed: Parsed, base: ProxyConfig | None = None) -> Invocation:
         manifests=tuple(values.get("manifests", ())),
         iptables_variant=variant,
         help=bool(values.get("help")),
-        version=values.get("version", "false") not in ("false", ""),
+        version=values.get("version", "false") in ("true", "raw"),
         warnings=tuple(warnings),
     )
 
 
 def _ip_or_unspecified(text: str) -> str:
     try:
-        ipaddress.ip_address(text)
+        valid_ip(text)
         return text
     except ValueError:
         return "0.0.0.0"  # validate() names the bad value
@@ -532,9 +561,10 @@ def usage(prog: str = "kube-proxy") -> str:
         if flag.deprecated:
             continue
         name = f"-{flag.shorthand}, --{flag.name}" if flag.shorthand else f"    --{flag.name}"
-        kind = "" if flag.kind == "bool" else f" {flag.kind}"
+        kind = "" if flag.kind == "bool" else " version[=true]" if flag.kind == "version" else f" {flag.kind}"
         effect = f" [kubeproxy: {flag.effect}]" if flag.effect else ""
-        text = flag.help.replace("{modes}", modes) + effect + (" [kubeproxy only]" if flag.ours else "")
+        default = f" (default {HELP_DEFAULTS[flag.name]})" if flag.name in HELP_DEFAULTS else ""
+        text = flag.help.replace("{modes}", modes) + default + effect + (" [kubeproxy only]" if flag.ours else "")
         lines.append(f"  {name}{kind}")
         lines.extend(textwrap.wrap(text, width=80, initial_indent=" " * 8, subsequent_indent=" " * 8))
     return "\n".join(lines) + "\n"

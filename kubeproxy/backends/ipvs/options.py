@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
 from kubeproxy.backends.ipvs.render import DEFAULT_SCHEDULER, IpvsOptions, validate_scheduler
+from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.proxy.config import ConfigError
 from kubeproxy.proxy.duration import DurationError, parse_go_duration
 
@@ -34,13 +34,13 @@ def ipvs_options(section: Mapping[str, Any], node_addresses: tuple[str, ...] = (
         cidrs = [c for c in cidrs.split(",") if c]
     for c in cidrs:
         try:
-            ipaddress.ip_network(c, strict=False)
+            valid_cidr(c)
         except ValueError:
             raise ConfigError(f"ipvs.excludeCIDRs: {c!r} is not a CIDR") from None
     return IpvsOptions(
         scheduler=scheduler,
         strict_arp=bool(section.get("strictARP", False)),
-        exclude_cidrs=tuple(str(c) for c in cidrs),
+        exclude_cidrs=tuple(str(valid_cidr(c)) for c in cidrs),
         tcp_timeout=_seconds(section.get("tcpTimeout")),
         tcpfin_timeout=_seconds(section.get("tcpFinTimeout")),
         udp_timeout=_seconds(section.get("udpTimeout")),
