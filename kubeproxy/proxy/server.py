@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.proxy import flags as upstream_flags
 from kubeproxy.proxy import logs
@@ -27,6 +26,7 @@ from kubeproxy.proxy.config import ConfigError, ProxyConfig, to_kube_proxy_confi
 from kubeproxy.proxy.logs import STARTUP_LOGGER, kv
 from kubeproxy.proxy.startup import config_warnings, node_facts, summary
 from kubeproxy.proxy.sysctls import SysctlError, apply_oom_score_adj, configure_conntrack
+from kubeproxy.version import VersionInfo
 
 log = logging.getLogger(STARTUP_LOGGER)
 
@@ -42,8 +42,9 @@ def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, s
     if parsed.given("help"):
         out.write(upstream_flags.usage(prog))
         return 0
-    if parsed.given("version") and parsed.values["version"] not in ("false", ""):
-        out.write(f"kubeproxy {__version__} (a drop-in for Kubernetes' kube-proxy)\n")
+    if parsed.given("version") and parsed.values["version"] in ("true", "raw"):
+        info = VersionInfo()
+        out.write((info.raw() if parsed.values["version"] == "raw" else info.line()) + "\n")
         return 0
     if verbosity and not parsed.given("v"):
         parsed.values["v"] = verbosity  # `kubeproxy -v 2 run ...`: as a -v flag
