@@ -87,8 +87,10 @@ class Node:
     ) -> Node:
         node = cls()
         node.interfaces["lo"] = [IfAddr(A.ip4_to_int("127.0.0.1"), 8), IfAddr(1, 128, True)]
+        # NAME=VALUE flags split at the last "=": a name (an interface, an ipset, a recent list) may
+        # hold "=" (weave-npc's hashed set names do), an address or set member never does.
         for spec in ifaces:
-            name, eq, cidr = spec.partition("=")
+            name, eq, cidr = spec.rpartition("=")
             if not eq or not name:
                 raise NodeError(f"--iface {spec!r}: expected NAME=IP/PREFIX")
             ip_s, _, plen = cidr.partition("/")
@@ -106,7 +108,13 @@ class Node:
             cidr, eq, dev = spec.partition("=")
             if not eq or not dev:
                 raise NodeError(f"--route {spec!r}: expected CIDR=IFACE[@GATEWAY]")
-            dev, _, gw = dev.partition("@")
+            # The gateway is what follows the last "@" when that is an address: an interface name
+            # may hold "@" itself.
+            name, at, gw = dev.rpartition("@")
+            if at and _is_ip(gw):
+                dev = name
+            else:
+                gw = ""
             # `default` without a gateway is a default route of each family; with one, of its family
             nets = [cidr] if cidr != "default" else (
                 ["::/0"] if ":" in gw else ["0.0.0.0/0"] if gw else ["0.0.0.0/0", "::/0"])
@@ -119,12 +127,14 @@ class Node:
                 node.routes.append(Route(net, mask, dev, via, v6))
             node.interfaces.setdefault(dev, [])
         for spec in ipsets:
-            name, eq, member = spec.partition("=")
-            if not eq:
+            name, eq, member = spec.rpartition("=")
+            if not eq or not name or not member:
                 raise NodeError(f"--ipset {spec!r}: expected NAME=MEMBER")
             node.ipsets.setdefault(name, []).append(member)
         for spec in affinity:
-            name, eq, ip_s = spec.partition("=")
+            name, eq, ip_s = spec.rpartition("=")
+            if not eq or not name:
+                raise NodeError(f"--affinity {spec!r}: expected NAME=IP")
             try:
                 node.recent.setdefault(name, set()).add(A.parse_ip(ip_s)[0])
             except ValueError as e:
@@ -301,3 +311,11 @@ class Node:
             if ok:
                 return True
         return False
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        A.parse_ip(text)
+    except ValueError:
+        return False
+    return True
