@@ -14,9 +14,9 @@ take None for it. Integers are bounded as Go's types bound them (a Status code i
 
 Size bounds (a 5,000-node cluster's real answers are far below each; a hostile one stops there):
 
-- `MAX_FRAME_BYTES`, one watch line: 16 MiB, as client-go's streaming decoder bounds one watch
-  event (apimachinery runtime/serializer/streaming, `maxBytes`). The API server refuses an object
-  whose request body is over 3 MiB, so a real event is at most a few MiB.
+- `MAX_FRAME_BYTES`, one watch line: 16 MiB. The API server refuses an object whose request
+  body is over 3 MiB, so a real event (the object re-encoded as JSON, in its envelope) is at most
+  a few MiB: over 5x headroom.
 - `MAX_LIST_BYTES`, the bodies of one list, all its pages together: 512 MiB. The largest real
   list is the EndpointSlices of the largest cluster: ~150k pods, each behind one or two Services,
   is ~250k endpoints at ~400 bytes of JSON each (addresses, conditions, node, zone, targetRef),
