@@ -121,7 +121,7 @@ def _open_for_reading(path: Path, regular_only: bool) -> BinaryIO:
 
 def _require_regular(path: Path, mode: int) -> None:
     if not stat.S_ISREG(mode):
-        raise ManifestError(str(path), None, f"not a regular file ({_file_type(mode)}), skipped")
+        raise ManifestError(str(path), None, f"not a regular file ({_file_type(mode)})")
 
 
 def _file_type(mode: int) -> str:

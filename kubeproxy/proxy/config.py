@@ -386,10 +386,13 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
     import yaml  # only with --config: the start-up of most runs does without it
 
     cfg = base or ProxyConfig()
+    from kubeproxy.cluster.manifests import read_text
+
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: {exc.strerror}") from None
+        # Bounded, UTF-8 checked, and only a regular file: a FIFO would hold the start for ever.
+        raw = yaml.safe_load(read_text(Path(path), regular_only=True))
+    except ManifestError as exc:
+        raise ConfigError(f"--config {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise ManifestError(str(path), mark.line + 1 if mark else None, "not valid YAML") from None

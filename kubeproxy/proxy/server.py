@@ -149,11 +149,14 @@ async def watch_config_file(path: str, interval: float = 1.0) -> None:
     is an atomic symlink swap by the kubelet); without inotify in the standard library the
     content is compared every `interval` seconds.
     """
-    def content() -> bytes | None:
+    from kubeproxy.cluster.manifests import read_text
+
+    def content() -> str | None:
+        # Never blocks the event loop: a FIFO swapped in would hold it, SIGTERM's handler included.
         try:
-            return Path(path).read_bytes()
-        except OSError:
-            return None
+            return read_text(Path(path), regular_only=True)
+        except ManifestError as exc:
+            return str(exc)  # unreadable now: a change all the same
 
     start = content()
     while True:

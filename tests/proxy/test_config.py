@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from click.testing import CliRunner
 
 from kubeproxy.cli import build_config, main
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, parse_duration
+from kubeproxy.proxy.server import ConfigFileChanged, watch_config_file
 from tests.paths import DEMO
 
 KUBEADM_STYLE = """
@@ -169,3 +172,29 @@ def test_ipvs_mode_runs_by_the_ipvs_sections_periods(tmp_path: Path) -> None:
                     "iptables: {syncPeriod: 1h, minSyncPeriod: 1m}\nipvs: {syncPeriod: 45s, minSyncPeriod: 5s}\n")  # fmt: skip
     cfg = load_config_file(path)
     assert (cfg.sync_period, cfg.min_sync_period) == (45.0, 5.0)
+
+
+def test_a_config_file_that_is_not_utf8_or_not_a_regular_file_is_a_config_error(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: \"\xff\"\n")
+    with pytest.raises(ConfigError, match=re.escape(f"--config {latin1}: not UTF-8 text")):
+        load_config_file(latin1)
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # no writer: reading it would wait for ever
+    with pytest.raises(ConfigError, match=re.escape(f"--config {fifo}: not a regular file (a FIFO)")):
+        load_config_file(fifo)
+
+
+def test_the_config_watch_never_blocks_on_a_fifo_swapped_in(tmp_path: Path) -> None:
+    path = tmp_path / "config.conf"
+    path.write_text(KUBEADM_STYLE)
+
+    async def main() -> None:
+        watch = asyncio.create_task(watch_config_file(str(path), interval=0.01))
+        await asyncio.sleep(0)  # one turn of the loop: the task reads the file up to its first await
+        path.unlink()
+        os.mkfifo(path)
+        with pytest.raises(ConfigFileChanged):
+            await asyncio.wait_for(watch, 30)
+
+    asyncio.run(main())
