@@ -32,7 +32,19 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def svc(name: str, port: int = 80, ns: str | None = "default") -> dict[str, Any]:
-    return objects.service(name, "", [objects.Port("", port, port)], namespace=ns)
+    """A Service; `ns=None` leaves the namespace out, as a hand-written manifest may."""
+    obj = objects.service(name, "", [objects.Port("", port, port)])
+    if ns is None:
+        del obj["metadata"]["namespace"]
+    else:
+        obj["metadata"]["namespace"] = ns
+    return obj
+
+
+def body(event: WatchEvent) -> dict[str, Any]:
+    """The event's object: this source delivers plain dicts."""
+    assert isinstance(event.obj, dict)
+    return event.obj
 
 
 def _half(text: str) -> str:
@@ -130,8 +142,8 @@ def test_first_pass_delivers_every_object_as_added_then_synced(tmp_path: Path) -
         by_name = {e.name: e for e in events}
         assert by_name["web"].obj == svc("web")
         # A list item without kind or apiVersion gets both, as the API source's objects always have them.
-        assert by_name["web-abc"].obj["kind"] == "EndpointSlice"
-        assert by_name["web-abc"].obj["apiVersion"] == "discovery.k8s.io/v1"
+        assert body(by_name["web-abc"])["kind"] == "EndpointSlice"
+        assert body(by_name["web-abc"])["apiVersion"] == "discovery.k8s.io/v1"
         assert source.synced and source.broken == {}
 
     run(main())
@@ -147,7 +159,7 @@ def test_one_changed_object_is_one_modified(tmp_path: Path) -> None:
             write(path, svc("a"), svc("b", port=8080), svc("c"))
             returned = await source.check()
             assert [str(e) for e in returned] == ["MODIFIED Service default/b"]
-            assert returned[0].obj["spec"]["ports"][0]["port"] == 8080
+            assert body(returned[0])["spec"]["ports"][0]["port"] == 8080
             assert drain(queue) == returned
             assert await changes(source, queue) == []  # and nothing more on the next look
 
@@ -279,7 +291,7 @@ def test_same_object_in_two_files_the_later_wins_with_a_warning(tmp_path: Path, 
         async with following(first.parent) as (source, queue):
             events = drain(queue)
             assert [str(e) for e in events] == ["ADDED Service default/web"]
-            assert events[0].obj["spec"]["ports"][0]["port"] == 2
+            assert body(events[0])["spec"]["ports"][0]["port"] == 2
             [warning] = warnings_of(caplog)
             assert str(first) in warning and str(second) in warning and "Service default/web" in warning
             assert await changes(source, queue) == []
@@ -287,7 +299,7 @@ def test_same_object_in_two_files_the_later_wins_with_a_warning(tmp_path: Path, 
             second.unlink()
             returned = await source.check()
             assert [str(e) for e in returned] == ["MODIFIED Service default/web"]
-            assert returned[0].obj["spec"]["ports"][0]["port"] == 1
+            assert body(returned[0])["spec"]["ports"][0]["port"] == 1
 
     run(main())
 
@@ -298,7 +310,7 @@ def test_same_object_twice_in_one_file_the_later_document_wins(tmp_path: Path, c
     async def main() -> None:
         async with following(path) as (_, queue):
             [event] = drain(queue)
-            assert event.obj["spec"]["ports"][0]["port"] == 2
+            assert body(event)["spec"]["ports"][0]["port"] == 2
             [warning] = warnings_of(caplog)
             assert f"{path}#1" in warning and f"{path}#2" in warning
 
@@ -330,7 +342,7 @@ def test_kind_list_documents(tmp_path: Path) -> None:
             ]
             save(90)
             assert await changes(source, queue) == ["MODIFIED Service default/b"]
-        assert {"kind": "Service", "apiVersion": "v1"}.items() <= by_name["c"].obj.items()
+        assert {"kind": "Service", "apiVersion": "v1"}.items() <= body(by_name["c"]).items()
 
     run(main())
 
@@ -346,7 +358,7 @@ def test_missing_path_is_an_error_when_the_source_is_built(tmp_path: Path) -> No
 def test_touched_file_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "svc.yaml", svc("a"))
     parsed: list[str] = []
-    real = files.parse_documents
+    real = manifests.parse_documents
 
     def counting(text: str, source: str) -> Any:
         parsed.append(source)
@@ -386,14 +398,14 @@ def test_same_size_saves_in_quick_succession_are_all_seen(tmp_path: Path, monkey
             for port in range(11, 31):
                 write(path, svc("a", port=port))
                 returned = await source.check()
-                assert [(str(e), e.obj["spec"]["ports"][0]["port"]) for e in returned] == [("MODIFIED Service default/a", port)]
+                assert [(str(e), body(e)["spec"]["ports"][0]["port"]) for e in returned] == [("MODIFIED Service default/a", port)]
 
     run(main())
 
 
 def test_a_file_that_changes_while_it_is_read_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "svc.yaml", svc("a"), svc("b"))
-    real = files.read_text
+    real = manifests.read_text
     torn: list[str] = []
 
     def racing_writer(p: Path, **kwargs: Any) -> str:
