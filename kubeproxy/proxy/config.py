@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import ipaddress
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +101,9 @@ class ProxyConfig:
     conntrack: ConntrackConfig = field(default_factory=ConntrackConfig)
     logging_format: str = "text"
     verbosity: int = 0
+    # The logging section's other fields (flushFrequency, vmodule, options) as given, in upstream's
+    # form: they change nothing here, and --write-config-to and /configz give them back.
+    logging_extra: dict[str, Any] = field(default_factory=dict)
     client_qps: float = 5.0
     client_burst: int = 10
     client_content_type: str = DEFAULT_CONTENT_TYPE
@@ -192,8 +194,6 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
             parse_node_ips(cfg.node_ip)
         except ValueError as exc:
             raise ConfigError(f"--node-ip: {exc}") from None
-    if cfg.detect_local_mode == "ClusterCIDR" and not cfg.cluster_cidr:
-        raise ConfigError("--detect-local-mode=ClusterCIDR needs --cluster-cidr")
     _validate_more(cfg)
     if cfg.detect_local_mode == "BridgeInterface" and not cfg.bridge_interface:
         raise ConfigError("--detect-local-mode=BridgeInterface needs --pod-bridge-interface")
@@ -488,6 +488,8 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
             changes["logging_format"] = doc.logging.format
         if doc.logging.verbosity is not None:
             changes["verbosity"] = doc.logging.verbosity
+        given = {key: value for key, value in raw["logging"].items() if key not in ("format", "verbosity")}
+        changes["logging_extra"] = {key: value for key, value in given.items() if value is not None}
     if doc.ipvs:
         changes["ipvs"] = dict(doc.ipvs.model_extra or {})
     changes["unused_fields"] = tuple(
@@ -563,69 +565,136 @@ def _unused_file_fields(doc: _KubeProxyConfiguration) -> list[str]:
 
 
 def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
-    """`cfg` as upstream's v1alpha1 KubeProxyConfiguration (what `--write-config-to` writes)."""
+    """`cfg` as upstream's v1alpha1 KubeProxyConfiguration, as upstream converts its internal form:
+    fields in the Go struct's order (what `/configz` serves; `--write-config-to` sorts them).
 
-    def go_duration(seconds: float | None) -> str | None:
-        return None if seconds is None else format_go_duration(seconds)
+    As upstream's conversion does: the periods and masqueradeAll go into the mode's section (the
+    others get `0s` and false), the default detectLocalMode is written as ClusterCIDR, nftables
+    mode's default nodePortAddresses as `[primary]`, and the logging section keeps what was given.
+    kubeproxy's own settings (the userspace mode's udpIdleTimeout) are written only where upstream
+    could not load the file anyway (mode userspace), so that upstream decodes every other file
+    strictly.
+    """
+    mode = cfg.mode
+    section = mode if mode in ("ipvs", "nftables") else "iptables"
 
-    sync = {
-        "masqueradeAll": cfg.masquerade_all,
-        "masqueradeBit": cfg.masquerade_bit,
-        "minSyncPeriod": go_duration(cfg.min_sync_period),
-        "syncPeriod": go_duration(cfg.sync_period),
-    }
+    def periods(name: str) -> dict[str, str]:
+        if name != section:
+            return {"syncPeriod": "0s", "minSyncPeriod": "0s"}
+        return {"syncPeriod": format_go_duration(cfg.sync_period), "minSyncPeriod": format_go_duration(cfg.min_sync_period)}
+
+    def masquerade(name: str) -> dict[str, Any]:
+        active = name == ("nftables" if mode == "nftables" else "iptables")
+        bit = cfg.masquerade_bit if active else ProxyConfig.masquerade_bit
+        return {"masqueradeBit": bit, "masqueradeAll": cfg.masquerade_all and active}
+
     ct = cfg.conntrack
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "KubeProxyConfiguration",
-        "bindAddress": cfg.bind_address,
-        "bindAddressHardFail": cfg.bind_address_hard_fail,
+    out: dict[str, Any] = {"kind": "KubeProxyConfiguration", "apiVersion": API_VERSION}
+    if cfg.feature_gates:
+        out["featureGates"] = dict(sorted(cfg.feature_gates.items()))
+    out |= {
         "clientConnection": {
-            "acceptContentTypes": cfg.client_accept_content_types,
-            "burst": cfg.client_burst,
-            "contentType": cfg.client_content_type,
             "kubeconfig": cfg.kubeconfig,
-            "qps": cfg.client_qps,
+            "acceptContentTypes": cfg.client_accept_content_types,
+            "contentType": cfg.client_content_type,
+            "qps": _go_number(cfg.client_qps),
+            "burst": cfg.client_burst,
         },
+        "logging": _logging_section(cfg),
+        "hostnameOverride": cfg.hostname_override,
+        "bindAddress": cfg.bind_address,
+        "healthzBindAddress": cfg.healthz_bind_address,
+        "metricsBindAddress": cfg.metrics_bind_address,
+        "bindAddressHardFail": cfg.bind_address_hard_fail,
+        "enableProfiling": cfg.enable_profiling,
+        "showHiddenMetricsForVersion": cfg.show_hidden_metrics_for_version,
+        "mode": mode,
+        "iptables": {**masquerade("iptables"), "localhostNodePorts": cfg.localhost_nodeports, **periods("iptables")},
+        "ipvs": {**periods("ipvs"), **_ipvs_section(cfg.ipvs)},
+        "nftables": {**masquerade("nftables"), **periods("nftables")},
+        "winkernel": {
+            "networkName": "",
+            "sourceVip": "",
+            "enableDSR": False,
+            "rootHnsEndpointName": "",
+            "forwardHealthCheckVip": False,
+        },
+        "detectLocalMode": cfg.detect_local_mode or "ClusterCIDR",
+        "detectLocal": {"bridgeInterface": cfg.bridge_interface, "interfaceNamePrefix": cfg.interface_name_prefix},
         "clusterCIDR": ",".join(cfg.cluster_cidr),
-        "configSyncPeriod": go_duration(cfg.config_sync_period),
+        "nodePortAddresses": list(cfg.nodeport_addresses) or ([NODEPORT_PRIMARY] if mode == "nftables" else None),
+        "oomScoreAdj": cfg.oom_score_adj,
         "conntrack": {
             "maxPerCore": ct.max_per_core,
             "min": ct.min,
+            "tcpEstablishedTimeout": _go_duration_or_none(ct.tcp_established_timeout),
+            "tcpCloseWaitTimeout": _go_duration_or_none(ct.tcp_close_wait_timeout),
             "tcpBeLiberal": ct.tcp_be_liberal,
-            "tcpCloseWaitTimeout": go_duration(ct.tcp_close_wait_timeout),
-            "tcpEstablishedTimeout": go_duration(ct.tcp_established_timeout),
-            "udpStreamTimeout": go_duration(ct.udp_stream_timeout),
-            "udpTimeout": go_duration(ct.udp_timeout),
+            "udpTimeout": format_go_duration(ct.udp_timeout),
+            "udpStreamTimeout": format_go_duration(ct.udp_stream_timeout),
         },
-        "detectLocal": {"bridgeInterface": cfg.bridge_interface, "interfaceNamePrefix": cfg.interface_name_prefix},
-        "detectLocalMode": cfg.detect_local_mode,
-        "enableProfiling": cfg.enable_profiling,
-        "featureGates": dict(cfg.feature_gates) or None,
-        "healthzBindAddress": cfg.healthz_bind_address,
-        "hostnameOverride": cfg.hostname_override,
-        "iptables": {**sync, "localhostNodePorts": cfg.localhost_nodeports},
-        "ipvs": dict(cfg.ipvs),
-        "logging": {"format": cfg.logging_format, "verbosity": cfg.verbosity},
-        "metricsBindAddress": cfg.metrics_bind_address,
-        "mode": cfg.mode,
-        "nftables": dict(sync),
-        "nodePortAddresses": list(cfg.nodeport_addresses) or None,
-        "oomScoreAdj": cfg.oom_score_adj,
-        "showHiddenMetricsForVersion": cfg.show_hidden_metrics_for_version,
-        "syncPeriod": go_duration(cfg.sync_period),
-        "minSyncPeriod": go_duration(cfg.min_sync_period),
-        **_userspace_fields(cfg, go_duration),
+        "configSyncPeriod": format_go_duration(cfg.config_sync_period),
+        "portRange": cfg.port_range,
     }
+    if mode == "userspace":
+        out["udpIdleTimeout"] = format_go_duration(cfg.udp_idle_timeout)
+    return out
 
 
-def _userspace_fields(cfg: ProxyConfig, go_duration: Callable[[float | None], str | None]) -> dict[str, Any]:
-    """v1alpha1's userspace-mode fields (removed upstream with the mode in v1.26; the mode is here):
-    written for that mode or when set, so that another mode's file reads back without the
-    "used only by the userspace mode" warning."""
+def _go_duration_or_none(seconds: float | None) -> str | None:
+    return None if seconds is None else format_go_duration(seconds)
+
+
+def _go_number(value: float) -> int | float:
+    """A float32 field as Go's JSON encoder writes it: a whole number without a fraction."""
+    return int(value) if float(value).is_integer() else value
+
+
+# The ipvs section's fields after the periods, in the struct's order, with their zero values.
+_IPVS_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("scheduler", ""),
+    ("excludeCIDRs", None),
+    ("strictARP", False),
+    ("tcpTimeout", "0s"),
+    ("tcpFinTimeout", "0s"),
+    ("udpTimeout", "0s"),
+)
+
+
+def _ipvs_section(ipvs: dict[str, Any]) -> dict[str, Any]:
+    """Upstream's ipvs section from the settings kept as given (flags give seconds, a file text)."""
     out: dict[str, Any] = {}
-    if cfg.mode == "userspace" or cfg.port_range:
-        out["portRange"] = cfg.port_range
-    if cfg.mode == "userspace" or cfg.udp_idle_timeout != ProxyConfig.udp_idle_timeout:
-        out["udpIdleTimeout"] = go_duration(cfg.udp_idle_timeout)
+    for key, zero in _IPVS_FIELDS:
+        value = ipvs.get(key)
+        if value is None or value == "" or value == []:
+            value = zero
+        elif zero == "0s":
+            value = format_go_duration(value if isinstance(value, int | float) else parse_duration(str(value)))
+        elif key == "excludeCIDRs":
+            value = [str(cidr) for cidr in value]
+        out[key] = value
+    return out
+
+
+LOG_FLUSH_FREQUENCY = "5s"  # component-base's default
+
+
+def _logging_section(cfg: ProxyConfig) -> dict[str, Any]:
+    """component-base's LoggingConfiguration: format and verbosity as in effect, the rest as given."""
+    extra = cfg.logging_extra
+    out: dict[str, Any] = {
+        "format": cfg.logging_format,
+        "flushFrequency": extra.get("flushFrequency", LOG_FLUSH_FREQUENCY),
+        "verbosity": cfg.verbosity,
+    }
+    if extra.get("vmodule"):
+        out["vmodule"] = extra["vmodule"]
+    given = extra.get("options") or {}
+    options: dict[str, Any] = {}
+    for stream in ("text", "json"):
+        settings = given.get(stream) or {}
+        options[stream] = {"infoBufferSize": str(settings.get("infoBufferSize") or "0")}
+        if settings.get("splitStream"):
+            options[stream] = {"splitStream": True, **options[stream]}
+    out["options"] = options
     return out

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import textwrap
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from kubeproxy.proxy.config import (
     parse_node_ips,
     validate,
 )
-from kubeproxy.proxy.duration import parse_go_duration
+from kubeproxy.proxy.duration import format_go_duration, parse_go_duration
 from kubeproxy.version import parse_version_flag
 
 
@@ -455,7 +456,25 @@ def _apply(cfg: ProxyConfig, name: str, value: Any) -> ProxyConfig:
         # processV1Alpha1Flags: these set the top-level periods unless the mode is ipvs.
         attr = "sync_period" if name == "iptables-sync-period" else "min_sync_period"
         return cfg if cfg.mode == "ipvs" else replace(cfg, **{attr: value})
+    if name == "vmodule" or name.startswith("log-"):
+        return replace(cfg, logging_extra=_logging_flag(cfg.logging_extra, name, value))
     return cfg  # flags that are not configuration (config, master, cleanup, ...)
+
+
+def _logging_flag(extra: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """A logging flag into the logging section's fields, as component-base writes them."""
+    out = copy.deepcopy(extra)
+    if name == "log-flush-frequency":
+        out["flushFrequency"] = format_go_duration(value)
+    elif name == "vmodule":
+        pairs = [item.rpartition("=") for item in value.split(",") if item]
+        out["vmodule"] = [{"filePattern": pattern, "verbosity": int(level) if level.isdigit() else level}
+                          for pattern, _, level in pairs]
+    else:  # log-{text,json}-{info-buffer-size,split-stream}
+        stream, setting = name.removeprefix("log-").split("-", 1)
+        key = "splitStream" if setting == "split-stream" else "infoBufferSize"
+        out.setdefault("options", {}).setdefault(stream, {})[key] = value
+    return out
 
 
 def _with_port(address: str, port: int) -> str:

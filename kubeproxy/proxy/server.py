@@ -85,9 +85,9 @@ def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, s
 
 
 def _write_config(cfg: ProxyConfig, path: str) -> int:
-    import yaml  # --write-config-to only
+    from kubeproxy.proxy import goyaml  # --write-config-to only
 
-    text = yaml.safe_dump(to_kube_proxy_configuration(cfg), sort_keys=True, default_flow_style=False)
+    text = goyaml.dump(to_kube_proxy_configuration(cfg))
     try:
         if path == "-":
             sys.stdout.write(text)

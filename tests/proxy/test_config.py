@@ -102,12 +102,17 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ({"cluster_cidr": ("10.0.0.0/40",)}, "'10.0.0.0/40' is not a valid CIDR"),
         ({"node_ip": "10.0.0.300"}, "--node-ip: '10.0.0.300' is not a valid IP address"),
         ({"detect_local_mode": "BridgeInterface"}, "needs --pod-bridge-interface"),
-        ({"detect_local_mode": "ClusterCIDR"}, "needs --cluster-cidr"),
     ],
 )
 def test_invalid_flags(flags: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_config(**flags)
+
+
+def test_cluster_cidr_mode_without_a_cluster_cidr_is_accepted_as_upstream_does() -> None:
+    """Upstream validates only the mode's name; with no CIDR it runs without a local detector
+    (and says so at start-up), which is also what its default configuration file spells out."""
+    assert build_config(detect_local_mode="ClusterCIDR").detect_local_mode == "ClusterCIDR"
 
 
 def test_cli_reports_config_errors_without_traceback(tmp_path: Path) -> None:
