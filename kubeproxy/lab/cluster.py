@@ -403,10 +403,13 @@ class MiniCluster:
 
     # ---- the proxy under test --------------------------------------------------------------
 
-    def start_proxy(self, *extra_args: str, kubeconfig: Path | None = None) -> subprocess.Popen[str]:
+    def start_proxy(
+        self, *extra_args: str, kubeconfig: Path | None = None, command: Sequence[str] = ()
+    ) -> subprocess.Popen[str]:
         """`kubeproxy -v 2 run --proxy-mode MODE` inside the node namespace, reading the manifests
         folder, or with `kubeconfig` (see `start_apiserver`) watching that API server; output in
-        proxy.log. A `--proxy-mode` among `extra_args` wins, and the waits read that mode's rules."""
+        proxy.log. A `--proxy-mode` among `extra_args` wins, and the waits read that mode's rules.
+        `command` replaces `kubeproxy -v 2 run` (e.g. an image's kube-proxy run through chroot)."""
         if self.proxy is not None and self.proxy.poll() is None:
             raise ClusterError("a proxy is running already; stop_proxy() first")
         if "--proxy-mode" in extra_args:
@@ -418,10 +421,7 @@ class MiniCluster:
             extra_args = ("--proxy-mode", self.proxy_mode, *extra_args)
         source = ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--manifests", str(self.manifests)]
         argv = [
-            kubeproxy_binary(),
-            "-v",
-            "2",
-            "run",
+            *(command or (kubeproxy_binary(), "-v", "2", "run")),
             *source,
             "--hostname-override",
             NODE_NAME,
