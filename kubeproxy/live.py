@@ -45,7 +45,7 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -58,6 +58,7 @@ from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
+from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.memory import release_free_memory
 from kubeproxy.proxy.meta import DUAL_STACK_MODES, PROC_IPV6, FamilyLane, kernel_lacks
 from kubeproxy.proxy.metrics import ProxyMetrics
@@ -136,9 +137,10 @@ class LiveProxy:
     _gc_paused: bool = field(default=False, init=False)
     source_name: str = "source"  # which source, in the lines that say it is out of sync or back
     source_check_interval: float = 1.0  # how often the source's state is read (proxy/source_watch.py)
+    metrics_pages: Mapping[str, Handler] = field(default_factory=dict)  # /configz, /flagz, /statusz (proxy/zpages.py)
 
     def __post_init__(self) -> None:
-        self.metrics = ProxyMetrics(self.cfg.mode, nfacct=self._nfacct_packets)
+        self.metrics = ProxyMetrics(self.cfg.mode, nfacct=self._nfacct_packets, feature_gates=self.cfg.feature_gates)
         self.tracker = ChangeTracker(self.node_name)
         self._triggers = TriggerTimes(start=self.wall_clock())
         self.conntrack_cleaner = conntrack.Reconciler(run=self.run_cmd)
@@ -564,7 +566,7 @@ class LiveProxy:
             ("healthz", self.cfg.healthz_bind_address,
              lambda b: serve_healthz(self.health, self.metrics, b, budget=budget, errors=errors)),
             ("metrics", self.cfg.metrics_bind_address,
-             lambda b: serve_metrics(self.metrics, b, self.cfg.mode, budget=budget, errors=errors)),
+             lambda b: serve_metrics(self.metrics, b, self.cfg.mode, budget=budget, errors=errors, pages=self.metrics_pages)),
         ]  # fmt: skip
         await self._start_servers(starters)
         self._pause_gc()

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter
 
-from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, HttpServer, Response, format_bind, routes, serve, text
+from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, Handler, HttpServer, Response, format_bind, routes, serve, text
 from kubeproxy.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kubeproxy.proxy.metrics import ProxyMetrics
 
@@ -340,10 +340,12 @@ async def serve_metrics(
     *,
     budget: ConnectionBudget | None = None,
     errors: ErrorLog | None = None,
+    pages: Mapping[str, Handler] | None = None,
 ) -> HttpServer:
     """The metrics server (metricsBindAddress, default 127.0.0.1:10249): /metrics, /proxyMode and
-    the generic /healthz ping, which (as upstream) says "ok" whatever the proxy's health.
-    `budget` and `errors`: see `ServiceHealthServers`."""
+    the generic /healthz ping, which (as upstream) says "ok" whatever the proxy's health, plus
+    `pages` (proxy/zpages.py: /configz, /flagz, /statusz). `budget` and `errors`: see
+    `ServiceHealthServers`."""
 
     async def metrics_page(*_: object) -> Response:
         # Collection may read kernel counters (nfacct): keep it off the event loop.
@@ -360,6 +362,7 @@ async def serve_metrics(
                 "/healthz": lambda *_: ok,
                 "/healthz/ping": lambda *_: ok,
                 "/proxyMode": lambda *_: mode,
+                **(pages or {}),
             }
         ),
         name="metrics",

@@ -16,13 +16,15 @@ family, so the family-labelled attributes are bound to `metrics.ip_family`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from kubeproxy.proxy.component_metrics import BuildInfo, FeatureEnabled
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +119,17 @@ class ProxyMetrics:
     no_local_endpoints_total = _FamilyLabels()
     quarantined_services = _FamilyChild()
 
-    def __init__(self, proxy_mode: str = "iptables", *, ip_family: str = "IPv4", nfacct: NfacctReader | None = None) -> None:
+    def __init__(
+        self,
+        proxy_mode: str = "iptables",
+        *,
+        ip_family: str = "IPv4",
+        nfacct: NfacctReader | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+    ) -> None:
         """`nfacct(name)` returns an nfacct counter's packet count (None: unavailable); given in
-        iptables mode, the two nfacct-backed counters are exposed, read at scrape time."""
+        iptables mode, the two nfacct-backed counters are exposed, read at scrape time.
+        `feature_gates`: the proxy's settings, for `kubernetes_feature_enabled`."""
         self.proxy_mode = proxy_mode
         self.ip_family = ip_family
         self.registry = CollectorRegistry()
@@ -263,6 +273,8 @@ class ProxyMetrics:
             self.registry.register(_NfacctCollector(nfacct))
         # Upstream's Go runtime exposes process_* metrics; these are the same names for this process.
         ProcessCollector(registry=self.registry)
+        self.registry.register(BuildInfo())
+        self.registry.register(FeatureEnabled(feature_gates))
 
     @property
     def ip_family(self) -> str:

@@ -15,7 +15,8 @@ import errno
 import logging
 import socket
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,9 +24,11 @@ from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.proxy import flags as upstream_flags
 from kubeproxy.proxy import logs
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, to_kube_proxy_configuration
+from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.logs import STARTUP_LOGGER, kv
 from kubeproxy.proxy.startup import config_warnings, node_facts, summary
 from kubeproxy.proxy.sysctls import SysctlError, apply_oom_score_adj, configure_conntrack
+from kubeproxy.proxy.zpages import ZPages, flag_values
 from kubeproxy.version import VersionInfo
 
 log = logging.getLogger(STARTUP_LOGGER)
@@ -33,6 +36,7 @@ log = logging.getLogger(STARTUP_LOGGER)
 
 def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, stdout: TextIO | None = None) -> int:
     """Run the proxy as upstream's kube-proxy command would; the exit status."""
+    started = time.time()
     out = stdout or sys.stdout
     try:
         parsed = upstream_flags.parse(args)
@@ -81,7 +85,8 @@ def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, s
             if problem := _port_taken(address):
                 log.error(kv(f"failed to start {what} server", address=address, err=problem))
                 return 1
-    return _serve(inv)
+    pages = ZPages(cfg, flag_values(parsed.values), started).routes()
+    return _serve(inv, pages)
 
 
 def _write_config(cfg: ProxyConfig, path: str) -> int:
@@ -208,7 +213,7 @@ def announce(state: Any, inv: upstream_flags.Invocation, node_name: str, node_fr
     log.info(kv("Starting kubeproxy", **fields))
 
 
-def _serve(inv: upstream_flags.Invocation) -> int:
+def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler]) -> int:
     from kubeproxy import live
     from kubeproxy.backends.base import SyncError
     from kubeproxy.cluster.state import ClusterState
@@ -228,6 +233,7 @@ def _serve(inv: upstream_flags.Invocation) -> int:
         log.error(kv("Error running ProxyServer", err=str(exc)))
         return 1
     proxy.source_name = source
+    proxy.metrics_pages = metrics_pages
     status = 0
     try:
         asyncio.run(live.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source)))
