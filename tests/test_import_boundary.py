@@ -1,9 +1,18 @@
-"""`kubeproxy run` and `kube-proxy` load neither the lab, the doctor nor matplotlib (issue 13)."""
+"""`kubeproxy run` and `kube-proxy` load neither the lab, the doctor nor matplotlib, and need
+nothing but the base install's dependencies (the node image has no lab extra)."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+import tomllib
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import sys
@@ -27,3 +36,88 @@ def test_the_lazy_commands_still_load_on_demand() -> None:
     assert result.exit_code == 0 and "fresh source port" in result.output
     result = CliRunner().invoke(main, ["doctor", "--help"])
     assert result.exit_code == 0
+
+
+def _optional(node: ast.Try) -> bool:
+    """A `try: import x / except ImportError:` block: the module works without x."""
+    names = {ast.unparse(h.type) for h in node.handlers if h.type is not None}
+    return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+def _imports(module: str) -> Iterator[str]:
+    """Every module `module` may import at run time: any depth of its code, not under
+    `if TYPE_CHECKING:` and not in an optional-import `try`."""
+    path = ROOT / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def walk(node: ast.AST) -> Iterator[str]:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (name for child in node.orelse for name in walk(child))
+            return
+        if isinstance(node, ast.Try) and _optional(node):
+            return
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            yield from walk(child)
+
+    yield from walk(ast.parse(path.read_text()))
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT / Path(*name.split("."))
+    return path.is_dir() or path.with_suffix(".py").exists()
+
+
+def proxy_closure(*roots: str) -> tuple[set[str], set[str]]:
+    """(kubeproxy modules, other top-level modules) reachable from `roots` through `_imports`."""
+    seen: set[str] = set()
+    outside: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name.split(".")[0] != "kubeproxy":
+            outside.add(name.split(".")[0])
+            continue
+        if name in seen or not _is_module(name):
+            continue
+        seen.add(name)
+        todo.extend(".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1))
+        todo.extend(_imports(name))
+    return seen, outside - set(sys.stdlib_module_names)
+
+
+def _distribution(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~ \[;]", requirement)[0]).lower()
+
+
+def test_the_proxys_import_closure_needs_no_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {_distribution(dep) for dep in project["dependencies"]}
+    provided_by = metadata.packages_distributions()
+    modules, third_party = proxy_closure("kubeproxy.proxy.server", "kubeproxy.live")
+    # Each third-party module the proxy can import comes with a base dependency (or one of theirs).
+    needs = {module: {_distribution(d) for d in provided_by.get(module, [])} for module in third_party}
+    reachable = set(base)
+    pending = list(base)
+    while pending:
+        try:
+            requirements = metadata.requires(pending.pop()) or []
+        except metadata.PackageNotFoundError:  # a dependency whose marker excludes this Python
+            continue
+        for requirement in requirements:
+            if "extra ==" not in requirement and (dist := _distribution(requirement)) not in reachable:
+                reachable.add(dist)
+                pending.append(dist)
+    assert {module: dists for module, dists in needs.items() if not dists & reachable} == {}
+    assert not any(m.startswith(("kubeproxy.lab", "kubeproxy.doctor", "kubeproxy.demo", "kubeproxy.ui")) for m in modules)
+    # The walk sees what it should: the API client and the config loader are in the closure.
+    assert {"httpx2", "pydantic", "yaml", "prometheus_client"} <= third_party
