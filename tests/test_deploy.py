@@ -629,21 +629,45 @@ def apt_packages() -> set[str]:
     return packages
 
 
+def image_packages() -> set[str]:
+    """deploy/image/packages: what deploy/image/build puts in the rootfs."""
+    lines = (DEPLOY / "image" / "packages").read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
 def test_containerfile_base_packages_install_and_entrypoint() -> None:
     instructions = containerfile_instructions()
     (base,) = [args for keyword, args in instructions if keyword == "FROM"]
-    assert re.fullmatch(r"(docker\.io/library/)?python:3\.11-slim(-bookworm)?", base), base
-    assert apt_packages() >= {"iptables", "nftables", "conntrack", "iproute2"}
+    assert re.fullmatch(r"(docker\.io/library/)?debian:bookworm(-slim)?", base), base
+    # The same packages as the engine-free build, IPVS mode's ipvsadm and ipset among them.
+    assert apt_packages() == image_packages() >= {"iptables", "nftables", "ipset", "ipvsadm", "conntrack", "iproute2"}
     runs = " && ".join(args for keyword, args in instructions if keyword == "RUN")
-    assert re.search(r"pip install (--no-cache-dir )?\.( |$)", runs)
+    # Dependencies only from the lock, every file's hash checked; kubeproxy itself without dependencies.
+    assert re.search(r"pip install [^&]*--require-hashes [^&]*-r /tmp/image/requirements\.lock", runs)
+    assert re.search(r"pip install [^&]*--no-deps [^&]*kubeproxy-\*\.whl", runs)
+    assert "update-alternatives --install /usr/sbin/iptables iptables /usr/sbin/iptables-wrapper" in runs
     # Everything copied into the build exists in the repository root (the build context).
     for keyword, args in instructions:
         if keyword == "COPY":
             for source in args.split()[:-1]:
                 assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
-    # The entrypoint is the console script that `pip install .` creates.
+    # The entrypoint is upstream's command name, the console script of that name.
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert _containerfile_entrypoint() == ["kubeproxy"] and "kubeproxy" in scripts
+    assert _containerfile_entrypoint() == ["/usr/local/bin/kube-proxy"] and "kube-proxy" in scripts
+    assert "ln -s /opt/kubeproxy/bin/kube-proxy /usr/local/bin/kube-proxy" in runs
+
+
+def test_the_image_lock_pins_every_dependency_with_hashes() -> None:
+    """requirements.lock holds exactly the proxy's dependencies (no extra) at exact versions, each with hashes."""
+    text = (DEPLOY / "image" / "requirements.lock").read_text()
+    entries = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", text, re.MULTILINE)
+    pinned = {re.sub(r"[-_.]+", "-", name).lower() for name, _, _ in entries}
+    assert len(entries) == len(re.findall(r"^\S+==", text, re.MULTILINE))  # no pin without hashes
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    direct = {re.sub(r"[-_.]+", "-", re.split(r"[<>=!~ \[;]", dep)[0]).lower() for dep in project["dependencies"]}
+    assert direct <= pinned
+    lab = {re.sub(r"[-_.]+", "-", re.split(r"[<>=!~ \[;]", dep)[0]).lower() for dep in project["optional-dependencies"]["lab"]}
+    assert not lab & pinned
 
 
 # The programs kubeproxy runs on a node (backends/iptables, conntrack cleanup, nfacct counters).
