@@ -261,10 +261,13 @@ def _source(cfg: ProxyConfig, inv: upstream_flags.Invocation, proxy: Any) -> tup
         files = FileSource(list(inv.manifests), proxy.on_event, batch_sink=proxy.on_events)
         return files, f"manifests {','.join(inv.manifests)}"
     from kubeproxy.sources.api import ApiSource
+    from kubeproxy.sources.client_metrics import RestClientMetrics
     from kubeproxy.sources.connection import ConnectionConfigError, connect, load_config
 
     try:
-        client = connect(load_config(cfg.kubeconfig or None, master=inv.master or None))
+        settings = load_config(cfg.kubeconfig or None, master=inv.master or None)
+        observer = RestClientMetrics(proxy.metrics.registry, settings.cluster.server)
+        client = connect(settings, observer=observer)
     except ConnectionConfigError as exc:
         raise ConfigError(str(exc)) from None
     where = inv.master or cfg.kubeconfig or "in-cluster"
