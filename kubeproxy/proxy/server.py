@@ -26,6 +26,7 @@ from kubeproxy.proxy import logs
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, to_kube_proxy_configuration
 from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.logs import STARTUP_LOGGER, kv
+from kubeproxy.proxy.preflight import ApiConnection, PreflightError, api_connection, check_tools
 from kubeproxy.proxy.startup import config_warnings, node_facts, summary
 from kubeproxy.proxy.sysctls import SysctlError, apply_oom_score_adj, configure_conntrack
 from kubeproxy.proxy.zpages import ZPages, flag_values
@@ -34,8 +35,17 @@ from kubeproxy.version import VersionInfo
 log = logging.getLogger(STARTUP_LOGGER)
 
 
-def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, stdout: TextIO | None = None) -> int:
-    """Run the proxy as upstream's kube-proxy command would; the exit status."""
+def main(
+    args: Sequence[str],
+    *,
+    prog: str = "kube-proxy",
+    verbosity: int = 0,
+    stdout: TextIO | None = None,
+    proc_sys: Path = Path("/proc/sys"),
+    oom_score_adj: Path = Path("/proc/self/oom_score_adj"),
+) -> int:
+    """Run the proxy as upstream's kube-proxy command would; the exit status. `proc_sys` and
+    `oom_score_adj`: where the node's settings are written (tests point them elsewhere)."""
     started = time.time()
     out = stdout or sys.stdout
     try:
@@ -68,10 +78,24 @@ def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, s
         return _write_config(cfg, inv.write_config_to)
     if inv.cleanup:
         return _cleanup()
-    if message := apply_oom_score_adj(cfg.oom_score_adj):
+    # Everything that can refuse to run is checked before the node is changed (preflight.py).
+    api: ApiConnection | None = None
+    if not inv.init_only:
+        try:
+            check_tools(cfg.mode, inv.iptables_variant)
+            api = None if inv.manifests else api_connection(cfg, inv.master)
+        except PreflightError as exc:
+            log.error(kv("Error running ProxyServer", err=str(exc)))
+            return 1
+        if cfg.bind_address_hard_fail:
+            for what, address in (("healthz", cfg.healthz_bind_address), ("metrics", cfg.metrics_bind_address)):
+                if problem := _port_taken(address):
+                    log.error(kv(f"failed to start {what} server", address=address, err=problem))
+                    return 1
+    if message := apply_oom_score_adj(cfg.oom_score_adj, oom_score_adj):
         log.warning(message)  # upstream logs and carries on
     try:
-        report = configure_conntrack(cfg.conntrack)
+        report = configure_conntrack(cfg.conntrack, proc_sys=proc_sys)
     except SysctlError as exc:
         log.error(kv("Error running ProxyServer", err=str(exc)))
         return 1
@@ -80,13 +104,8 @@ def main(args: Sequence[str], *, prog: str = "kube-proxy", verbosity: int = 0, s
     if inv.init_only:
         log.info(kv("Initialization done (--init-only)", conntrack=report.set or "unchanged"))
         return 0
-    if cfg.bind_address_hard_fail:
-        for what, address in (("healthz", cfg.healthz_bind_address), ("metrics", cfg.metrics_bind_address)):
-            if problem := _port_taken(address):
-                log.error(kv(f"failed to start {what} server", address=address, err=problem))
-                return 1
     pages = ZPages(cfg, flag_values(parsed.values), started).routes()
-    return _serve(inv, pages)
+    return _serve(inv, pages, api)
 
 
 def _write_config(cfg: ProxyConfig, path: str) -> int:
@@ -213,7 +232,7 @@ def announce(state: Any, inv: upstream_flags.Invocation, node_name: str, node_fr
     log.info(kv("Starting kubeproxy", **fields))
 
 
-def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler]) -> int:
+def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler], api: ApiConnection | None) -> int:
     from kubeproxy import live
     from kubeproxy.backends.base import SyncError
     from kubeproxy.cluster.state import ClusterState
@@ -228,7 +247,7 @@ def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler])
         state = ClusterState(options=cfg.parse_options(from_api_server=True))
     proxy = live.LiveProxy(cfg, node_name, iptables_variant=inv.iptables_variant, state=state)
     try:
-        inner, source = _source(cfg, inv, proxy)
+        inner, source = _source(inv, proxy, api)
     except (ManifestError, ConfigError) as exc:
         log.error(kv("Error running ProxyServer", err=str(exc)))
         return 1
@@ -254,24 +273,19 @@ def _leaf(error: BaseException) -> BaseException:
     return error
 
 
-def _source(cfg: ProxyConfig, inv: upstream_flags.Invocation, proxy: Any) -> tuple[Any, str]:
-    if inv.manifests:
+def _source(inv: upstream_flags.Invocation, proxy: Any, api: ApiConnection | None) -> tuple[Any, str]:
+    if api is None:
         from kubeproxy.sources.files import FileSource
 
         files = FileSource(list(inv.manifests), proxy.on_event, batch_sink=proxy.on_events)
         return files, f"manifests {','.join(inv.manifests)}"
     from kubeproxy.sources.api import ApiSource
     from kubeproxy.sources.client_metrics import RestClientMetrics
-    from kubeproxy.sources.connection import ConnectionConfigError, connect, load_config
 
-    try:
-        settings = load_config(cfg.kubeconfig or None, master=inv.master or None)
-        observer = RestClientMetrics(proxy.metrics.registry, settings.cluster.server)
-        client = connect(settings, observer=observer)
-    except ConnectionConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    where = inv.master or cfg.kubeconfig or "in-cluster"
+    client = api.client
+    RestClientMetrics(proxy.metrics.registry, api.server).attach(client)
+    where = api.where
     # Whole lists at once, as structs where they fit the schema (sources/api.py).
-    api = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True)
-    return api, f"API server ({where})"
+    source = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True)
+    return source, f"API server ({where})"
 

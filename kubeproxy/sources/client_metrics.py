@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
@@ -23,9 +22,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 # client-go's (k8s.io/component-base/metrics/prometheus/restclient) buckets, as upstream exposes them.
 DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
-
-EventHooks = dict[str, list[Callable[[Any], Any]]]
-
 
 def host_label(server: str) -> str:
     """`https://10.96.0.1:443` → `10.96.0.1:443`: the URL's host and port as written."""
@@ -53,9 +49,13 @@ class RestClientMetrics:
             registry=registry,
         )
 
-    def event_hooks(self) -> EventHooks:
-        """For `httpx2.AsyncClient.event_hooks` (sources/connection.py `connect(observer=...)`)."""
-        return {"request": [self._on_request], "response": [self._on_response]}
+    def attach(self, client: httpx2.AsyncClient) -> None:
+        """Count and time `client`'s requests from now on (through its public event hooks)."""
+        hooks = client.event_hooks
+        client.event_hooks = {
+            "request": [*hooks.get("request", []), self._on_request],
+            "response": [*hooks.get("response", []), self._on_response],
+        }
 
     async def _on_request(self, request: httpx2.Request) -> None:
         self._sent[request] = self._clock()

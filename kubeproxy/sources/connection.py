@@ -8,11 +8,10 @@ watch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
 
 import httpx2
+import yaml
 from lightkube.config.client_adapter import AsyncClient as _adapter_client
 from lightkube.config.client_adapter import ConnectionParams, _shallow_asdict, user_auth
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
@@ -47,6 +46,10 @@ def load_config(
     except ConfigError as e:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster or default kubeconfig"
         raise ConnectionConfigError(f"cannot load {where}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConnectionConfigError(f"cannot load kubeconfig {kubeconfig or '(default)'}:{where} not valid YAML") from None
     except (OSError, KeyError, TypeError, ValueError) as e:
         raise ConnectionConfigError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {e!r}") from None
     if single is None:
@@ -66,13 +69,10 @@ def load_config(
     return single
 
 
-def connect(
-    config: SingleConfig, *, timeout: float = 10.0, trust_env: bool = True, observer: ClientObserver | None = None
-) -> httpx2.AsyncClient:
+def connect(config: SingleConfig, *, timeout: float = 10.0, trust_env: bool = True) -> httpx2.AsyncClient:
     """An authenticated client for the API server in `config`. The caller closes it (`aclose`).
 
     `timeout` bounds connecting and ordinary requests; watches set their own read timeout.
-    `observer` sees every request and answer (sources/client_metrics.py: client-go's metrics).
     """
     params = ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=trust_env)
     try:
@@ -80,15 +80,7 @@ def connect(
             # No TLS on this connection, so no certificate store to load: lightkube's client
             # would build a verifying SSL context anyway (50-150 ms of every start-up).
             auth = user_auth(config.user)
-            client = httpx2.AsyncClient(base_url=config.cluster.server, verify=False, auth=auth, **_shallow_asdict(params))
-        else:
-            client = _adapter_client(config, params)
+            return httpx2.AsyncClient(base_url=config.cluster.server, verify=False, auth=auth, **_shallow_asdict(params))
+        return _adapter_client(config, params)
     except (ConfigError, OSError, ValueError) as e:
         raise ConnectionConfigError(f"cannot set up a client for {config.cluster.server}: {e}") from None
-    if observer is not None:
-        client.event_hooks = observer.event_hooks()
-    return client
-
-
-class ClientObserver(Protocol):
-    def event_hooks(self) -> dict[str, list[Callable[[Any], Any]]]: ...

@@ -27,7 +27,8 @@ def exercise(apiserver: ApiServer, registry: CollectorRegistry) -> None:
     metrics = RestClientMetrics(registry, apiserver.url, clock=lambda: next(ticks))
 
     async def main() -> None:
-        client = connect(load_config(master=apiserver.url), observer=metrics)
+        client = connect(load_config(master=apiserver.url))
+        metrics.attach(client)
         async with client:
             assert (await client.get("/api/v1/nodes")).status_code == 200
             assert (await client.get("/api/v1/nodes")).status_code == 200
