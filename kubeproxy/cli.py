@@ -28,6 +28,9 @@ from kubeproxy.proxy.config import (
 # netfilter.detect's FORMATS, spelled here so that every command does not import the rules model
 # (70 ms) to build `trace --format`'s choices; tests/test_cold_imports.py keeps the two equal.
 DUMP_FORMATS = ("iptables-save", "iptables-list", "nft-json", "nft")
+# What the `lab` extra installs (pyproject.toml): the demo, the DNS lab and the plots need it,
+# the proxy does not, so a node image goes without.
+LAB_EXTRA_MODULES = frozenset({"rich", "matplotlib"})
 
 
 class LazyGroup(click.Group):
@@ -53,6 +56,18 @@ class LazyGroup(click.Group):
             command: click.Command = getattr(importlib.import_module(module), attr)
             return command
         return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            package = (exc.name or "").partition(".")[0]
+            if package not in LAB_EXTRA_MODULES:
+                raise
+            raise click.ClickException(
+                f"`kubeproxy {ctx.invoked_subcommand}` needs {package}, from kubeproxy's lab extra: "
+                "pip install 'kubeproxy[lab]'"
+            ) from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
@@ -121,3 +123,17 @@ def test_the_proxys_import_closure_needs_no_extra() -> None:
     assert not any(m.startswith(("kubeproxy.lab", "kubeproxy.doctor", "kubeproxy.demo", "kubeproxy.ui")) for m in modules)
     # The walk sees what it should: the API client and the config loader are in the closure.
     assert {"httpx2", "pydantic", "yaml", "prometheus_client"} <= third_party
+
+
+def test_a_lab_command_without_the_lab_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from kubeproxy.cli import main
+
+    for name in [m for m in sys.modules if m == "rich" or m.startswith(("rich.", "kubeproxy.demo", "kubeproxy.ui"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "rich", None)  # as if not installed: importing it fails
+    result = CliRunner().invoke(main, ["demo", "--offline"])
+    assert result.exit_code == 1
+    assert "`kubeproxy demo` needs rich, from kubeproxy's lab extra: pip install 'kubeproxy[lab]'" in result.output
+    assert "Traceback" not in result.output
