@@ -83,6 +83,7 @@ from kubeproxy.cluster.schema import Item, Metadata, decode_list
 from kubeproxy.sources import wire
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.events import BatchSink, EventType, Sink, WatchEvent, deliver
+from kubeproxy.sources.retry_log import failed_to_watch
 
 log = logging.getLogger("kubeproxy.sources.api")
 
@@ -347,8 +348,8 @@ class Reflector:
         asked = error.retry_after if isinstance(error, SourceError) else None
         obeyed = self.backoff.server_delays
         delay = self.backoff.next(asked)
-        because = f" (the server's Retry-After: {asked:g}s)" if self.backoff.server_delays > obeyed else ""
-        log.warning("%s: backing off %.1fs%s after error: %s", self.spec, delay, because, _describe(error))
+        server_asked = asked if self.backoff.server_delays > obeyed else None
+        log.warning(failed_to_watch(self.spec.kind, self.spec.api_version, error, delay, server_asked))
         await self.sleep(delay)
 
     # -- list

@@ -44,7 +44,7 @@ async def reflecting(
 
 
 def backing_off(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "backing off" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith('"Failed to watch"')]
 
 
 def no_defects(caplog: pytest.LogCaptureFixture) -> None:
@@ -295,7 +295,7 @@ def test_a_429_with_retry_after_is_obeyed_with_an_injected_clock(caplog: pytest.
 
     run(main())
     assert delays.delays == [7, 7, 7]
-    assert "backing off 7.0s (the server's Retry-After: 7s)" in backing_off(caplog)[0]
+    assert 'retryIn="7s" retryAfter="7s"' in backing_off(caplog)[0]
 
 
 # ---------------------------------------------------------------------------------------------
