@@ -78,7 +78,10 @@ class ProxyConfig:
     bridge_interface: str = ""
     interface_name_prefix: str = ""
     masquerade_all: bool = False
-    masquerade_bit: int = 14
+    masquerade_bit: int = 14  # the mode's: nftables.masqueradeBit in nftables mode, iptables.masqueradeBit otherwise
+    # The other section's masqueradeBit (--iptables-masquerade-bit in nftables mode sets it): no
+    # effect on the rules, kept so that --write-config-to and /configz give it back as upstream does.
+    inactive_masquerade_bit: int = 14
     localhost_nodeports: bool = True
     nodeport_addresses: tuple[str, ...] = ()
     random_fully: bool = False
@@ -165,8 +168,9 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
         raise ConfigError(
             f"--detect-local-mode: {cfg.detect_local_mode!r} is not one of {', '.join(DETECT_LOCAL_MODES)}"
         )
-    if not 0 <= cfg.masquerade_bit <= 31:
-        raise ConfigError(f"--iptables-masquerade-bit: {cfg.masquerade_bit} is out of range 0-31")
+    for bit in (cfg.masquerade_bit, cfg.inactive_masquerade_bit):
+        if not 0 <= bit <= 31:
+            raise ConfigError(f"--iptables-masquerade-bit: {bit} is out of range 0-31")
     _validate_nodeport_addresses(cfg.nodeport_addresses)
     for cidr in cfg.cluster_cidr:
         try:
@@ -422,7 +426,9 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
             changes["bridge_interface"] = doc.detectLocal.bridgeInterface
         if doc.detectLocal.interfaceNamePrefix:
             changes["interface_name_prefix"] = doc.detectLocal.interfaceNamePrefix
-    section = doc.nftables if (doc.mode or cfg.mode) == "nftables" and doc.nftables else doc.iptables
+    nftables_mode = (doc.mode or cfg.mode) == "nftables"
+    # The mode's section, as upstream's conversion reads it: nftables mode never falls back to iptables'.
+    section, other = (doc.nftables, doc.iptables) if nftables_mode else (doc.iptables, doc.nftables)
     if (doc.mode or cfg.mode) == "ipvs" and doc.ipvs:
         # The ipvs section's periods are the ones ipvs mode runs by, as upstream's conversion has it.
         ipvs = doc.ipvs.model_extra or {}
@@ -440,9 +446,13 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
             changes["masquerade_all"] = section.masqueradeAll
         if section.masqueradeBit is not None:
             changes["masquerade_bit"] = section.masqueradeBit
-        if section.localhostNodePorts is not None:
-            changes["localhost_nodeports"] = section.localhostNodePorts
-        name = "nftables" if section is doc.nftables else "iptables"
+    # Upstream keeps both sections' bits and iptables.localhostNodePorts whatever the mode.
+    if other and other.masqueradeBit is not None:
+        changes["inactive_masquerade_bit"] = other.masqueradeBit
+    if doc.iptables and doc.iptables.localhostNodePorts is not None:
+        changes["localhost_nodeports"] = doc.iptables.localhostNodePorts
+    if section:
+        name = "nftables" if nftables_mode else "iptables"
         periods = (doc.mode or cfg.mode) != "ipvs"  # ipvs mode runs by the ipvs section's
         if periods and (seconds := _seconds(str(path), f"{name}.syncPeriod", section.syncPeriod)):
             changes["sync_period"] = seconds
@@ -585,7 +595,7 @@ def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
 
     def masquerade(name: str) -> dict[str, Any]:
         active = name == ("nftables" if mode == "nftables" else "iptables")
-        bit = cfg.masquerade_bit if active else ProxyConfig.masquerade_bit
+        bit = cfg.masquerade_bit if active else cfg.inactive_masquerade_bit
         return {"masqueradeBit": bit, "masqueradeAll": cfg.masquerade_all and active}
 
     ct = cfg.conntrack

@@ -405,7 +405,6 @@ def _apply(cfg: ProxyConfig, name: str, value: Any) -> ProxyConfig:
         "profiling": "enable_profiling",
         "show-hidden-metrics-for-version": "show_hidden_metrics_for_version",
         "proxy-mode": "mode",
-        "iptables-masquerade-bit": "masquerade_bit",
         "masquerade-all": "masquerade_all",
         "iptables-localhost-nodeports": "localhost_nodeports",
         "detect-local-mode": "detect_local_mode",
@@ -426,6 +425,9 @@ def _apply(cfg: ProxyConfig, name: str, value: Any) -> ProxyConfig:
     }
     if name in simple:
         return replace(cfg, **{simple[name]: value})
+    if name == "iptables-masquerade-bit":
+        # The iptables section's bit: nftables mode marks with the nftables section's (upstream).
+        return replace(cfg, **{"inactive_masquerade_bit" if cfg.mode == "nftables" else "masquerade_bit": value})
     conntrack = {
         "conntrack-max-per-core": "max_per_core",
         "conntrack-min": "min",

@@ -30,6 +30,10 @@ CASES = {
                                         "--feature-gates=LoggingAlphaOptions=true", "--log-json-info-buffer-size=1Mi",
                                         "--log-text-split-stream", "--log-text-info-buffer-size=512"],
     "write_config_logging_file.yaml": [f"--config={FIXTURES / 'logging_file_input.yaml'}"],
+    "write_config_nftables_file.yaml": [f"--config={FIXTURES / 'nftables_file_input.yaml'}"],
+    "write_config_nftables_periods.yaml": ["--proxy-mode=nftables", "--iptables-sync-period=10s",
+                                           "--iptables-min-sync-period=2s", "--masquerade-all",
+                                           "--iptables-masquerade-bit=10"],
 }  # fmt: skip
 
 
@@ -55,6 +59,18 @@ def test_top_level_periods_are_not_written_and_the_mode_section_has_them() -> No
     doc = to_kube_proxy_configuration(cfg)
     assert "syncPeriod" not in doc and "minSyncPeriod" not in doc
     assert doc["nftables"]["syncPeriod"] == "30s" and doc["iptables"]["syncPeriod"] == "0s"
+
+
+def test_nftables_mode_marks_with_the_nftables_sections_bit() -> None:
+    """Upstream's nftables proxier logs mark="0x00004000" with --iptables-masquerade-bit=10 (README)."""
+    from kubeproxy.proxy import flags
+
+    cfg = flags.resolve(flags.parse(["--proxy-mode=nftables", "--iptables-masquerade-bit=10"])).cfg
+    assert cfg.masquerade_mark() == "0x00004000"
+    cfg = flags.resolve(flags.parse(["--proxy-mode=iptables", "--iptables-masquerade-bit=10"])).cfg
+    assert cfg.masquerade_mark() == "0x00000400"
+    from_file = load_config_file(FIXTURES / "nftables_file_input.yaml")
+    assert (from_file.masquerade_bit, from_file.localhost_nodeports) == (12, False)
 
 
 def test_localhost_nodeports_is_written_as_given_in_every_mode(tmp_path: Path) -> None:
