@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import click
 
+from kubeproxy.lab.control_plane_cli import control_plane
 from kubeproxy.lab.dns.check import format_check, run_check
 from kubeproxy.lab.dns.endpoints import AddressError, family_of, parse_server, source_addresses
 from kubeproxy.lab.dns.load import LoadError, LoadPlan, format_report, run_load
@@ -234,6 +235,7 @@ def lab() -> None:
 
 
 lab.add_command(multinode_cluster)
+lab.add_command(control_plane)
 
 
 @lab.command("dns")
