@@ -160,9 +160,12 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
     if cfg.mode not in PROXY_MODES:
         raise ConfigError(f"--proxy-mode: {cfg.mode!r} is not one of {', '.join(PROXY_MODES)}")
     if cfg.mode == "ipvs":
-        # Upstream validates the ipvs section (scheduler, excludeCIDRs) only in ipvs mode.
+        from kubeproxy.backends.ipvs.deprecation import refusal
         from kubeproxy.backends.ipvs.options import ipvs_options
 
+        if problem := refusal(cfg.feature_gates):
+            raise ConfigError(f"--proxy-mode (mode): {problem}")
+        # Upstream validates the ipvs section (scheduler, excludeCIDRs) only in ipvs mode.
         ipvs_options(cfg.ipvs)
     if cfg.detect_local_mode and cfg.detect_local_mode not in DETECT_LOCAL_MODES:
         raise ConfigError(
@@ -241,6 +244,7 @@ def _validate_more(cfg: ProxyConfig) -> None:
         )
     if cfg.verbosity < 0:
         raise ConfigError(f"-v (logging.verbosity): {cfg.verbosity} must not be negative")
+    _validate_logging_extra(cfg)
     if cfg.snat_watch_interval < 0 or not 0 < cfg.snat_watch_threshold <= 1 or cfg.snat_watch_max_entries < 1:
         raise ConfigError(f"--snat-watch={cfg.snat_watch_interval:g}s, --snat-watch-threshold={cfg.snat_watch_threshold:g}, "
                           f"--snat-watch-max-entries={cfg.snat_watch_max_entries}: want an interval >= 0, "
@@ -273,6 +277,21 @@ def _validate_more(cfg: ProxyConfig) -> None:
         check_gates(cfg.feature_gates)
     except FeatureGateError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _validate_logging_extra(cfg: ProxyConfig) -> None:
+    """component-base's checks of the logging section, with its messages."""
+    if cfg.logging_extra.get("vmodule") and cfg.logging_format != "text":
+        raise ConfigError("initialize logging: logging.vmodule: Forbidden: Only supported for text log format")
+    options = cfg.logging_extra.get("options") or {}
+    forbidden = [
+        f"logging.options.{stream}.{key}: Forbidden: Feature LoggingAlphaOptions is disabled"
+        for stream in ("text", "json")
+        for key, unset in (("splitStream", False), ("infoBufferSize", "0"))
+        if str((options.get(stream) or {}).get(key, unset)) not in (str(unset), "None", "")
+    ]
+    if forbidden and not gate_enabled(cfg.feature_gates, "LoggingAlphaOptions"):
+        raise ConfigError("initialize logging: " + (forbidden[0] if len(forbidden) == 1 else f"[{', '.join(forbidden)}]"))
 
 
 # Upstream's nodePortAddresses keywords (kubeproxy.proxy.options expands them).

@@ -102,8 +102,11 @@ TABLE: dict[str, tuple[list[str], Check]] = {
     "vmodule": (["--vmodule=proxier*=5"], lambda i: True),
     "logging-format": (["--logging-format=json"], lambda i: i.cfg.logging_format == "json"),
     "log-flush-frequency": (["--log-flush-frequency=5s"], lambda i: True),
-    "log-json-info-buffer-size": (["--log-json-info-buffer-size=1Mi"], lambda i: True),
-    "log-json-split-stream": (["--log-json-split-stream"], lambda i: True),
+    # Upstream refuses the alpha logging options unless their gate is on.
+    "log-json-info-buffer-size": (["--log-json-info-buffer-size=1Mi", "--feature-gates=LoggingAlphaOptions=true"],
+                                  lambda i: i.cfg.logging_extra["options"]["json"]["infoBufferSize"] == "1Mi"),
+    "log-json-split-stream": (["--log-json-split-stream", "--feature-gates=LoggingAlphaOptions=true"],
+                              lambda i: i.cfg.logging_extra["options"]["json"]["splitStream"] is True),
     "log-text-info-buffer-size": (["--log-text-info-buffer-size=0"], lambda i: True),
     "log-text-split-stream": (["--log-text-split-stream=false"], lambda i: True),
     "version": (["--version"], lambda i: i.version),

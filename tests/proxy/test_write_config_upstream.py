@@ -103,3 +103,31 @@ def test_upstream_loads_our_file_strictly_and_writes_it_back_unchanged(args: lis
     assert "lenient decoding" not in done.stderr
     assert back.read_text() == ours.read_text()
 
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--log-text-split-stream", "--log-json-info-buffer-size=1Mi"],
+         "initialize logging: [logging.options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled, "
+         "logging.options.json.infoBufferSize: Forbidden: Feature LoggingAlphaOptions is disabled]"),
+        (["--logging-format=json", "--vmodule=a=2"],
+         "initialize logging: logging.vmodule: Forbidden: Only supported for text log format"),
+    ],
+)  # fmt: skip
+def test_logging_options_are_refused_as_upstream_refuses_them(args: list[str], message: str) -> None:
+    """Upstream v1.37.2's own messages for these command lines (its `command failed` error)."""
+    from kubeproxy.proxy import flags
+    from kubeproxy.proxy.config import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        flags.resolve(flags.parse(args))
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("args", [["--log-text-split-stream", "--feature-gates=LoggingAlphaOptions=true"],
+                                  ["--vmodule=a=2", "--log-text-split-stream=false"]])  # fmt: skip
+def test_logging_options_upstream_accepts(args: list[str]) -> None:
+    from kubeproxy.proxy import flags
+
+    assert flags.resolve(flags.parse(args)).cfg.logging_extra
