@@ -280,7 +280,7 @@ def test_rbac_grants_exactly_what_the_api_source_requests(objects: dict[str, JSO
     rights = granted(role)
     assert needed <= rights
     # Beyond that only upstream's node-proxier extras: its own Node by name, and events.
-    events = {(verb, group, "events") for verb in ("create", "patch") for group in ("", "events.k8s.io")}
+    events = {(verb, group, "events") for verb in ("create", "update", "patch") for group in ("", "events.k8s.io")}
     assert rights - needed == {("get", "", "nodes"), *events}
     # Cluster-wide: bound by a ClusterRoleBinding (a RoleBinding would limit it to one namespace).
     assert objects["ClusterRoleBinding"]["kind"] == "ClusterRoleBinding"

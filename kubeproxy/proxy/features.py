@@ -24,7 +24,9 @@ RELEASE_DATA = "feature_gates_v1_37.json"
 ALL_ALPHA = "AllAlpha"
 ALL_BETA = "AllBeta"
 # The gates whose state changes what kubeproxy does (read through `GateRegistry.enabled`).
-IMPLEMENTED = frozenset({"PreferSameTrafficDistribution", "RelaxedServiceNameValidation", "NFTablesProxyMode"})
+IMPLEMENTED = frozenset({
+    "PreferSameTrafficDistribution", "RelaxedServiceNameValidation", "NFTablesProxyMode", "KubeProxyIPVS",
+})
 
 
 class FeatureGateError(ValueError):

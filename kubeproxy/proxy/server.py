@@ -30,6 +30,7 @@ from kubeproxy.proxy.preflight import ApiConnection, PreflightError, api_connect
 from kubeproxy.proxy.startup import config_warnings, node_facts, summary
 from kubeproxy.proxy.sysctls import SysctlError, apply_oom_score_adj, configure_conntrack
 from kubeproxy.proxy.zpages import ZPages, flag_values
+from kubeproxy.sources.event_recorder import EventRecorder, KubeEvent, node_ref
 from kubeproxy.version import VersionInfo
 
 log = logging.getLogger(STARTUP_LOGGER)
@@ -101,11 +102,23 @@ def main(
         return 1
     for warning in report.warnings:
         log.warning(warning)
+    startup_events = _mode_warnings(cfg)  # after the sysctls, where upstream creates the proxier
     if inv.init_only:
         log.info(kv("Initialization done (--init-only)", conntrack=report.set or "unchanged"))
         return 0
     pages = ZPages(cfg, flag_values(parsed.values), started).routes()
-    return _serve(inv, pages, api)
+    return _serve(inv, pages, api, startup_events)
+
+
+def _mode_warnings(cfg: ProxyConfig) -> list[tuple[str, str, str]]:
+    """The mode's start-up warning, logged as upstream logs it; the (reason, action, note) of the
+    Warning Event it records about the Node."""
+    if cfg.mode != "ipvs":
+        return []
+    from kubeproxy.backends.ipvs import deprecation
+
+    log.error(kv(deprecation.MESSAGE))
+    return [(deprecation.REASON, deprecation.ACTION, deprecation.MESSAGE)]
 
 
 def _write_config(cfg: ProxyConfig, path: str) -> int:
@@ -193,10 +206,24 @@ class _Announcing:
     """The source, plus the start-up line once its initial state is in (the node is known then),
     plus the --config watch (its change ends the source, hence the proxy)."""
 
-    def __init__(self, inner: Any, proxy: Any, inv: upstream_flags.Invocation, node_from: str, source: str) -> None:
+    def __init__(self, inner: Any, proxy: Any, inv: upstream_flags.Invocation, node_from: str, source: str,
+                 recorder: EventRecorder | None = None) -> None:
         self.inner, self.proxy, self.inv, self.node_from, self.source = inner, proxy, inv, node_from, source
+        self.recorder = recorder
 
     async def run(self) -> None:
+        if self.recorder is None:
+            await self._run_source()
+            return
+        # Upstream's birth cry, once its informers are started.
+        self.recorder.record(KubeEvent(node_ref(self.proxy.node_name), "Normal", "Starting", "StartKubeProxy"))
+        writer = asyncio.create_task(self.recorder.run(), name="event-recorder")
+        try:
+            await self._run_source()
+        finally:
+            writer.cancel()
+
+    async def _run_source(self) -> None:
         if not self.inv.config_file:
             await self.inner.run()
             return
@@ -232,7 +259,8 @@ def announce(state: Any, inv: upstream_flags.Invocation, node_name: str, node_fr
     log.info(kv("Starting kubeproxy", **fields))
 
 
-def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler], api: ApiConnection | None) -> int:
+def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler], api: ApiConnection | None,
+           startup_events: Sequence[tuple[str, str, str]] = ()) -> int:
     from kubeproxy import live
     from kubeproxy.backends.base import SyncError
     from kubeproxy.cluster.state import ClusterState
@@ -253,9 +281,14 @@ def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler],
         return 1
     proxy.source_name = source
     proxy.metrics_pages = metrics_pages
+    # Events go to the API server only; recorded before the writer starts, they wait for it.
+    recorder = EventRecorder(api.client) if api is not None else None
+    if recorder is not None:
+        for reason, action, note in startup_events:
+            recorder.record(KubeEvent(node_ref(node_name), "Warning", reason, action, note))
     status = 0
     try:
-        asyncio.run(live.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source)))
+        asyncio.run(live.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source, recorder)))
     except* ConfigFileChanged as group:
         log.error(kv("Error running ProxyServer", err=str(_leaf(group))))
         status = 1

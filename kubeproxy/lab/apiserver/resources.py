@@ -68,8 +68,10 @@ NODE = ResourceType(
     (*_META_MERGE_KEYS, (("status", "addresses"), "type"), (("status", "conditions"), "type")),
 )
 NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", False, ("ns",), _META_MERGE_KEYS)
+# What kube-proxy writes (its Events about the Node), stored as given.
+EVENT = ResourceType("events.k8s.io", "v1", "Event", "events", True, ("ev",), _META_MERGE_KEYS)
 
-DEFAULT_RESOURCES: tuple[ResourceType, ...] = (SERVICE, ENDPOINT_SLICE, NODE, NAMESPACE)
+DEFAULT_RESOURCES: tuple[ResourceType, ...] = (SERVICE, ENDPOINT_SLICE, NODE, NAMESPACE, EVENT)
 
 
 _CONTAINER_LISTS = (("spec", "template", "spec", "containers"), ("spec", "template", "spec", "initContainers"))
