@@ -134,7 +134,7 @@ def _recorder(client: _Client, sleeps: Callable[[float], Awaitable[None]], max_q
 
 
 def test_transport_errors_are_retried_then_given_up(caplog: pytest.LogCaptureFixture) -> None:
-    down = httpx2.ConnectError("connection refused")
+    down: Exception = httpx2.ConnectError("connection refused")
     answers: list[_Answer | Exception] = [down] * MAX_TRIES + [down, _Answer(201)]
     client, sleeps = _Client(answers), _Sleeps()
     rec = _recorder(client, sleeps)
