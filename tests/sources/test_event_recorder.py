@@ -135,7 +135,7 @@ def _recorder(client: _Client, sleeps: Callable[[float], Awaitable[None]], max_q
 
 def test_transport_errors_are_retried_then_given_up(caplog: pytest.LogCaptureFixture) -> None:
     down: Exception = httpx2.ConnectError("connection refused")
-    answers: list[_Answer | Exception] = [down] * MAX_TRIES + [down, _Answer(201)]
+    answers: list[_Answer | Exception] = [*([down] * MAX_TRIES), down, _Answer(201)]
     client, sleeps = _Client(answers), _Sleeps()
     rec = _recorder(client, sleeps)
     with caplog.at_level(logging.ERROR, "kubeproxy.events"):
