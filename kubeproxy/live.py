@@ -331,6 +331,7 @@ class LiveProxy:
             node=node,
             nfacct_counters=lane.backend.nfacct_counters,
             conntrack_tcp_liberal=_tcp_liberal(),
+            service_cidrs=self.state.service_cidr_list(),
         )
         lane.backend.family = lane.family
         lane.opts = opts

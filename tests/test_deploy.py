@@ -275,6 +275,8 @@ def test_rbac_grants_exactly_what_the_api_source_requests(objects: dict[str, JSO
         ("watch", "discovery.k8s.io", "endpointslices"),
         ("list", "", "nodes"),
         ("watch", "", "nodes"),
+        ("list", "networking.k8s.io", "servicecidrs"),
+        ("watch", "networking.k8s.io", "servicecidrs"),
     }
     role = objects["ClusterRole"]
     rights = granted(role)

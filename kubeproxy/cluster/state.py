@@ -27,6 +27,8 @@ from kubeproxy.cluster.objects import (
     parse_service,
 )
 from kubeproxy.cluster.schema import Item, as_plain
+from kubeproxy.cluster.servicecidr import KIND as SERVICE_CIDR
+from kubeproxy.cluster.servicecidr import ServiceCIDR, parse_service_cidr
 from kubeproxy.cluster.typed import as_item, parse_item
 from kubeproxy.cluster.validation import ParseOptions
 
@@ -41,6 +43,7 @@ class ClusterState:
     services: dict[Key, Service] = field(default_factory=dict)
     slices: dict[Key, EndpointSlice] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
+    service_cidrs: dict[str, ServiceCIDR] = field(default_factory=dict)
     # What objects are checked against (the node port range): the same for every object applied.
     options: ParseOptions = field(default_factory=ParseOptions, compare=False)
     # The slices of each Service (namespace, service label), each with its insertion number in
@@ -126,6 +129,9 @@ class ClusterState:
                 self._store(parse_endpoint_slice(plain, self.options))
             elif kind == "Node":
                 self._store(parse_node(plain, self.options))
+            elif kind == SERVICE_CIDR:
+                cidr = parse_service_cidr(plain)
+                self.service_cidrs[cidr.name] = cidr
             else:
                 return None  # other kinds (Deployments, ...) share manifests; not ours
         except ObjectError as exc:
@@ -150,15 +156,21 @@ class ClusterState:
 
     def _delete(self, kind: str, obj: Raw) -> None:
         # Deletion needs only the key: a malformed last state must still be removable.
-        if kind == "Node":
+        if kind in ("Node", SERVICE_CIDR):
             _, name, _ = object_ref(kind, obj, namespaced=False)
-            self.nodes.pop(name, None)
+            (self.nodes if kind == "Node" else self.service_cidrs).pop(name, None)
             return
         namespace, name, _ = object_ref(kind, obj)
         if kind == "Service":
             self.services.pop((namespace, name), None)
         elif kind == "EndpointSlice":
             self._pop_slice((namespace, name))
+
+
+    def service_cidr_list(self) -> tuple[str, ...]:
+        """Every CIDR of every ServiceCIDR, each once, sorted: what nftables mode drops
+        unallocated addresses in. A CIDR stays while any ServiceCIDR still lists it."""
+        return tuple(sorted({str(c) for sc in self.service_cidrs.values() for c in sc.cidrs}))
 
 
 def _number(entry: tuple[Key, int]) -> int:

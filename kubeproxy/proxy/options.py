@@ -80,6 +80,9 @@ class NodeOptions:
     nfacct_counters: Collection[str] = NFACCT_COUNTERS
     conntrack_tcp_liberal: bool = False
     prefer_same_node: bool = True
+    # This family's ranges of the cluster's ServiceCIDR objects (nftables mode drops
+    # addresses in them that no Service holds).
+    service_cidrs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept the Kubernetes spelling ("IPv6") from callers that have a plain string.
@@ -188,6 +191,7 @@ def node_options(
     nfacct_counters: Collection[str] = NFACCT_COUNTERS,
     conntrack_tcp_liberal: bool = False,
     local_ips: Sequence[str] = (),
+    service_cidrs: Sequence[str] = (),
 ) -> NodeOptions:
     family = Family(family)
     ips = [ip for ip in node_ips(cfg, node) if Family.of(ipaddress.ip_address(ip)) == family]
@@ -219,4 +223,5 @@ def node_options(
         nfacct_counters=tuple(nfacct_counters),
         conntrack_tcp_liberal=conntrack_tcp_liberal,
         prefer_same_node=gate_enabled(cfg.feature_gates, "PreferSameTrafficDistribution"),
+        service_cidrs=tuple(c for c in service_cidrs if Family.of(ipaddress.ip_network(c, strict=False)) == family),
     )

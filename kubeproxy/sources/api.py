@@ -77,6 +77,7 @@ import msgspec
 from lightkube.core.resource import Resource, api_info
 from lightkube.resources.core_v1 import Node, Service
 from lightkube.resources.discovery_v1 import EndpointSlice
+from lightkube.resources.networking_v1 import ServiceCIDR
 
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.schema import Item, Metadata, decode_list
@@ -127,6 +128,11 @@ def endpoint_slices(label_selector: str = "") -> ResourceSpec:
 def node(name: str) -> ResourceSpec:
     """Only this node: kube-proxy needs its own labels (topology) and addresses, nobody else's."""
     return ResourceSpec.of(Node, field_selector=f"metadata.name={name}")
+
+
+def service_cidrs() -> ResourceSpec:
+    """The cluster's service ranges (nftables mode drops unallocated addresses in them)."""
+    return ResourceSpec.of(ServiceCIDR)
 
 
 class SourceError(Exception):
@@ -738,7 +744,8 @@ class ApiSource:
     reflectors: list[Reflector] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        specs = (services(UPSTREAM_LABEL_SELECTOR), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name))
+        specs = (services(UPSTREAM_LABEL_SELECTOR), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name),
+                 service_cidrs())  # fmt: skip
         self.reflectors = [
             Reflector(
                 self.client,
@@ -755,8 +762,14 @@ class ApiSource:
         ]
 
     @property
+    def _awaited(self) -> list[Reflector]:
+        # As upstream's proxier, the first sync waits for Services, EndpointSlices and the Node,
+        # not for ServiceCIDRs: an API server without them must not hold the rules back.
+        return [r for r in self.reflectors if r.spec.kind != ServiceCIDR.__name__]
+
+    @property
     def synced(self) -> bool:
-        return all(r.synced.is_set() for r in self.reflectors)
+        return all(r.synced.is_set() for r in self._awaited)
 
     @property
     def connected(self) -> bool:
@@ -765,7 +778,7 @@ class ApiSource:
         return all(r.connected for r in self.reflectors)
 
     async def wait_synced(self) -> None:
-        for r in self.reflectors:
+        for r in self._awaited:
             await r.wait_synced()
 
     async def run(self) -> None:

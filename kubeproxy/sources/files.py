@@ -79,9 +79,9 @@ from kubeproxy.sources.events import BatchSink, Sink, WatchEvent, deliver
 
 log = logging.getLogger("kubeproxy.sources.files")
 
-KINDS: tuple[str, ...] = ("Service", "EndpointSlice", "Node")
-_API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1", "Node": "v1"}
-_CLUSTER_SCOPED = frozenset({"Node"})  # the only cluster-scoped kind kube-proxy reads
+KINDS: tuple[str, ...] = ("Service", "EndpointSlice", "Node", "ServiceCIDR")
+_API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1", "Node": "v1", "ServiceCIDR": "networking.k8s.io/v1"}
+_CLUSTER_SCOPED = frozenset({"Node", "ServiceCIDR"})  # the cluster-scoped kinds kube-proxy reads
 RACY_NS = 2_000_000_000  # covers coarse kernel clocks and 1-2 s filesystem timestamps
 
 ObjectKey = tuple[str, str, str]  # (kind, namespace, name); namespace "" for cluster-scoped kinds

@@ -29,12 +29,13 @@ def render_nftables(
     state: ClusterState, cfg: ProxyConfig, *, service_cidrs: tuple[str, ...] = (), family: Family | None = None
 ) -> NftNodeRendering:
     """One family's table (default: the primary family's). Raises ConfigError (from the options)
-    like render_iptables."""
+    like render_iptables. The service CIDRs are the state's ServiceCIDR objects' and `service_cidrs`."""
     hostname, node = choose_node(state, cfg)
     family = family or primary_family(cfg, node)
-    opts = node_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=())
+    cidrs = tuple(dict.fromkeys((*state.service_cidr_list(), *service_cidrs)))
+    opts = node_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=(), service_cidrs=cidrs)
     view = build_view(state.services.values(), state.slices.values(), family, opts.node_name)
-    return NftNodeRendering(view, opts, render(view, opts, service_cidrs=service_cidrs))
+    return NftNodeRendering(view, opts, render(view, opts))
 
 
 def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:

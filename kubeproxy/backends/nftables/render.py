@@ -207,7 +207,8 @@ def render(
     opts: the same options the iptables mode takes (kubeproxy.backends.iptables.options);
         `nfacct_counters`, `localhost_nodeports`, `random_fully` and `conntrack_tcp_liberal`
         have no nftables counterpart (upstream always masquerades fully-random).
-    service_cidrs: the cluster's service CIDRs, if known: other addresses in them are dropped.
+    service_cidrs: service CIDRs besides `opts.service_cidrs` (the ServiceCIDR objects'):
+        addresses in them that no Service holds are dropped.
     previous, changed_services: render incrementally: only the (namespace, name) services in
         `changed_services` are computed again, the rest is taken from `previous`. The result
         equals a full render of `view` provided `previous` rendered the same view for every other
@@ -215,7 +216,8 @@ def render(
         `previous` is not the newest rendering made from its line.
     """
     with paused_gc():
-        return _render(view, _Options(opts, tuple(service_cidrs)), previous, changed_services)
+        cidrs = tuple(dict.fromkeys((*opts.service_cidrs, *service_cidrs)))
+        return _render(view, _Options(opts, cidrs), previous, changed_services)
 
 
 def _render(

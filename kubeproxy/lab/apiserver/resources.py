@@ -71,7 +71,10 @@ NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", False, ("ns",), _M
 # What kube-proxy writes (its Events about the Node), stored as given.
 EVENT = ResourceType("events.k8s.io", "v1", "Event", "events", True, ("ev",), _META_MERGE_KEYS)
 
-DEFAULT_RESOURCES: tuple[ResourceType, ...] = (SERVICE, ENDPOINT_SLICE, NODE, NAMESPACE, EVENT)
+# The cluster's service ranges, which kube-proxy lists and watches.
+SERVICE_CIDR = ResourceType("networking.k8s.io", "v1", "ServiceCIDR", "servicecidrs", False, (), _META_MERGE_KEYS)
+
+DEFAULT_RESOURCES: tuple[ResourceType, ...] = (SERVICE, ENDPOINT_SLICE, NODE, NAMESPACE, EVENT, SERVICE_CIDR)
 
 
 _CONTAINER_LISTS = (("spec", "template", "spec", "containers"), ("spec", "template", "spec", "initContainers"))
