@@ -168,23 +168,23 @@ def _expand(argv: list[str], env: dict[str, str]) -> list[str]:
 
 
 def test_daemonset_command_parses_with_our_cli(objects: dict[str, JSON], tmp_path: Path) -> None:
-    """`kubeproxy run ARGS` parses ARGS as upstream's kube-proxy does (proxy/flags.py)."""
+    """The DaemonSet runs the image's `kube-proxy` as kubeadm's does, and its ARGS parse as
+    upstream's kube-proxy parses them (proxy/flags.py)."""
     c = container(objects["DaemonSet"])
     entrypoint = _containerfile_entrypoint()
-    assert c["command"][0] == entrypoint[0] == "kubeproxy"
+    assert c["command"][0] == entrypoint[0] == "/usr/local/bin/kube-proxy"
     argv = _expand(c["command"][1:], {"NODE_NAME": "node-7"})
-    assert argv[0] == "run"
-    # What `run` does first: the config file (our copy of the ConfigMap's) and the flags that apply with it.
+    # What kube-proxy does first: the config file (our copy of the ConfigMap's) and the flags that apply with it.
     (tmp_path / "config.conf").write_text(config_text(objects))
-    args = [arg.replace("/var/lib/kube-proxy", str(tmp_path)) for arg in argv[1:]]
+    args = [arg.replace("/var/lib/kube-proxy", str(tmp_path)) for arg in argv]
     resolved = resolve(parse(args))
     assert (resolved.cfg.hostname_override, resolved.cfg.mode) == ("node-7", "iptables")
     assert resolved.warnings == ()  # no flag of the DaemonSet is shadowed by the file
 
 
 def test_daemonset_flags_are_listed_by_run_help(objects: dict[str, JSON]) -> None:
-    exe = Path(sys.executable).with_name("kubeproxy")
-    help_text = subprocess.run([str(exe), "run", "--help"], capture_output=True, text=True, check=True, timeout=60).stdout
+    exe = Path(sys.executable).with_name("kube-proxy")
+    help_text = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True, timeout=60).stdout
     flags = [arg.split("=", 1)[0] for arg in container(objects["DaemonSet"])["command"] if arg.startswith("-")]
     assert flags == ["--config", "--hostname-override"]
     for flag in flags:
