@@ -8,13 +8,13 @@ frontend no longer has their backend among its serving endpoints.
     flows.py   parse `conntrack -L` output into `Flow`s (pure)
     stale.py   which flows are stale for a `NodeView`, as deletion `Filter`s (pure); where the
                node's NodePorts are (`NodePorts`), the only addresses NodePort cleanup touches
-    apply.py   run conntrack (list, delete) and `ip route` (local addresses): `clean_stale_entries`,
-               `reconcile`, `Reconciler`
+    netlink.py the table over ctnetlink (list one family's UDP entries, delete chosen ones), as
+               upstream since 1.32: no conntrack program; `table_for` a runner's table
+    apply.py   the reconciler (`clean_stale_entries`, `reconcile`, `Reconciler`), `ip route`
+               (local addresses); `list_flows`/`delete` run the conntrack program for operators
 """
 
 from kubeproxy.backends.conntrack.apply import (
-    ConntrackError,
-    ConntrackMissing,
     Reconciler,
     clean_stale_entries,
     delete,
@@ -24,6 +24,14 @@ from kubeproxy.backends.conntrack.apply import (
     reconcile,
 )
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
+from kubeproxy.backends.conntrack.netlink import (
+    ConntrackError,
+    ConntrackMissing,
+    ConntrackTable,
+    Deleted,
+    NetlinkTable,
+    table_for,
+)
 from kubeproxy.backends.conntrack.stale import (
     Filter,
     Frontends,
@@ -39,9 +47,12 @@ from kubeproxy.backends.conntrack.stale import (
 __all__ = [
     "ConntrackError",
     "ConntrackMissing",
+    "ConntrackTable",
+    "Deleted",
     "Filter",
     "Flow",
     "Frontends",
+    "NetlinkTable",
     "NodePortDestinations",
     "NodePorts",
     "Reconciler",
@@ -57,4 +68,5 @@ __all__ = [
     "reconcile",
     "stale",
     "stale_filters",
+    "table_for",
 ]

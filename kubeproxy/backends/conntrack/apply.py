@@ -1,5 +1,8 @@
-"""The only code that runs `conntrack`: list the UDP entries of one family, delete the stale ones.
-(It also reads the kernel's local addresses, with `ip route`, to know where NodePorts are.)
+"""The reconciler: list the UDP entries of one family, delete the stale ones, over ctnetlink
+(netlink.py). It reads the kernel's local addresses with `ip route`, to know where NodePorts are.
+
+`list_flows` and `delete` drive the `conntrack` program instead, for an operator's look at the
+same selection (`Filter.argv`); the proxy does not run it.
 
 Every function takes a `run` callable (argv, input=, check=, timeout=) so that the same code
 drives the host or a test namespace (`NetNS.run`).
@@ -15,9 +18,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
-from kubeproxy.backends.conntrack.stale import ALL_LOCAL_NODE_PORTS, UDP, Filter, NodePortDestinations, NodePorts, stale_filters
+from kubeproxy.backends.conntrack.netlink import ConntrackError, ConntrackMissing, ConntrackTable, table_for
+from kubeproxy.backends.conntrack.stale import ALL_LOCAL_NODE_PORTS, UDP, Filter, NodePortDestinations, NodePorts, stale
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import Family
@@ -27,14 +30,6 @@ log = logging.getLogger("kubeproxy.conntrack")
 _DELETED = re.compile(r"(\d+) flow entries have been deleted")
 # `ip netns exec` reports a missing program on stderr instead of raising FileNotFoundError.
 _NOT_FOUND = re.compile(r'exec of ".*" failed: No such file or directory')
-
-
-class ConntrackError(SyncError):
-    """conntrack failed; the message carries the command and its complaint."""
-
-
-class ConntrackMissing(ConntrackError):
-    """The conntrack program is not installed."""
 
 
 def _call(run: Runner, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -123,51 +118,36 @@ def clean_stale_entries(
     run: Runner = local_run,
     *,
     node_ports: NodePorts = ALL_LOCAL_NODE_PORTS,
-    binary: str = "conntrack",
+    table: ConntrackTable | None = None,
     ip_binary: str = "ip",
-    timeout: float = 60,
 ) -> int:
-    """Delete every stale UDP entry of `family` (see `stale`); returns the number deleted.
+    """Delete every stale UDP entry of `family` (see `stale`) from the conntrack table where
+    `run` runs its tools (`table_for`), or from `table`; returns the number deleted.
     `node_ports` says where NodePorts are (`NodePorts.of(opts, mode)`): only flows to those
     addresses are NodePort flows.
 
-    Raises ConntrackError (ConntrackMissing without the program) when the table cannot be
-    listed; a failed delete is logged and the others still run, as upstream does.
+    Raises ConntrackError (ConntrackMissing without ctnetlink) when the table cannot be listed;
+    an entry the kernel refuses to delete is logged and the others still go, as upstream does.
     """
     started = time.perf_counter()
     log.debug("Started to reconcile conntrack entries ipFamily=%s", family)
-    flows = list_flows(family, run, binary=binary, timeout=timeout)
+    table = table if table is not None else table_for(run)
+    flows = table.udp_flows(family)
     destinations = node_port_destinations(view, family, node_ports, run, ip_binary=ip_binary)
-    deleted = failed = 0
-    for flt in stale_filters(flows, view, destinations):
-        try:
-            n = delete(flt, family, run, binary=binary, timeout=timeout)
-        except ConntrackMissing:
-            raise
-        except ConntrackError as exc:
-            failed += 1
-            log.error("Failed to clear conntrack entries ipFamily=%s filter=%s err=%s", family, " ".join(flt.argv(family)), exc)
-            continue
-        log.debug("Deleted conntrack entries filter=%s count=%d", " ".join(flt.argv(family)), n)
-        deleted += n
+    gone = stale(flows, view, destinations)
+    result = table.delete_flows(family, gone)
+    for problem in result.errors:
+        log.debug("Failed to delete a conntrack entry ipFamily=%s err=%s", family, problem)
     took = time.perf_counter() - started
-    if failed:
+    if result.errors:
         log.error(
-            "Failed to clear all conntrack entries ipFamily=%s entriesDeleted=%d failedFilters=%d took=%.3fs",
-            family,
-            deleted,
-            failed,
-            took,
-        )
+            "Failed to clear all conntrack entries ipFamily=%s entriesDeleted=%d failed=%d took=%.3fs err=%s",
+            family, result.count, len(result.errors), took, result.errors[0],
+        )  # fmt: skip
     else:
-        log.debug(
-            "Finished reconciling conntrack entries ipFamily=%s entries=%d entriesDeleted=%d took=%.3fs",
-            family,
-            len(flows),
-            deleted,
-            took,
-        )
-    return deleted
+        log.debug("Finished reconciling conntrack entries ipFamily=%s entries=%d entriesDeleted=%d took=%.3fs",
+                  family, len(flows), result.count, took)  # fmt: skip
+    return result.count
 
 
 def reconcile(
@@ -176,31 +156,30 @@ def reconcile(
     run: Runner = local_run,
     *,
     node_ports: NodePorts = ALL_LOCAL_NODE_PORTS,
-    binary: str = "conntrack",
-    timeout: float = 60,
 ) -> int:
     """`clean_stale_entries` that never raises: failures are logged and count as 0 deleted.
 
-    A one-shot: a missing conntrack program is logged on every call. A long-running proxy holds
-    a `Reconciler`, which says it once.
+    A one-shot: missing ctnetlink is logged on every call. A long-running proxy holds a
+    `Reconciler`, which says it once.
     """
-    return Reconciler(run, binary, timeout).reconcile(view, family, node_ports)
+    return Reconciler(run).reconcile(view, family, node_ports)
 
 
 @dataclass
 class Reconciler:
-    """`reconcile` for the live proxy: errors are logged, never raised, and a missing conntrack
-    program is reported once (a node without conntrack-tools still proxies; only the UDP
-    cleanup is lost)."""
+    """`reconcile` for the live proxy: errors are logged, never raised, and missing ctnetlink is
+    reported once (a node without it still proxies; only the UDP cleanup is lost). The table
+    (`table_for(run)`, a ctnetlink socket for the kernel) is opened once and kept."""
 
     run: Runner = local_run
-    binary: str = "conntrack"
-    timeout: float = 60
+    table: ConntrackTable | None = None
     _missing_reported: bool = field(default=False, init=False)
 
     def reconcile(self, view: NodeView, family: str, node_ports: NodePorts = ALL_LOCAL_NODE_PORTS) -> int:
         try:
-            deleted = clean_stale_entries(view, family, self.run, node_ports=node_ports, binary=self.binary, timeout=self.timeout)
+            if self.table is None:
+                self.table = table_for(self.run)
+            deleted = clean_stale_entries(view, family, self.run, node_ports=node_ports, table=self.table)
         except ConntrackMissing as exc:
             if not self._missing_reported:
                 log.warning("Cannot clean up stale UDP conntrack entries: %s", exc)
@@ -209,5 +188,5 @@ class Reconciler:
         except ConntrackError as exc:
             log.error("Failed to list conntrack entries ipFamily=%s err=%s", family, exc)
             return 0
-        self._missing_reported = False  # installed since: say so again if it goes away
+        self._missing_reported = False  # available since: say so again if it goes away
         return deleted

@@ -7,8 +7,10 @@ tell: `-L`/`-D` see only the entries of the `-f` family; `-D` matches the tuples
 addresses, exits 1 when nothing matched and 2 (usage error) for an address of another family
 than `-f`; lines may carry accounting counters (`packets= bytes=` after each tuple), flags,
 `mark=`/`zone=`/`use=` or the `-o extended` family prefix. `ip -4`/`-6` list only that family's
-routes. tests/backends/conntrack/test_fake_vs_kernel.py runs the same scenarios on this and on
-the kernel's conntrack table in namespaces (fed the kernel's own lines), which keeps it honest.
+routes. It is also the table the reconciler prunes over ctnetlink (`udp_flows`, `delete_flows`: see
+netlink.py), on the same lines. tests/backends/conntrack/test_fake_vs_kernel.py runs the same
+scenarios on this and on the kernel's conntrack table in namespaces (fed the kernel's own lines),
+through the program and through ctnetlink, which keeps it honest.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ import ipaddress
 import json
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+
+from kubeproxy.backends.conntrack.flows import Flow, parse_flows
+from kubeproxy.backends.conntrack.netlink import Deleted
+from kubeproxy.proxy.options import Family
 
 # One direction of an entry, as libnetfilter_conntrack prints it (the original tuple first).
 _TUPLE = re.compile(r"(?:^|\s)src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)(?=\s|$)")
@@ -33,6 +39,7 @@ class FakeConntrack:
     table: list[str] = field(default_factory=list)
     local: list[str] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
+    dumps: list[str] = field(default_factory=list)  # the family of each table listing over ctnetlink
 
     def __call__(
         self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
@@ -67,6 +74,21 @@ class FakeConntrack:
         out = "".join(f"{line}\n" for line in gone)
         return self._done(argv, 0 if gone else 1, out, f"{len(gone)} flow entries have been deleted.")
 
+    # The table over ctnetlink (netlink.ConntrackTable), on the same lines.
+
+    def udp_flows(self, family: str) -> list[Flow]:
+        version = _family_version(family)
+        self.dumps.append(family)
+        return list(dict.fromkeys(flow for line in self.table if _entry(line, version) is not None
+                                  for flow in parse_flows([line])))  # fmt: skip
+
+    def delete_flows(self, family: str, flows: Collection[Flow]) -> Deleted:
+        version = _family_version(family)
+        wanted = set(flows)
+        gone = [line for line in self.table if _entry(line, version) is not None and set(parse_flows([line])) & wanted]
+        self.table = [line for line in self.table if line not in gone]
+        return Deleted(len(gone))
+
     @staticmethod
     def _done(argv: list[str], rc: int, out: str, summary: str) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, rc, out, f"{_TOOL}: {summary}\n")
@@ -74,6 +96,12 @@ class FakeConntrack:
 
 # `-D` option -> (tuple: 0 original, 1 reply; field: 0 src, 1 dst, 2 sport, 3 dport)
 _SELECTORS = {"--orig-dst": (0, 1), "--orig-port-dst": (0, 3), "--reply-src": (1, 0), "--reply-port-src": (1, 2)}
+
+
+def _family_version(family: str) -> int:
+    if family not in (Family.IPV4, Family.IPV6):
+        raise ValueError(f"IP family must be {Family.IPV4} or {Family.IPV6}, not {family!r}")
+    return 6 if family == Family.IPV6 else 4
 
 
 def _entry(line: str, family: int) -> list[tuple[str, ...]] | None:

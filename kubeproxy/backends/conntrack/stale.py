@@ -126,7 +126,8 @@ ALL_LOCAL_NODE_PORTS = NodePorts()
 
 @dataclass(frozen=True)
 class Frontends:
-    """Serving endpoints (ip, port) of every UDP frontend that has any."""
+    """Serving endpoints (ip, port) of every UDP service address and port (an empty set for a
+    service without any) and of every UDP NodePort with some."""
 
     by_address: Mapping[tuple[str, int], frozenset[Backend]]
     by_node_port: Mapping[int, frozenset[Backend]]
@@ -139,11 +140,12 @@ def frontends(view: NodeView) -> Frontends:
         if info.protocol != UDP:
             continue
         serving = {(ep.ip, ep.port) for ep in view.endpoints.get(name, ()) if ep.serving}
-        if not serving:
-            continue
+        # Without serving endpoints every flow to its addresses is stale: an established flow
+        # stays DNATed to the endpoint that went, past the reject rule for the service's address.
         for ip in (info.cluster_ip, *info.load_balancer_vips, *info.external_ips):
             by_address.setdefault((str(ip), info.port), set()).update(serving)
-        if info.node_port:
+        # NodePorts only with endpoints, as upstream: flows on that port are not all a NodePort's.
+        if info.node_port and serving:
             by_node_port.setdefault(info.node_port, set()).update(serving)
     return Frontends(
         {k: frozenset(v) for k, v in by_address.items()},

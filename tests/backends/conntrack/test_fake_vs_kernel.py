@@ -33,7 +33,19 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.conntrack import Filter, Flow, NodePorts, clean_stale_entries, delete, parse_flows
+from kubeproxy.backends.conntrack import (
+    ConntrackTable,
+    Filter,
+    Flow,
+    NetlinkTable,
+    NodePorts,
+    clean_stale_entries,
+    delete,
+    list_flows,
+    node_port_destinations,
+    parse_flows,
+    stale_filters,
+)
 from kubeproxy.backends.conntrack.fake import FakeConntrack
 from kubeproxy.backends.exec import Runner
 from kubeproxy.lab.netns import NetNS, link, netns
@@ -232,16 +244,24 @@ NODE_PORTS = {
 }
 
 
+def _program_cleanup(view: NodeView, family: str, run: Runner, node_ports: NodePorts) -> int:
+    """The cleanup's selection carried out with the conntrack program (`Filter.argv`)."""
+    flows = list_flows(family, run)
+    destinations = node_port_destinations(view, family, node_ports, run)
+    return sum(delete(flt, family, run) for flt in stale_filters(flows, view, destinations))
+
+
 def _cleanup(tool: _Tool, node_ports: str) -> list[Any]:
-    """The proxy's cleanup for each family, then the commands it could issue next; what was seen."""
+    """The cleanup through the conntrack program for each family, then the commands an operator
+    could issue next; what was seen."""
     seen: list[Any] = []
     for family in FAMILIES:
         a = ADDRS[family]
         rec = _Recorder(tool.run)
-        deleted = clean_stale_entries(_view(a), family, rec, node_ports=NODE_PORTS[node_ports](a))
+        deleted = _program_cleanup(_view(a), family, rec, NODE_PORTS[node_ports](a))
         seen.append((family, "cleanup", deleted, rec.seen, tool.remaining()))
         rec = _Recorder(tool.run)
-        again = clean_stale_entries(_view(a), family, rec, node_ports=NODE_PORTS[node_ports](a))
+        again = _program_cleanup(_view(a), family, rec, NODE_PORTS[node_ports](a))
         seen.append((family, "second pass", again, rec.seen, tool.remaining()))
         # A filter whose entries are gone already (deleted by another pass): nothing, exit 1.
         rec = _Recorder(tool.run)
@@ -285,6 +305,63 @@ def test_the_fake_cleans_up_as_the_kernel_does(accounting: bool, node_ports: str
     assert any(f.protocol == "tcp" and f.orig_sport == TCP_SPORT for f in last)  # the TCP flow survived
 
 
+# ------------------------------------------------------------------ the same, over ctnetlink
+
+
+def _no_program(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    raise AssertionError(f"the reconciler ran {argv[0]}")  # only `ip` is expected, and only when asked for
+
+
+def _netlink_cleanup(table: ConntrackTable, node: NetNS, node_ports: str) -> list[Any]:
+    """The proxy's cleanup for each family on `table`, then deletions it could be asked for next."""
+    seen: list[Any] = []
+    for family in FAMILIES:
+        a = ADDRS[family]
+        ports = NODE_PORTS[node_ports](a)
+        # `ip` answers from the node (the same local routes for both tables); nothing else runs.
+        run: Runner = node.run if ports.all_local else _no_program
+        listed = frozenset(table.udp_flows(family))
+        deleted = clean_stale_entries(_view(a), family, run, node_ports=ports, table=table)
+        seen.append((family, "cleanup", listed, deleted, frozenset(table.udp_flows(family))))
+        again = clean_stale_entries(_view(a), family, run, node_ports=ports, table=table)
+        seen.append((family, "second pass", again, frozenset(table.udp_flows(family))))
+        # A flow already gone, and a flow of the other family: nothing to delete, not an error.
+        gone = next(f for f in listed if f.orig_sport == 40001)
+        other = next(iter(table.udp_flows(Family.IPV6 if family == Family.IPV4 else Family.IPV4)))
+        table.udp_flows(family)
+        seen.append((family, "gone and other family", table.delete_flows(family, [gone, other])))
+        # Y's flow, asked for by itself: it goes.
+        y = next(f for f in table.udp_flows(family) if f.orig_sport == 40002)
+        seen.append((family, "one flow", table.delete_flows(family, [y]), frozenset(table.udp_flows(family))))
+    return seen
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("node_ports", sorted(NODE_PORTS))
+def test_the_fake_table_cleans_up_as_the_kernels_over_ctnetlink(node_ports: str) -> None:
+    with _bed(accounting=False) as (_, node):
+        fake = FakeConntrack(table=[line for line in node.run(["conntrack", "-L"]).stdout.splitlines() if line.strip()])
+        before = _flows(node)
+        kernel = NetlinkTable(node.netns_path)
+        try:
+            on_kernel = _netlink_cleanup(kernel, node, node_ports)
+        finally:
+            kernel.close()
+        after = _flows(node)  # read by the conntrack program: an oracle independent of ours
+        on_fake = _netlink_cleanup(fake, node, node_ports)
+    assert len(on_kernel) == len(on_fake)
+    for got, want in zip(on_fake, on_kernel, strict=True):
+        assert got == want, f"{want[0]} {want[1]}: the fake differs from the kernel"
+    # Not vacuous: the stale flows and Y's went and everything else stayed, as the program sees it.
+    for family in FAMILIES:
+        _, _, listed, deleted, _ = next(s for s in on_kernel if s[:2] == (family, "cleanup"))
+        assert deleted == 3 and {f.orig_sport for f in listed} >= {*STALE_SPORTS, 40002, 40003, OWN_SPORT}
+        assert all(f.protocol == "udp" for f in listed)
+    gone = {f for f in before if f.protocol == "udp" and f.orig_sport in (*STALE_SPORTS, 40002)}
+    assert after == before - gone
+    assert any(f.protocol == "tcp" and f.orig_sport == TCP_SPORT for f in after)  # the TCP flow survived
+
+
 # ------------------------------------------------------------------ without root
 
 # `conntrack -L` in the node namespace of the test above, accounting on (IPv4 and IPv6 lines mixed)
@@ -311,7 +388,7 @@ def test_the_fake_answers_what_the_kernel_answered() -> None:
     assert [r["dst"] for r in routes] == ["fd00::1", "::1"]
 
     a = ADDRS[Family.IPV4]
-    assert clean_stale_entries(_view(a), Family.IPV4, fake) == 3  # X's to A (two), Z's never DNATed
+    assert _program_cleanup(_view(a), Family.IPV4, fake, NodePorts()) == 3  # X's to A (two), Z's never DNATed
     assert {(f.protocol, f.orig_sport) for f in parse_flows(fake.table)} == {
         ("udp", 40001), ("tcp", 40020), ("udp", 40010), ("udp", 40003), ("udp", 40002),  # 40001: IPv6
     }  # fmt: skip

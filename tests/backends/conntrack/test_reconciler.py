@@ -1,10 +1,11 @@
 """Stale UDP conntrack cleanup without a kernel: parsing `conntrack -L`, upstream's reconciler
-cases (pkg/proxy/conntrack/cleanup_test.go), the deletion commands and their failures.
+cases (pkg/proxy/conntrack/cleanup_test.go), the `conntrack -D` selections and the failures of
+the table.
 
-Reconcile runs against `FakeConntrack`, a runner that keeps a table of `conntrack -L` lines and
-implements `-L -p udp -f F` and `-D` with the tuple options by its own matching (not ours), so
-"what is left afterwards" is checked as upstream's fake netlink handler checks it. The real
-conntrack program's matching is covered by tests/backends/conntrack/test_kernel.py.
+Reconcile runs against `FakeConntrack`, the in-memory table the reconciler prunes as it prunes the
+kernel's over ctnetlink (and a runner for `ip` and the conntrack program, which it also fakes), so
+"what is left afterwards" is checked as upstream's fake netlink handler checks it. The kernel's
+side is tests/backends/conntrack/test_kernel.py and test_fake_vs_kernel.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import ipaddress
 import logging
 import random
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -21,8 +23,10 @@ import pytest
 from kubeproxy.backends.conntrack import (
     ConntrackError,
     ConntrackMissing,
+    Deleted,
     Filter,
     Flow,
+    NetlinkTable,
     NodePortDestinations,
     NodePorts,
     Reconciler,
@@ -35,8 +39,11 @@ from kubeproxy.backends.conntrack import (
     reconcile,
     stale,
     stale_filters,
+    table_for,
 )
 from kubeproxy.backends.conntrack.fake import FakeConntrack
+from kubeproxy.backends.exec import local_run
+from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.cluster.objects import parse_endpoint_slice, parse_service
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
@@ -94,7 +101,7 @@ def slice_obj(service: str = "cleanup-test", protocols: Sequence[str] = ("TCP", 
     }
 
 
-def view_of(services: list[dict[str, Any]], slices: list[dict[str, Any]], family: str = Family.IPV4) -> NodeView:
+def view_of(services: list[dict[str, Any]], slices: list[dict[str, Any]], family: Family = Family.IPV4) -> NodeView:
     return build_view([parse_service(s) for s in services], [parse_endpoint_slice(e) for e in slices], family, "test-worker")
 
 
@@ -173,14 +180,14 @@ def test_upstream_clean_stale_entries_through_conntrack() -> None:
     udp_before = [line for line in before if line.startswith("udp ")]
     assert sorted(ct.table) == sorted(after)
     assert deleted == len(before) - len(after) == len(udp_before) - len([x for x in after if x.startswith("udp ")])
-    # One `conntrack -D` per (frontend, stale backend); here every stale entry has its own pair.
-    deletes = [c for c in ct.calls if c[1] == "-D"]
-    assert len(deletes) == len(stale_filters(parse_flows(before), upstream_view(), NODE)) == deleted
+    # Every stale entry is its own (frontend, backend) pair here; no conntrack program ran.
+    assert len(stale_filters(parse_flows(before), upstream_view(), NODE)) == deleted
+    assert [c[0] for c in ct.calls] == ["ip"]
 
 
 def test_upstream_performance_one_delete_for_many_stale_entries() -> None:
-    """Upstream's TestPerformanceCleanStaleEntries, with 60k entries instead of 1M: every stale
-    entry shares one frontend and backend, so one listing and one delete do it all."""
+    """Upstream's TestPerformanceCleanStaleEntries, with 60k entries instead of 1M: one listing,
+    and only the stale entries deleted."""
     view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
     line = Lines()
     table = [line("udp", EXTERNAL_IP, SVC_PORT, SERVING_EP, EP_PORT), line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT)]
@@ -196,19 +203,23 @@ def test_upstream_performance_one_delete_for_many_stale_entries() -> None:
     ct = FakeConntrack(local=list(LOCAL_ROUTES), table=table)
     assert reconcile(view, Family.IPV4, ct) == expected_deleted
     assert len(ct.table) == expected_left
-    assert [c[1] for c in ct.calls] == ["-L", "-D"]
-    assert ct.calls[1][2:] == Filter(SVC_PORT, DELETED_EP, EP_PORT, EXTERNAL_IP).argv(Family.IPV4)
+    assert ct.calls == []  # no NodePort: not even the local addresses were asked for
 
 
-def test_upstream_service_without_endpoints_keeps_its_entries() -> None:
-    # The slice belongs to another service: this one has no endpoints, so nothing is cleaned.
-    view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(service="non-existing-service", protocols=["UDP"])])
+def test_upstream_service_without_endpoints() -> None:
+    """Upstream's TestServiceWithoutEndpoints: the slice belongs to another service, so this one
+    has no serving endpoint and every UDP flow to its addresses and port goes, whichever endpoint
+    it reached; a flow to another port, a TCP flow and a flow to its NodePort stay."""
+    view = view_of([service_obj(ports=[("test-udp", "UDP", NODE_PORT)])],
+                   [slice_obj(service="non-existing-service", protocols=["UDP"])])  # fmt: skip
     line = Lines()
-    table = [line("udp", EXTERNAL_IP, SVC_PORT, SERVING_EP, EP_PORT), line("udp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT)]
-    ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(table))
-    assert reconcile(view, Family.IPV4, ct) == 0
-    assert ct.table == table
-    assert [c[1] for c in ct.calls] == ["-L"]
+    stale_lines = [line("udp", ip, SVC_PORT, ep, EP_PORT) for ip in (CLUSTER_IP, LB_IP, EXTERNAL_IP)
+                   for ep in (SERVING_EP, DELETED_EP)]  # fmt: skip
+    keep = [line("udp", EXTERNAL_IP, NON_SVC_PORT, DELETED_EP, EP_PORT), line("tcp", EXTERNAL_IP, SVC_PORT, DELETED_EP, EP_PORT),
+            line("udp", NODE_IP, NODE_PORT, DELETED_EP, EP_PORT)]  # fmt: skip
+    ct = FakeConntrack(local=list(LOCAL_ROUTES), table=stale_lines + keep)
+    assert reconcile(view, Family.IPV4, ct) == 6
+    assert ct.table == keep
 
 
 @pytest.mark.parametrize(
@@ -290,8 +301,7 @@ def test_node_port_53_leaves_the_nodes_own_dns_flows_alone() -> None:
     ct = FakeConntrack(local=list(LOCAL_ROUTES), table=list(table))
     assert reconcile(dns_node_port_view(), Family.IPV4, ct) == 2
     assert sorted(ct.table) == sorted(keep)
-    deletes = [c for c in ct.calls if c[1] == "-D"]
-    assert deletes and all(c[c.index("--orig-dst") + 1] == NODE_IP for c in deletes)
+    assert all(f.orig_dst == NODE_IP for f in set(parse_flows(table)) - set(parse_flows(ct.table)))
 
 
 def test_node_port_destinations_follow_the_options() -> None:
@@ -350,11 +360,11 @@ def test_local_addresses_are_asked_only_when_needed() -> None:
 )
 def test_unknown_local_addresses_leave_node_port_flows_alone(failure: Any, caplog: pytest.LogCaptureFixture) -> None:
     table, _ = dns_flows()
-    listed = (0, "".join(f"{x}\n" for x in table), "")
+    ct = FakeConntrack(table=list(table))
     with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
-        run = runner(listed, failure)
-        assert reconcile(dns_node_port_view(), Family.IPV4, run) == 0
-    assert [c[0] for c in run.calls] == ["conntrack", "ip"]  # listed, asked, deleted nothing
+        run = runner(failure)
+        assert clean_stale_entries(dns_node_port_view(), Family.IPV4, run, table=ct) == 0
+    assert [c[0] for c in run.calls] == ["ip"] and ct.table == table  # listed, asked, deleted nothing
     assert "NodePort conntrack entries are left alone" in caplog.text
     with pytest.raises(Exception, match="route show"):
         local_routes(Family.IPV4, runner(failure))
@@ -470,59 +480,72 @@ def test_delete_other_failure_is_an_error() -> None:
         delete(Filter(53, "10.244.1.1", 5300, "10.96.0.10"), Family.IPV4, run)
 
 
-def test_failed_delete_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+@dataclass
+class _Table:
+    """A conntrack table that fails as told: listing raises `listing`, each delete of a flow in
+    `refused` fails with a message."""
+
+    flows: list[Flow] = field(default_factory=list)
+    listing: ConntrackError | None = None
+    refused: frozenset[Flow] = frozenset()
+    deleted: list[Flow] = field(default_factory=list)
+
+    def udp_flows(self, family: str) -> list[Flow]:
+        if self.listing is not None:
+            raise self.listing
+        return list(self.flows)
+
+    def delete_flows(self, family: str, flows: Collection[Flow]) -> Deleted:
+        errors = tuple(f"{f.orig_dst}: Operation not permitted" for f in flows if f in self.refused)
+        self.deleted += [f for f in flows if f not in self.refused]
+        return Deleted(len(flows) - len(errors), errors)
+
+
+def test_failed_delete_is_logged_and_the_others_still_go(caplog: pytest.LogCaptureFixture) -> None:
     line = Lines()
-    table = line("udp", CLUSTER_IP, SVC_PORT, DELETED_EP, EP_PORT) + "\n" + line("udp", LB_IP, SVC_PORT, DELETED_EP, EP_PORT)
-    run = runner(
-        (0, table, ""),
-        (1, "", "conntrack v1.4.7 (conntrack-tools): Operation failed: such entry\n"),
-        (0, "x\n", "conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n"),
-    )
+    flows = parse_flows([line("udp", ip, SVC_PORT, DELETED_EP, EP_PORT) for ip in (CLUSTER_IP, LB_IP)])
+    table = _Table(flows, refused=frozenset(flows[:1]))
     view = view_of([service_obj(ports=[("test-udp", "UDP", 0)])], [slice_obj(protocols=["UDP"])])
     with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
-        assert reconcile(view, Family.IPV4, run) == 1
-    assert len(run.calls) == 3
+        assert Reconciler(runner(), table).reconcile(view, Family.IPV4) == 1
+    assert table.deleted == flows[1:]
     assert any("Failed to clear all conntrack entries" in r.getMessage() for r in caplog.records)
 
 
 def test_listing_failure_raises_from_clean_stale_entries_and_is_logged_by_reconcile(caplog: pytest.LogCaptureFixture) -> None:
     view = upstream_view()
-    refused = (1, "", "conntrack v1.4.7 (conntrack-tools): Operation not permitted\n")
-    with pytest.raises(ConntrackError, match="Operation not permitted"):
-        clean_stale_entries(view, Family.IPV4, runner(refused))
+    refused = ConntrackError("listing the IPv4 UDP conntrack entries: [Errno 105] No buffer space available")
+    with pytest.raises(ConntrackError, match="No buffer space"):
+        clean_stale_entries(view, Family.IPV4, runner(), table=_Table(listing=refused))
     with caplog.at_level(logging.ERROR, logger="kubeproxy.conntrack"):
-        assert reconcile(view, Family.IPV4, runner(refused)) == 0
-        assert Reconciler(runner(refused)).reconcile(view, Family.IPV4) == 0
+        assert Reconciler(runner(), _Table(listing=refused)).reconcile(view, Family.IPV4) == 0
+        assert Reconciler(runner()).reconcile(view, Family.IPV4) == 0  # a runner with no table
     assert caplog.text.count("Failed to list conntrack entries") == 2
 
 
-@pytest.mark.parametrize(
-    "missing",
-    [
-        FileNotFoundError(2, "No such file or directory", "conntrack"),  # subprocess on the host
-        (1, "", 'exec of "conntrack" failed: No such file or directory\n'),  # ip netns exec
-    ],
-)
-def test_missing_conntrack_is_reported_once(missing: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_missing_ctnetlink_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     view = upstream_view()
-    with pytest.raises(ConntrackMissing):
-        clean_stale_entries(view, Family.IPV4, runner(missing))
-    rec = Reconciler(runner(missing, missing, missing))
+    missing = _Table(listing=ConntrackMissing("Protocol not supported (the UDP cleanup needs ctnetlink: ...)"))
+    rec = Reconciler(runner(), missing)
     with caplog.at_level(logging.DEBUG, logger="kubeproxy.conntrack"):
         assert [rec.reconcile(view, Family.IPV4) for _ in range(3)] == [0, 0, 0]
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "conntrack: not found" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "needs ctnetlink" in warnings[0].getMessage()
 
 
-def test_real_missing_binary_on_the_host() -> None:
-    with pytest.raises(ConntrackMissing, match="conntrack-not-installed-here: not found"):
-        clean_stale_entries(upstream_view(), Family.IPV4, binary="conntrack-not-installed-here")
-    assert reconcile(upstream_view(), Family.IPV4, binary="conntrack-not-installed-here") == 0
+def test_tables_for_each_runner() -> None:
+    node = FakeNode()
+    assert table_for(node.run) is node.conntrack
+    ct = FakeConntrack()
+    assert table_for(ct) is ct
+    assert isinstance(table_for(local_run), NetlinkTable) and table_for(local_run).netns_path is None  # type: ignore[attr-defined]
+    with pytest.raises(ConntrackError, match="no conntrack table"):
+        table_for(runner())
 
 
 def test_bad_family_names_the_choices() -> None:
     with pytest.raises(ValueError, match="IPv4 or IPv6, not 'ipv4'"):
-        reconcile(upstream_view(), "ipv4", runner())
+        reconcile(upstream_view(), "ipv4", FakeConntrack())
 
 
 # -- when to run
