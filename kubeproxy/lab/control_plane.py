@@ -224,6 +224,9 @@ class ControlPlane:
                 "--service-account-private-key-file", str(p("sa.key")),
                 "--root-ca-file", str(p("ca.crt")),
                 "--service-cluster-ip-range", service_cidr,
+                # Each controller acts as its own ServiceAccount under the bootstrap roles, as
+                # kubeadm runs it (system:kube-controller-manager itself may not write slices).
+                "--use-service-account-credentials",
                 "--leader-elect=false", "--secure-port", "0",
             ])  # fmt: skip
             cp._spawn("kubectl-proxy", ["proxy", "--kubeconfig", str(admin), "--unix-socket", str(socket_path)],

@@ -1,0 +1,309 @@
+"""Upstream's kube-proxy and ours side by side, against upstream's control plane.
+
+    switch (bridge) ── control 192.168.30.2   etcd, kube-apiserver :6443, kube-controller-manager
+                   ├── node-a  192.168.30.11  pods 10.244.1.0/24   upstream's kube-proxy
+                   ├── node-b  192.168.30.12  pods 10.244.2.0/24   ours (.venv/bin/kube-proxy)
+                   └── node-c  192.168.30.13  pods 10.244.3.0/24   no proxy: remote pods for both
+
+Every box is a network namespace, removed with its processes when the block ends. The lab kubelet
+(lab/kubelet.py) registers the three Nodes and reports each pod (a namespace wired to its node,
+running the probe server) with its IP and readiness; upstream's EndpointSlice controller makes the
+slices. Both proxies run as deployed: deploy/00-rbac.yaml applied with upstream's kubectl, a
+TokenRequest token for its ServiceAccount and the cluster's CA, TLS verified, the same flags.
+
+node-a and node-b play symmetric roles: the same zone, and pods placed in mirror image
+(`add_mirrored_pods`), so their rulesets are equal once each node's own endpoints are named by
+role (lab/rules_compare.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubeproxy.lab import netns as L
+from kubeproxy.lab import rules_compare
+from kubeproxy.lab.cluster import HTTP_GET, PROBE, SYNC_METRIC, ClusterError, await_ready, pod_interface, wire_pod
+from kubeproxy.lab.control_plane import ControlPlane
+from kubeproxy.lab.kubelet import LabKubelet, NodeInfo, PodInfo
+
+UNDERLAY = ipaddress.ip_network("192.168.30.0/24")
+CONTROL_IP = "192.168.30.2"
+CLUSTER_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/12"
+ZONE = "zone-a"
+UPSTREAM_NODE = "node-a"
+OURS_NODE = "node-b"
+POD_HOST_NODE = "node-c"
+POD_PORT = 8080
+METRICS_BIND = "127.0.0.1:10249"
+RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "00-rbac.yaml"
+_NODE_SYSCTLS = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=2", "net.ipv4.conf.default.rp_filter=2"]
+_FIRST_POD_HOST = 10
+
+
+@dataclass
+class BedNode:
+    name: str
+    ip: str
+    pod_cidr: str
+    ns: L.NetNS
+    proxy: subprocess.Popen[str] | None = None
+    next_host: int = _FIRST_POD_HOST
+
+
+@dataclass
+class BedPod:
+    info: PodInfo
+    ns: L.NetNS
+
+
+@dataclass
+class SideBySide:
+    workdir: Path
+    cp: ControlPlane
+    kubelet: LabKubelet
+    switch: L.NetNS
+    nodes: dict[str, BedNode] = field(default_factory=dict)
+    pods: dict[str, BedPod] = field(default_factory=dict)
+    changed_at: float = 0.0  # wall-clock time of the last change the bed made (as the sync metric counts)
+    _stack: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    @classmethod
+    @contextmanager
+    def build(cls, bin_dir: Path) -> Iterator[SideBySide]:
+        with ExitStack() as stack:
+            workdir = Path(tempfile.mkdtemp(prefix="kp-side-by-side-"))
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+            switch = stack.enter_context(L.netns("kpsbsw"))
+            control = stack.enter_context(L.netns("kpsbcp"))
+            L.ip_batch(switch, ["link add br0 type bridge", "link set br0 up"])
+            switch.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0"], check=False)
+            _attach(switch, control, f"{CONTROL_IP}/{UNDERLAY.prefixlen}", 0)
+            cp = stack.enter_context(
+                ControlPlane.start(bin_dir, workdir / "control-plane", ns=control, address=CONTROL_IP, service_cidr=SERVICE_CIDR)
+            )
+            bed = cls(workdir, cp, LabKubelet(cp.api), switch, _stack=stack)
+            for index, name in enumerate((UPSTREAM_NODE, OURS_NODE, POD_HOST_NODE), start=1):
+                ns = stack.enter_context(L.netns(f"kpsbn{index}"))
+                node = BedNode(name, str(UNDERLAY[10 + index]), f"10.244.{index}.0/24", ns)
+                bed.nodes[name] = node
+                _attach(switch, ns, f"{node.ip}/{UNDERLAY.prefixlen}", index)
+                ns.run(["sysctl", "-qw", *_NODE_SYSCTLS])
+                bed.kubelet.register_node(NodeInfo(name, (node.ip,), (node.pod_cidr,), ZONE))
+            for node in bed.nodes.values():
+                routes = [f"route add {n.pod_cidr} via {n.ip}" for n in bed.nodes.values() if n is not node]
+                L.ip_batch(node.ns, routes)
+            cp.run_kubectl("apply", "-f", str(RBAC_MANIFEST))
+            stack.callback(bed.stop_proxies)
+            yield bed
+
+    # ---- pods ---------------------------------------------------------------------------------
+
+    def add_pod(self, name: str, node_name: str, labels: Mapping[str, str], *, ready: bool = True) -> BedPod:
+        """A pod namespace on `node_name` running the probe on POD_PORT, reported through the API."""
+        node = self.nodes[node_name]
+        ip = str(ipaddress.ip_network(node.pod_cidr)[node.next_host])
+        node.next_host += 1
+        ns = L.create("kpsbpod")
+        pod = BedPod(PodInfo(name, node_name, (ip,), dict(labels), (("http", POD_PORT, "TCP"),)), ns)
+        self.pods[name] = pod
+        self._stack.callback(ns.delete)
+        wire_pod(node.ns, ns, pod_interface(ns, name), ip)
+        child = ns.popen([*PROBE, "serve", "--proto", "tcp", "--listen", f"{ip}:{POD_PORT}"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL)  # fmt: skip
+        await_ready(f"the probe in pod {name}", child, timeout=15)
+        self.changed_at = time.time()
+        self.kubelet.report_pod(pod.info, ready=ready)
+        return pod
+
+    def add_mirrored_pods(self, base: str, labels: Mapping[str, str]) -> None:
+        """One pod on each proxy node, `base-node-a` and `base-node-b`: their roles mirror."""
+        for node_name in (UPSTREAM_NODE, OURS_NODE):
+            self.add_pod(f"{base}-{node_name}", node_name, labels)
+
+    def set_ready(self, name: str, ready: bool) -> None:
+        self.changed_at = time.time()
+        self.kubelet.set_ready(self.pods[name].info, ready)
+
+    def start_termination(self, name: str) -> None:
+        self.changed_at = time.time()
+        self.kubelet.start_termination(self.pods[name].info)
+
+    def finish_termination(self, name: str) -> None:
+        self.changed_at = time.time()
+        pod = self.pods.pop(name)
+        pod.ns.delete()
+        self.kubelet.finish_termination(pod.info)
+
+    def pods_by_ip(self) -> dict[str, str]:
+        return {ip: name for name, pod in self.pods.items() for ip in pod.info.ips}
+
+    # ---- objects ------------------------------------------------------------------------------
+
+    def apply(self, *objs: dict[str, Any]) -> None:
+        """`kubectl apply` of the objects (a LoadBalancer's status.loadBalancer goes to /status)."""
+        self.changed_at = time.time()
+        for obj in objs:
+            status = obj.get("status")
+            spec_only = {k: v for k, v in obj.items() if k != "status"}
+            self.cp.run_kubectl("apply", "-f", "-", input=json.dumps(spec_only))
+            if obj.get("kind") == "Service" and status:
+                meta = obj["metadata"]
+                path = f"/api/v1/namespaces/{meta.get('namespace', 'default')}/services/{meta['name']}/status"
+                answer = self.cp.api.patch(
+                    path, json={"status": status}, headers={"Content-Type": "application/merge-patch+json"}
+                )
+                if answer.status_code >= 300:
+                    raise ClusterError(f"PATCH {path}: {answer.status_code} {answer.text[:300]}")
+
+    def delete(self, kind: str, name: str, namespace: str = "default") -> None:
+        self.changed_at = time.time()
+        self.cp.run_kubectl("delete", kind, name, "-n", namespace, "--wait=false")
+
+    # ---- proxies ------------------------------------------------------------------------------
+
+    def proxy_argv(self, binary: str, node_name: str, kubeconfig: Path) -> list[str]:
+        return [binary, "--kubeconfig", str(kubeconfig), "--hostname-override", node_name, "--proxy-mode", "iptables",
+                "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", METRICS_BIND,
+                "--healthz-bind-address", "0.0.0.0:10256", "--conntrack-max-per-core", "0", "-v", "2"]  # fmt: skip
+
+    def start_proxies(self) -> None:
+        kubeconfig = self.cp.token_kubeconfig(self.workdir / "kubeproxy.kubeconfig", "kube-system", "kubeproxy")
+        ours = str(Path(sys.executable).parent / "kube-proxy")
+        self.changed_at = time.time()
+        for node_name, binary in ((UPSTREAM_NODE, str(self.cp.bin_dir / "kube-proxy")), (OURS_NODE, ours)):
+            node = self.nodes[node_name]
+            with open(self.workdir / f"proxy-{node_name}.log", "w") as log:
+                node.proxy = node.ns.popen(self.proxy_argv(binary, node_name, kubeconfig), stdout=log, stderr=subprocess.STDOUT)
+
+    def stop_proxies(self) -> None:
+        for node in self.nodes.values():
+            proc, node.proxy = node.proxy, None
+            if proc is not None:
+                L.stop_process(proc, 10)
+
+    def proxy_log(self, node_name: str) -> str:
+        path = self.workdir / f"proxy-{node_name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def check_alive(self) -> None:
+        self.cp.check_alive()
+        for node in self.nodes.values():
+            if node.proxy is not None and node.proxy.poll() is not None:
+                tail = "\n".join(self.proxy_log(node.name).splitlines()[-30:])
+                raise ClusterError(f"{node.name}'s proxy exited with status {node.proxy.returncode}:\n{tail}")
+
+    def last_sync(self, node_name: str) -> float:
+        """The proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (0 before its first sync)."""
+        proc = self.nodes[node_name].ns.run([sys.executable, "-c", HTTP_GET, f"http://{METRICS_BIND}/metrics", "2"], check=False)
+        if proc.returncode != 0:
+            return 0.0
+        # One sample, or one per IP family (labelled): the oldest is the one that counts.
+        samples = [
+            float(line.split()[-1])
+            for line in json.loads(proc.stdout)["body"].splitlines()
+            if line.startswith((SYNC_METRIC + " ", SYNC_METRIC + "{"))
+        ]
+        return min(samples, default=0.0)
+
+    def dump(self, node_name: str) -> dict[str, str]:
+        """`iptables-save` and `ip6tables-save` of the node, by family."""
+        ns = self.nodes[node_name].ns
+        return {"IPv4": ns.run(["iptables-save"]).stdout, "IPv6": ns.run(["ip6tables-save"]).stdout}
+
+    # ---- waiting ------------------------------------------------------------------------------
+
+    def slices_settled(self, expected: Mapping[str, set[tuple[str, bool, bool, bool]]]) -> bool:
+        """Whether the EndpointSlices of each Service name hold exactly `expected`'s
+        (ip, ready, serving, terminating) endpoints."""
+        answer = self.cp.api.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices")
+        if answer.status_code != 200:
+            return False
+        seen: dict[str, set[tuple[str, bool, bool, bool]]] = {name: set() for name in expected}
+        for item in answer.json()["items"]:
+            service = item["metadata"].get("labels", {}).get("kubernetes.io/service-name", "")
+            if service not in seen:
+                continue
+            for ep in item.get("endpoints") or []:
+                cond = ep.get("conditions", {})
+                for address in ep["addresses"]:
+                    seen[service].add(
+                        (address, bool(cond.get("ready")), bool(cond.get("serving")), bool(cond.get("terminating")))
+                    )
+        return seen == {k: set(v) for k, v in expected.items()}
+
+    def await_step(
+        self,
+        expected: Mapping[str, set[tuple[str, bool, bool, bool]]],
+        *,
+        families: Sequence[str] = ("IPv4", "IPv6"),
+        drop: Sequence[str] = (),
+        timeout: float = 30,
+    ) -> list[str]:
+        """After a change: until the slices hold `expected`, both proxies have synced since, and
+        their rules are equal (role-named); returns the differences left at the deadline."""
+        deadline = time.monotonic() + timeout
+        while not self.slices_settled(expected):
+            self.check_alive()
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"the EndpointSlices did not reach {dict(expected)} in {timeout:g} s")
+            time.sleep(0.1)
+        ready = {ip for eps in expected.values() for ip, is_ready, _, _ in eps if is_ready}
+        present = {ip for eps in expected.values() for ip, _, _, _ in eps}
+        diffs: list[str] = []
+        dumps: dict[str, dict[str, str]] = {}
+        while True:
+            self.check_alive()
+            if all(self.last_sync(n) >= self.changed_at for n in (UPSTREAM_NODE, OURS_NODE)):
+                dumps = {n: self.dump(n) for n in (UPSTREAM_NODE, OURS_NODE)}
+                # Equal rules that miss a ready endpoint or keep a gone one are equally stale, not converged.
+                fresh = all(ready <= _destinations(d["IPv4"]) <= present for d in dumps.values())
+                diffs = self.differences(dumps, families=families, drop=drop)
+                if fresh and not diffs:
+                    return []
+            if time.monotonic() >= deadline:
+                return diffs or [f"the proxies' rules did not take in the change within {timeout:g} s"]
+            time.sleep(0.1)
+
+    def differences(
+        self,
+        dumps: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        families: Sequence[str] = ("IPv4", "IPv6"),
+        drop: Sequence[str] = (),
+    ) -> list[str]:
+        """What differs between the two nodes' rules, per family, each node's own endpoints named by role."""
+        got = dumps or {n: self.dump(n) for n in (UPSTREAM_NODE, OURS_NODE)}
+        pods = self.pods_by_ip()
+        out: list[str] = []
+        for family in families:
+            upstream = rules_compare.role_named(got[UPSTREAM_NODE][family], UPSTREAM_NODE, pods, drop)
+            ours = rules_compare.role_named(got[OURS_NODE][family], OURS_NODE, pods, drop)
+            found = rules_compare.differences(upstream, ours, f"upstream ({UPSTREAM_NODE})", f"ours ({OURS_NODE})")
+            out += [f"{family} {d}" for d in found]
+        return out
+
+
+def _destinations(dump: str) -> set[str]:
+    """The pod addresses the dump DNATs to (the `kubernetes` Service's endpoint is no pod)."""
+    pods = ipaddress.ip_network(CLUSTER_CIDR)
+    ips = {endpoint.rsplit(":", 1)[0].strip("[]") for endpoint in rules_compare.endpoint_chains(dump).values()}
+    return {ip for ip in ips if ipaddress.ip_address(ip) in pods}
+
+
+def _attach(switch: L.NetNS, ns: L.NetNS, cidr: str, index: int) -> None:
+    port = f"p{index}"
+    switch.run(["ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns.name])
+    L.ip_batch(switch, [f"link set {port} master br0", f"link set {port} up"])
+    L.ip_batch(ns, [f"addr add {cidr} dev eth0", "link set eth0 up"])
