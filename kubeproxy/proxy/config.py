@@ -84,7 +84,7 @@ class ProxyConfig:
     inactive_masquerade_bit: int = 14
     localhost_nodeports: bool = True
     nodeport_addresses: tuple[str, ...] = ()
-    random_fully: bool = False
+    random_fully: bool = True  # upstream (v1.37) masquerades with --random-fully always
     # The API server's --service-node-port-range, for objects from manifest files (which no API
     # server allocated): "" means upstream's default 30000-32767 for files, no check for the API.
     service_node_port_range: str = ""
@@ -520,12 +520,29 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
         given = {key: value for key, value in raw["logging"].items() if key not in ("format", "verbosity")}
         changes["logging_extra"] = {key: value for key, value in given.items() if value is not None}
     if doc.ipvs:
-        changes["ipvs"] = dict(doc.ipvs.model_extra or {})
+        changes["ipvs"] = _ipvs_types(str(path), dict(doc.ipvs.model_extra or {}))
     changes["unused_fields"] = tuple(
         [f"{where}: unknown field, ignored (upstream decodes leniently too: \"Using lenient decoding as strict "
          "decoding failed\"); check its spelling" for where in unknown] + _unused_file_fields(doc)
     )
     return replace(cfg, **changes)
+
+
+def _ipvs_types(path: str, ipvs: dict[str, Any]) -> dict[str, Any]:
+    """The ipvs section's value types, checked in every mode as upstream's decoding does (ipvs
+    mode checks the values themselves: backends/ipvs/options.py)."""
+    for key, value in ipvs.items():
+        if value is None:
+            continue
+        if key in ("syncPeriod", "minSyncPeriod", "tcpTimeout", "tcpFinTimeout", "udpTimeout"):
+            _seconds(path, f"ipvs.{key}", _duration_text(value))
+        elif key == "excludeCIDRs" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"--config {path}: ipvs.excludeCIDRs: {value!r} is not a list of CIDRs")
+        elif key == "scheduler" and not isinstance(value, str):
+            raise ConfigError(f"--config {path}: ipvs.scheduler: {value!r} is not a string")
+        elif key == "strictARP" and not isinstance(value, bool):
+            raise ConfigError(f"--config {path}: ipvs.strictARP: {value!r} is not true or false")
+    return ipvs
 
 
 def _decode(path: str | Path, raw: dict[str, Any]) -> tuple[_KubeProxyConfiguration, list[str]]:

@@ -131,3 +131,16 @@ def test_logging_options_upstream_accepts(args: list[str]) -> None:
     from kubeproxy.proxy import flags
 
     assert flags.resolve(flags.parse(args)).cfg.logging_extra
+
+
+@pytest.mark.parametrize(("section", "field"), [("tcpTimeout: abc", "ipvs.tcpTimeout"), ("excludeCIDRs: 7", "ipvs.excludeCIDRs"),
+                                                ("strictARP: maybe", "ipvs.strictARP")])  # fmt: skip
+def test_ipvs_section_of_the_wrong_type_is_refused_in_every_mode(section: str, field: str, tmp_path: Path) -> None:
+    """Upstream's decoding refuses it whatever the mode (`failed to decode: time: invalid duration "abc"`):
+    so do we, naming the field, before anything is written."""
+    from kubeproxy.proxy.config import ConfigError
+
+    path = tmp_path / "config.yaml"
+    path.write_text(f"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  {section}\n")
+    with pytest.raises(ConfigError, match=f"^--config {path}: {field}: "):
+        load_config_file(path)
