@@ -186,7 +186,8 @@ FLAGS: tuple[Flag, ...] = (
          "otherwise --bind-address, then the Node object).", with_config=True, ours=True),
     Flag("service-node-port-range", "string", "The API server's node port range (default 30000-32767), "
          "checked for objects from --manifests.", with_config=True, ours=True),
-    Flag("iptables-random-fully", "bool", "MASQUERADE with --random-fully.", with_config=True, ours=True),
+    Flag("iptables-random-fully", "bool", "MASQUERADE with --random-fully, as upstream always does; =false leaves it out "
+         "(an iptables older than 1.6.2 lacks it).", with_config=True, ours=True),
     Flag("snat-watch", "duration", "Sample the SNAT ports in use per masqueraded endpoint this often "
          "(kubeproxy_snat_port_utilization); 0 (the default) disables it.", with_config=True, ours=True),
     Flag("snat-watch-threshold", "float", "Warn when a Service's fullest endpoint holds this share of its SNAT "

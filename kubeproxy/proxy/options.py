@@ -12,6 +12,7 @@ import ipaddress
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
@@ -76,13 +77,18 @@ class NodeOptions:
     # --nodeport-addresses, resolved by the caller (the renderers do not read interfaces).
     nodeport_ips: tuple[str, ...] = ()
     nodeport_match_all: bool = True
-    random_fully: bool = False
+    random_fully: bool = True  # upstream (v1.37) masquerades with --random-fully always
     nfacct_counters: Collection[str] = NFACCT_COUNTERS
     conntrack_tcp_liberal: bool = False
     prefer_same_node: bool = True
     # This family's ranges of the cluster's ServiceCIDR objects (nftables mode drops
     # addresses in them that no Service holds).
     service_cidrs: tuple[str, ...] = ()
+    # nftables mode with KubeProxyNFTablesLocalhostNodePorts: whether a userspace listener on
+    # this family's loopback address serves TCP NodePorts (nodePortAddresses names loopback
+    # explicitly), and the NodePort protocols whose loopback traffic is rejected and counted.
+    localhost_nodeport_proxy: bool = False
+    localhost_nodeport_rejects: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept the Kubernetes spelling ("IPv6") from callers that have a plain string.
@@ -224,4 +230,21 @@ def node_options(
         conntrack_tcp_liberal=conntrack_tcp_liberal,
         prefer_same_node=gate_enabled(cfg.feature_gates, "PreferSameTrafficDistribution"),
         service_cidrs=tuple(c for c in service_cidrs if Family.of(ipaddress.ip_network(c, strict=False)) == family),
+        **_nft_localhost_nodeports(cfg, cidrs),
     )
+
+
+# Upstream's metrics.LocalhostNodePortRejectableProtocols and ...RejectedProtocols (v1.37).
+LOCALHOST_NODEPORT_REJECTABLE = ("TCP", "UDP", "SCTP")
+LOCALHOST_NODEPORT_REJECTED_WITH_PROXY = ("UDP", "SCTP")
+
+
+def _nft_localhost_nodeports(cfg: ProxyConfig, cidrs: Sequence[IPNetwork]) -> dict[str, Any]:
+    """As upstream's nftables proxier: with the gate on, a loopback CIDR named in this family's
+    nodePortAddresses (127.0.0.0/8, ::1/128; not a catch-all that happens to hold loopback)
+    starts the TCP listener and rejects the other protocols; without one, all are rejected."""
+    if cfg.mode != "nftables" or not gate_enabled(cfg.feature_gates, "KubeProxyNFTablesLocalhostNodePorts"):
+        return {}
+    proxy = any(net.network_address.is_loopback for net in cidrs)
+    rejects = LOCALHOST_NODEPORT_REJECTED_WITH_PROXY if proxy else LOCALHOST_NODEPORT_REJECTABLE
+    return {"localhost_nodeport_proxy": proxy, "localhost_nodeport_rejects": rejects}

@@ -50,10 +50,11 @@ def test_detectors_mark_non_pod_traffic() -> None:
     assert _lines("masquerade_all", "--dport 80 -j KUBE-MARK-MASQ")
 
 
-def test_random_fully_and_mark_bit() -> None:
-    assert _lines("random_fully_mark_bit", "-j MASQUERADE --random-fully")
-    assert _lines("random_fully_mark_bit", "-j MARK --or-mark 0x00000020")
-    assert not _lines("cluster_ip", "--random-fully")
+def test_random_fully_by_default_and_mark_bit() -> None:
+    # Upstream (v1.37) masquerades with --random-fully unconditionally.
+    assert _lines("cluster_ip", "-j MASQUERADE --random-fully")
+    assert not _lines("no_random_fully_mark_bit", "--random-fully")
+    assert _lines("no_random_fully_mark_bit", "-j MARK --or-mark 0x00000020")
 
 
 def test_session_affinity_uses_recent_with_timeout() -> None:
