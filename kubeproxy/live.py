@@ -162,7 +162,8 @@ class LiveProxy:
         seen = registry.observers(self.cfg.mode, lambda: [(lane.family, lane.backend) for lane in self.lanes])
         if seen is not None:
             self.metrics.registry.register(seen.collector)
-            self.health.details[seen.health_key] = seen.health
+            if seen.health_key:
+                self.health.details[seen.health_key] = seen.health
 
     def _new_backend(self) -> Backend:
         return registry.create(

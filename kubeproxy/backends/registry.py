@@ -89,12 +89,17 @@ class ModeObservers:
     a Prometheus collector for /metrics and a detail for /healthz, over the live loop's lanes."""
 
     collector: Collector
-    health_key: str
+    health_key: str  # "": nothing for /healthz
     health: Callable[[], Any]
 
 
 def observers(mode: str, lanes: Callable[[], Iterable[tuple[Family, object]]]) -> ModeObservers | None:
-    """`mode`'s observers (None for the kernel modes: the kernel holds their state)."""
+    """`mode`'s observers (None for the kernel modes: the kernel holds their state, except
+    nftables mode's localhost NodePort listeners)."""
+    if mode == "nftables":
+        from kubeproxy.backends.nftables.metrics import LocalhostNodePortCollector
+
+        return ModeObservers(LocalhostNodePortCollector(lanes), "", lambda: None)
     if mode != "userspace":
         return None
     from kubeproxy.backends.userspace.metrics import RelayCollector, relay_health

@@ -64,6 +64,22 @@ NFACCT_METRICS = (
     ),
 )
 
+# nftables mode with KubeProxyNFTablesLocalhostNodePorts (name, help), by ip_family; the
+# rejected packets also by protocol. Collected by backends/nftables/metrics.py.
+LOCALHOST_NODEPORT_LISTENERS = (
+    "kubeproxy_nftables_localhost_nodeport_listeners",
+    "Number of active localhost NodePort userspace proxy listeners.",
+)
+LOCALHOST_NODEPORT_LISTENER_FAILURES = (
+    "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
+    "Number of localhost NodePort userspace proxy listener creation failures.",
+)
+LOCALHOST_NODEPORT_REJECTED_PACKETS = (
+    "kubeproxy_nftables_localhost_nodeport_rejected_packets_total",
+    "Number of packets rejected on localhost NodePorts. UDP and SCTP are always rejected; TCP is rejected "
+    "when the localhost NodePort proxy is not running",
+)
+
 NfacctReader = Callable[[str], int | None]
 
 

@@ -63,7 +63,7 @@ STREAM_MIN_OPERATIONS = 20_000
 # in a namespace, a core free) took 0.72 s in 13 pipelined runs of 10k, 0.89 s in 3 of 50k, and
 # 1.1 s either way one run after the other; the processes cost ~0.07 s more CPU in all.
 STREAM_CHUNK = 10_000
-_DELETE_ORDER = {"chain": 0, "set": 1, "map": 1, "ct timeout": 2}
+_DELETE_ORDER = {"chain": 0, "set": 1, "map": 1, "ct timeout": 2, "counter": 2}
 
 
 class NftError(SyncError):
@@ -209,12 +209,12 @@ class NftApplier:
     def listing(self) -> dict[str, Any]:
         """Our table without set elements (`nft -t`), or {} if there is none.
 
-        {"chains": {name: rule count}, "sets": {name: {"kind", "dynamic"}}, "objects": [ct timeout names]}
+        {"chains": {name: rule count}, "sets": {name: {"kind", "dynamic"}}, "objects": {name: kind}}
         """
         ours = self._ours()
         if not any("table" in obj for obj in ours):
             return {}
-        out: dict[str, Any] = {"chains": {}, "sets": {}, "objects": []}
+        out: dict[str, Any] = {"chains": {}, "sets": {}, "objects": {}}
         for obj in ours:
             if "chain" in obj:
                 out["chains"].setdefault(obj["chain"]["name"], 0)
@@ -227,8 +227,9 @@ class NftApplier:
                     "kind": kind,
                     "dynamic": "dynamic" in body.get("flags", []) or body["name"] == "affinity",
                 }
-            elif "ct timeout" in obj:
-                out["objects"].append(obj["ct timeout"]["name"])
+            elif "ct timeout" in obj or "counter" in obj:
+                kind = "ct timeout" if "ct timeout" in obj else "counter"
+                out["objects"][obj[kind]["name"]] = kind
         return out
 
     def cleanup(self) -> bool:
@@ -324,7 +325,7 @@ class NftApplier:
     def _present(r: NftRendering, kind: str, name: str) -> bool:
         if kind == "chain":
             return name in r.chains
-        if kind == "ct timeout":
+        if kind in ("ct timeout", "counter"):
             return name in r.objects
         return name in r.sets
 
@@ -407,10 +408,11 @@ class NftApplier:
             if name not in kept:
                 lines.append(f"delete {existing['sets'][name]['kind']} {t} {name}")
         for name in sorted(set(existing["objects"]) - rendering.objects.keys()):
-            lines.append(f"delete ct timeout {t} {name}")
+            lines.append(f"delete {existing['objects'][name]} {t} {name}")
         for name in sorted(rendering.objects):
             if name not in existing["objects"]:
-                lines.append(f"add ct timeout {t} {name}{rendering.objects[name].declaration()}")
+                o = rendering.objects[name]
+                lines.append(f"add {o.kind} {t} {name}{o.declaration()}")
         for name in sorted(rendering.sets):
             s = rendering.sets[name]
             lines.append(f"add {s.kind} {t} {name}{s.declaration()}")

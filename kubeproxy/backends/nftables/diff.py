@@ -165,7 +165,7 @@ def plan(old: NftRendering, new: NftRendering) -> Plan:
             p.units.append((f"delete {os_.kind} {t} {name}",))
     for name in objects:
         if name in old.objects and name not in new.objects:
-            p.stale.append(("ct timeout", name))
+            p.stale.append((old.objects[name].kind, name))
     return p
 
 
@@ -174,7 +174,7 @@ def create_plan(new: NftRendering) -> Plan:
     t = new.table
     p = Plan()
     head: list[Op] = [f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}"]
-    head.extend(f"add ct timeout {t} {name}{new.objects[name].declaration()}" for name in sorted(new.objects))
+    head.extend(f"add {o.kind} {t} {name}{o.declaration()}" for name, o in sorted(new.objects.items()))
     head.extend(f"add {new.sets[name].kind} {t} {name}{new.sets[name].declaration()}" for name in sorted(new.sets))
     head.extend(f"add chain {t} {name}{new.chains[name].declaration()}" for name in sorted(new.chains))
     for name in sorted(new.chains):

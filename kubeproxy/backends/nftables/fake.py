@@ -57,7 +57,8 @@ class _Table:
     declaration: str = ""
     chains: dict[str, _Chain] = field(default_factory=dict)
     sets: dict[str, _Set] = field(default_factory=dict)
-    objects: dict[str, str] = field(default_factory=dict)  # ct timeout name -> declaration
+    objects: dict[str, str] = field(default_factory=dict)  # ct timeout or counter name -> declaration
+    object_kinds: dict[str, str] = field(default_factory=dict)  # name -> "ct timeout" / "counter"
 
 
 _BLOCK = re.compile(r"\{(.*)\}\s*$", re.S)
@@ -65,6 +66,7 @@ _COMMENT = re.compile(r'comment "([^"]*)"')
 _REFS = re.compile(r"(?:jump|goto)\s+(\S+)")
 _SET_REFS = re.compile(r"@([^\s,}]+)")
 _TIMEOUT_REF = re.compile(r'ct timeout set "([^"]+)"')
+_COUNTER_REF = re.compile(r'counter name "([^"]+)"')
 
 
 @dataclass
@@ -137,17 +139,19 @@ class FakeNft:
             self._set(table, verb, kind, name, _block(line))
         elif kind == "element":
             self._elements(table, verb, name, _block(line))
-        elif kind == "ct timeout":
+        elif kind in ("ct timeout", "counter"):
             if verb == "add":
                 old = table.objects.setdefault(name, _block(line))
+                table.object_kinds.setdefault(name, kind)
                 if old != _block(line):
-                    raise Refused("File exists (ct timeout)")
+                    raise Refused(f"File exists ({kind})")
             elif verb == "delete":
                 if name not in table.objects:
                     raise Refused("No such file or directory")
                 if any(f'"{name}"' in r for c in table.chains.values() for r in c.rules):
                     raise Refused("Device or resource busy")
                 del table.objects[name]
+                table.object_kinds.pop(name, None)
         else:
             raise Refused(f"the fake does not know `{verb} {kind}`")
 
@@ -226,6 +230,9 @@ class FakeNft:
         for name in _TIMEOUT_REF.findall(text):
             if name not in table.objects:
                 raise Refused(f"Could not process rule: No such file or directory (ct timeout {name})")
+        for name in _COUNTER_REF.findall(text):
+            if table.object_kinds.get(name) != "counter":
+                raise Refused(f"Could not process rule: No such file or directory (counter {name})")
 
     # ------------------------------------------------------------------ listings
     def _list_json(self, args: list[str]) -> str:
@@ -250,7 +257,7 @@ class FakeNft:
                 flags = [f for f in s.flags if f]
                 items.append({s.kind: {**base, "name": set_name, **({"flags": flags} if flags else {})}})
             for obj in table.objects:
-                items.append({"ct timeout": {**base, "name": obj}})
+                items.append({table.object_kinds.get(obj, "ct timeout"): {**base, "name": obj}})
         for name, chain in chains.items():
             items.append({"chain": {**base, "name": name}})
             items.extend({"rule": {**base, "chain": name, "expr": [], "text": r}} for r in chain.rules)

@@ -179,6 +179,21 @@ class CtTimeout:
         return f" {{ protocol {self.protocol} ; l3proto {self.l3proto} ; policy = {{ {policy} }} ; }}"
 
 
+@dataclass(frozen=True, slots=True)
+class NftCounter:
+    """A named nftables `counter`: rules count into it by name, and a scrape reads it by name."""
+
+    name: str
+    kind: ClassVar[str] = "counter"
+
+    def declaration(self) -> str:
+        return ""
+
+
+# Stateful objects of the table, by name: their names never collide (ours are distinct by prefix).
+NftObject = CtTimeout | NftCounter
+
+
 def quote(text: str) -> str:
     """Every comment we write goes through here (kernel_text: no quote or newline, ≤ 128 bytes)."""
     return nft_quoted(text)

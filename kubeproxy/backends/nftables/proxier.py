@@ -9,6 +9,7 @@ its canary disappears.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.libnft import for_runner
 from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
+from kubeproxy.backends.nftables.localhost import LocalhostNodePorts
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
 from kubeproxy.proxy.metrics import ProxyMetrics
@@ -66,6 +68,10 @@ class NftablesProxier:
     _previous: NftRendering | None = field(default=None, init=False)
     _checked_at: float = field(default=float("-inf"), init=False)
     _warned: frozenset[str] = field(default=frozenset(), init=False)
+    # KubeProxyNFTablesLocalhostNodePorts: on when the last sync's options turned it on, and
+    # the loopback listeners while nodePortAddresses names loopback (localhost.py).
+    localhost_nodeports: bool = field(default=False, init=False)
+    localhost: LocalhostNodePorts | None = field(default=None, init=False)
 
     def prepare(self) -> None:
         """Nothing to set up before the first sync: the table carries its own base chains."""
@@ -103,7 +109,36 @@ class NftablesProxier:
             self._previous = rendering
         if full or result.mode == "full":
             self._checked_at = now  # the table was just written whole
+        self._sync_localhost(view, opts)
         return NftSyncReport(full or result.mode == "full", rendering, result, rendered)
+
+    def _sync_localhost(self, view: NodeView, opts: NodeOptions) -> None:
+        self.localhost_nodeports = bool(opts.localhost_nodeport_rejects) or opts.localhost_nodeport_proxy
+        if opts.localhost_nodeport_proxy:
+            if self.localhost is None or self.localhost.family != self.family:
+                if self.localhost is not None:
+                    self.localhost.stop()
+                self.localhost = LocalhostNodePorts(self.family)
+            self.localhost.sync(view, opts)
+        elif self.localhost is not None:
+            self.localhost.stop()
+            self.localhost = None
+
+    def rejected_localhost_packets(self) -> dict[str, int]:
+        """Packets of each named counter of our table (`nft -j list counters`); {} without a table."""
+        proc = self.run(["nft", "-j", "list", "counters", "table", self.family.nft, "kube-proxy"], check=False, timeout=2)
+        if proc.returncode != 0:
+            return {}
+        try:
+            items = json.loads(proc.stdout).get("nftables", [])
+        except (ValueError, AttributeError):
+            return {}
+        out: dict[str, int] = {}
+        for item in items:
+            counter = item.get("counter") if isinstance(item, dict) else None
+            if isinstance(counter, dict) and isinstance(counter.get("name"), str) and isinstance(counter.get("packets"), int):
+                out[counter["name"]] = counter["packets"]
+        return out
 
     def check(self, view: NodeView, opts: NodeOptions) -> str | None:
         """What nft says of a full sync to `view`, checked (`nft -c`) but not applied; None if it takes it."""

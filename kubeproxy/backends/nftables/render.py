@@ -85,7 +85,7 @@ from sys import intern
 
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
-from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftSet, Packed, Rule, pack
+from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftCounter, NftSet, Packed, Rule, pack
 from kubeproxy.backends.nftables.rendering import (
     Book,
     Builder,
@@ -145,6 +145,19 @@ AFFINITY = "affinity"  # dynamic set: client . endpoint id
 AFFINITY_SET_SIZE = 1 << 20  # client/endpoint pairs remembered at once, all services together
 UDP_TIMEOUTS = "udp-timeouts"
 UDP_TIMEOUT_NODEPORTS = "udp-timeout-nodeports"
+
+# KubeProxyNFTablesLocalhostNodePorts: NodePorts on loopback that no listener serves.
+LOCALHOST_NODEPORT_REJECTS = "localhost-nodeport-reject-ports"
+
+
+def localhost_reject_chain(protocol: str) -> str:
+    return f"localhost-nodeport-reject-{protocol.lower()}"
+
+
+def localhost_rejected_counter(protocol: str) -> str:
+    """The named counter behind kubeproxy_nftables_localhost_nodeport_rejected_packets_total."""
+    return f"localhost-nodeport-rejected-{protocol.lower()}"
+
 
 REJECT = f"goto {REJECT_CHAIN}"
 DROP = "drop"
@@ -241,6 +254,8 @@ def _render(
             builder.put_chain(c)
         for s in _base_sets(ctx):
             builder.put_set(s)
+        for protocol in ctx.opts.localhost_nodeport_rejects:
+            builder.put_object(NftCounter(localhost_rejected_counter(protocol)))
         for ip in _nodeport_ips(ctx):
             builder.set_element(NODEPORT_IPS, ip, Element(ip))
         names = sorted(view.services)
@@ -308,6 +323,15 @@ def _base_sets(ctx: _Ctx) -> list[NftSet]:
     ]
     if not ctx.match_all:
         sets.append(NftSet(NODEPORT_IPS, "set", a, comment="IPs that accept NodePort traffic"))
+    if ctx.opts.localhost_nodeport_rejects:
+        sets.append(
+            NftSet(
+                LOCALHOST_NODEPORT_REJECTS,
+                "map",
+                "inet_proto . inet_service : verdict",
+                comment="localhost NodePorts rejected by kube-proxy",
+            )
+        )
     return sets
 
 
@@ -357,7 +381,14 @@ def _base_chains(ctx: _Ctx) -> list[Chain]:
         cluster_check.append(Rule(f"{ipx} daddr {{ {', '.join(cidrs)} }} drop", "Drop traffic to unallocated ClusterIPs"))
     chain(CLUSTER_IPS_CHECK, *cluster_check)
     nodeports_where = ctx.no_localhost if ctx.match_all else f"{ipx} daddr @{NODEPORT_IPS}"
-    chain(NODEPORT_ENDPOINTS_CHECK, Rule(f"{nodeports_where} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"))
+    nodeport_checks = [Rule(f"{nodeports_where} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}")]
+    if ctx.opts.localhost_nodeport_rejects:
+        loopback = "ip6 daddr ::1" if ctx.v6 else "ip daddr 127.0.0.0/8"
+        nodeport_checks.append(Rule(f"{loopback} meta l4proto . th dport vmap @{LOCALHOST_NODEPORT_REJECTS}"))
+        for protocol in ctx.opts.localhost_nodeport_rejects:
+            counter = localhost_rejected_counter(protocol)
+            chain(localhost_reject_chain(protocol), Rule(f'counter name "{counter}" reject'))
+    chain(NODEPORT_ENDPOINTS_CHECK, *nodeport_checks)
     chain(SERVICE_ENDPOINTS_CHECK, Rule(f"{tuple3} vmap @{NO_ENDPOINT_SERVICES}"))
     chain(REJECT_CHAIN, Rule("reject"), comment="helper for @no-endpoint-services / @no-endpoint-nodeports")
     chain(FIREWALL_CHECK, Rule(f"{tuple3} vmap @{FIREWALL_IPS}"))
@@ -594,6 +625,8 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
         for src in _allowed_sources(ctx, svc):
             f.elem(allowed, src)
     if svc.node_port:
+        if svc.protocol in opts.localhost_nodeport_rejects:
+            f.elem(LOCALHOST_NODEPORT_REJECTS, f"{proto} . {svc.node_port}", f"goto {localhost_reject_chain(proto)}")
         if uses_external and external_target:
             f.elem(SERVICE_NODEPORTS, f"{proto} . {svc.node_port}", external_target[1])
         if not has_external:

@@ -30,9 +30,9 @@ from kubeproxy.backends.nftables.model import (
     TABLE,
     TABLE_COMMENT,
     Chain,
-    CtTimeout,
     Element,
     ElementMap,
+    NftObject,
     NftSet,
     Packed,
     add_lines,
@@ -192,7 +192,7 @@ class SharedObjects:
 
     chains: tuple[Chain, ...] = ()
     sets: tuple[NftSet, ...] = ()
-    objects: tuple[CtTimeout, ...] = ()
+    objects: tuple[NftObject, ...] = ()
 
 
 @dataclass
@@ -340,7 +340,7 @@ class NftRendering:
     chains: Mapping[str, Chain]
     sets: Mapping[str, NftSet]
     elements: Mapping[str, Mapping[str, Element]]
-    objects: Mapping[str, CtTimeout]
+    objects: Mapping[str, NftObject]
     sources: Mapping[ServicePortName, FragmentSource]  # what each service port's fragment was made from
     warnings: tuple[str, ...]
     no_local_endpoints_internal: int
@@ -366,7 +366,7 @@ class NftRendering:
         t = self.table
         yield f"add table {t} {{ comment {quote(TABLE_COMMENT)} ; }}"
         for name in sorted(self.objects):
-            yield f"add ct timeout {t} {name}{self.objects[name].declaration()}"
+            yield f"add {self.objects[name].kind} {t} {name}{self.objects[name].declaration()}"
         for name in sorted(self.sets):
             s = self.sets[name]
             yield f"add {s.kind} {t} {name}{s.declaration()}"
@@ -402,7 +402,7 @@ class Builder:
         self.touched = Touched() if parent is not None else None
         self.chains: dict[str, Chain] = dict(parent.chains) if parent else {}
         self.sets: dict[str, NftSet] = dict(parent.sets) if parent else {}
-        self.objects: dict[str, CtTimeout] = dict(parent.objects) if parent else {}
+        self.objects: dict[str, NftObject] = dict(parent.objects) if parent else {}
         self.elements: dict[str, Mapping[str, Element]] = dict(parent.elements) if parent else {}
         # A full render owns plain dicts; an incremental one layers its few changes over its
         # parent's (see Layered), which it leaves as they were.
@@ -434,7 +434,7 @@ class Builder:
         if self.touched is not None:
             self.touched.sets.add(name)
 
-    def put_object(self, o: CtTimeout) -> None:
+    def put_object(self, o: NftObject) -> None:
         self.objects[o.name] = o
         if self.touched is not None:
             self.touched.objects.add(o.name)
