@@ -59,7 +59,9 @@ def proxy() -> tuple[LiveProxy, Clock]:
 def observed(proxy: LiveProxy, now: float) -> tuple[float, float]:
     """Record one successful sync at `now`; returns the histogram's (count, sum)."""
     proxy.wall_clock.now = now  # type: ignore[attr-defined]
-    report = SimpleNamespace(full=True, no_local_endpoints_internal=0, no_local_endpoints_external=0, rule_counts={}, written_rule_counts={})
+    report = SimpleNamespace(
+        full=True, no_local_endpoints_internal=0, no_local_endpoints_external=0, rule_counts={}, written_rule_counts={}
+    )
     proxy._record(proxy.lanes[0], report, 0.01, proxy._triggers.take())  # type: ignore[arg-type]
     hist = proxy.metrics.network_programming_duration
     samples = {s.name: s.value for m in hist.collect() for s in m.samples}
