@@ -134,7 +134,8 @@ def _bed(accounting: bool) -> Iterator[tuple[NetNS, NetNS]]:
             client.run(["ip", "route", "add", a.vip_net, "via", a.node])
             host_len = 128 if a.family == Family.IPV6 else 32
             for ip in (a.pod_a, a.pod_b, a.pod_c, VIP_Z[a.family]):
-                node.run(["ip", "addr", "add", f"{ip}/{host_len}", "dev", "lo"])
+                # nodad: a tentative IPv6 address cannot be bound until DAD is over.
+                node.run(["ip", "addr", "add", f"{ip}/{host_len}", "dev", "lo", *(["nodad"] if host_len == 128 else [])])
         pods = [f"{ip}:{POD_PORT}" for a in (v4, v6) for ip in (a.pod_a, a.pod_b, a.pod_c)]
         _started(node, [sys.executable, "-c", SERVER, *pods])
         _started(client, [sys.executable, "-c", SERVER, f"{v4.client}:{NODE_PORT}", f"{v6.client}:{NODE_PORT}"])

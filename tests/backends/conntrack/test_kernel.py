@@ -121,7 +121,8 @@ def bed(family: str) -> Iterator[tuple[NetNS, NetNS, Addrs]]:
         client.run(["ip", "route", "add", a.vip_net, "via", a.node])
         host_len = 128 if family == Family.IPV6 else 32
         for pod in (a.pod_a, a.pod_b, a.pod_c):
-            node.run(["ip", "addr", "add", f"{pod}/{host_len}", "dev", "lo"])
+            # nodad: a tentative IPv6 address cannot be bound (EADDRNOTAVAIL) until DAD is over.
+            node.run(["ip", "addr", "add", f"{pod}/{host_len}", "dev", "lo", *(["nodad"] if host_len == 128 else [])])
         server = node.popen(
             [sys.executable, "-c", SERVER, *(f"{pod}:{POD_PORT}" for pod in (a.pod_a, a.pod_b, a.pod_c))],
             stdout=subprocess.PIPE,
