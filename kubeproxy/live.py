@@ -318,6 +318,7 @@ class LiveProxy:
             # Its own listeners (on this family's addresses), one connection budget for all.
             ServiceHealthServers(
                 self.health, node_name=self.node_name, budget=self.service_health.budget, errors=self.service_health.errors,
+                on_failure=self.service_health.on_failure,
             ),
         )  # fmt: skip
         self.lanes.append(lane)

@@ -196,9 +196,12 @@ class ServiceHealthServers:
         node_name: str = "",
         budget: ConnectionBudget | None = None,
         errors: ErrorLog | None = None,
+        on_failure: Callable[[ServiceKey, str], None] | None = None,
     ) -> None:
         self.budget = budget or ConnectionBudget.from_rlimit()
         self.errors = errors or ErrorLog()
+        # Told (service, upstream's message) of each port that cannot be opened: the proxy's Event.
+        self.on_failure = on_failure
         self._health = proxy_health
         self._bind_ips = tuple(bind_ips)
         self._node_name = node_name
@@ -235,6 +238,9 @@ class ServiceHealthServers:
                 log.error(
                     '"Failed to start healthcheck" node="%s" service="%s" port=%d err="%s"', self._node_name, _ref(key), port, exc
                 )
+                if self.on_failure is not None:
+                    message = f'node {self._node_name} failed to start healthcheck "{_ref(key)}" on port {port}: {exc}'
+                    self.on_failure(key, message)
                 continue
             self._services[key] = _ServiceListener(port, servers)
 

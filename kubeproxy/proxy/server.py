@@ -16,7 +16,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -30,7 +30,7 @@ from kubeproxy.proxy.preflight import ApiConnection, PreflightError, api_connect
 from kubeproxy.proxy.startup import config_warnings, node_facts, summary
 from kubeproxy.proxy.sysctls import SysctlError, apply_oom_score_adj, configure_conntrack
 from kubeproxy.proxy.zpages import ZPages, flag_values
-from kubeproxy.sources.event_recorder import EventRecorder, KubeEvent, node_ref
+from kubeproxy.sources.event_recorder import EventRecorder, KubeEvent, ObjectRef, node_ref
 from kubeproxy.version import VersionInfo
 
 log = logging.getLogger(STARTUP_LOGGER)
@@ -286,6 +286,7 @@ def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler],
     if recorder is not None:
         for reason, action, note in startup_events:
             recorder.record(KubeEvent(node_ref(node_name), "Warning", reason, action, note))
+        proxy.service_health.on_failure = _health_check_events(recorder)
     status = 0
     try:
         asyncio.run(live.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source, recorder)))
@@ -297,6 +298,16 @@ def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler],
         log.error(kv("Error running ProxyServer", err=str(_leaf(group))))
         status = 1
     return status
+
+
+def _health_check_events(recorder: EventRecorder) -> Callable[[tuple[str, str], str], None]:
+    """Upstream's Event about a Service whose health-check node port cannot be opened."""
+
+    def failed(service: tuple[str, str], message: str) -> None:
+        ref = ObjectRef("Service", service[1], service[0])
+        recorder.record(KubeEvent(ref, "Warning", "FailedToStartServiceHealthcheck", "Listen", message))
+
+    return failed
 
 
 def _leaf(error: BaseException) -> BaseException:

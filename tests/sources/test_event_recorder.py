@@ -9,6 +9,7 @@ The expected body is what upstream v1.37.2's kube-proxy created in our test API 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -85,6 +86,25 @@ def test_the_ipvs_deprecation_event_lands_in_the_api_server() -> None:
     assert (stored["reportingController"], stored["reportingInstance"]) == ("kube-proxy", "kube-proxy-vm")
 
 
+def test_a_repeat_patches_the_stored_events_series() -> None:
+    with ApiServer() as server:
+
+        async def write() -> None:
+            async with httpx2.AsyncClient(base_url=server.url) as client:
+                rec = EventRecorder(client, instance="kube-proxy-vm", clock_ns=lambda: 0x20)
+                rec.record(STARTING)
+                rec.record(STARTING)
+                writer = asyncio.create_task(rec.run())
+                await rec.flush()
+                writer.cancel()
+                assert rec.written == 2
+
+        asyncio.run(write())
+        stored = server.get("Event", "default", "n1.20")
+    assert stored["series"] == {"count": 2, "lastObservedTime": "1970-01-01T00:00:00.000000Z"}
+    assert stored["reason"] == "Starting"
+
+
 # ------------------------------------------------------------------ failures, on a fake client
 
 
@@ -103,6 +123,14 @@ class _Client:
 
     async def post(self, url: str, *, json: Any) -> _Answer:
         self.posted.append((url, json))
+        return self._answer()
+
+    async def patch(self, url: str, *, content: bytes, headers: dict[str, str]) -> _Answer:
+        assert headers == {"Content-Type": "application/strategic-merge-patch+json"}
+        self.posted.append((url, content))
+        return self._answer()
+
+    def _answer(self) -> _Answer:
         answer = self.answers.pop(0) if self.answers else _Answer(201)
         if isinstance(answer, Exception):
             raise answer
@@ -128,9 +156,15 @@ def _drive(rec: EventRecorder, events: list[KubeEvent]) -> None:
     asyncio.run(go())
 
 
-def _recorder(client: _Client, sleeps: Callable[[float], Awaitable[None]], max_queued: int = 10) -> EventRecorder:
-    return EventRecorder(client, instance="kube-proxy-vm", max_queued=max_queued, sleep=sleeps, clock_ns=lambda: 1,
+def _recorder(client: _Client, sleeps: Callable[[float], Awaitable[None]], max_queued: int = 10,
+              clock: Callable[[], int] = lambda: 1) -> EventRecorder:  # fmt: skip
+    return EventRecorder(client, instance="kube-proxy-vm", max_queued=max_queued, sleep=sleeps, clock_ns=clock,
                          jitter=lambda: 1.0)  # fmt: skip
+
+
+def _node(n: int) -> KubeEvent:
+    """Distinct Events (another Node each): none is a repeat of another."""
+    return KubeEvent(node_ref(f"n{n}"), "Normal", "Starting", "StartKubeProxy")
 
 
 def test_transport_errors_are_retried_then_given_up(caplog: pytest.LogCaptureFixture) -> None:
@@ -139,7 +173,7 @@ def test_transport_errors_are_retried_then_given_up(caplog: pytest.LogCaptureFix
     client, sleeps = _Client(answers), _Sleeps()
     rec = _recorder(client, sleeps)
     with caplog.at_level(logging.ERROR, "kubeproxy.events"):
-        _drive(rec, [STARTING, STARTING])
+        _drive(rec, [_node(1), _node(2)])
     # The first: 12 tries, 11 sleeps of 10 s + 25% jitter; the second: one failure, then written.
     assert len(client.posted) == MAX_TRIES + 2 and rec.written == 1
     assert sleeps.slept == [RETRY_SECONDS * 1.25] * (MAX_TRIES - 1 + 1)
@@ -151,7 +185,7 @@ def test_a_refusal_is_logged_and_not_retried(caplog: pytest.LogCaptureFixture) -
     client, sleeps = _Client([_Answer(403, "events.events.k8s.io is forbidden"), _Answer(409)]), _Sleeps()
     rec = _recorder(client, sleeps)
     with caplog.at_level(logging.ERROR, "kubeproxy.events"):
-        _drive(rec, [STARTING, STARTING, STARTING])
+        _drive(rec, [_node(1), _node(2), _node(3)])
     assert len(client.posted) == 3 and sleeps.slept == [] and rec.written == 1
     rejected = [r.getMessage() for r in caplog.records if "Server rejected event" in r.getMessage()]
     assert len(rejected) == 1 and "forbidden" in rejected[0]  # the 409 (already exists) is quiet
@@ -162,8 +196,58 @@ def test_a_full_queue_drops_and_never_blocks(caplog: pytest.LogCaptureFixture) -
     rec = _recorder(client, _Sleeps(), max_queued=3)
     with caplog.at_level(logging.WARNING, "kubeproxy.events"):
         for _ in range(5):
-            rec.record(STARTING)  # no writer running: the queue fills
+            rec.record(_node(_))  # no writer running: the queue fills
     assert rec.pending() == 3 and rec.dropped == 2
     assert sum("Event queue full" in r.getMessage() for r in caplog.records) == 1
     _drive(rec, [])
     assert rec.written == 3 and len(client.posted) == 3
+
+
+MINUTE = 60 * 10**9
+
+
+def test_repeats_are_one_event_with_a_series_as_client_go_aggregates_them() -> None:
+    now = [10**18]
+    client = _Client([])
+    rec = _recorder(client, _Sleeps(), clock=lambda: now[0])
+    failed = KubeEvent(ObjectRef("Service", "dns", "kube-system"), "Warning", "FailedToStartServiceHealthcheck", "Listen", "")
+
+    def happens(at_minute: float, note: str = "port 30000 in use") -> None:
+        now[0] = 10**18 + int(at_minute * MINUTE)
+        rec.record(KubeEvent(failed.regarding, failed.type, failed.reason, failed.action, note))
+
+    async def written() -> None:
+        writer = asyncio.create_task(rec.run())
+        await rec.flush()
+        writer.cancel()
+
+    async def go() -> None:
+        for minute in (0, 1, 2, 3):  # a different note is the same Event (client-go's key has none)
+            happens(minute, note=f"attempt {minute}")
+        await written()
+        created, patched = client.posted
+        assert created[0] == "/apis/events.k8s.io/v1/namespaces/kube-system/events" and created[1]["note"] == "attempt 0"
+        name = created[1]["metadata"]["name"]
+        assert patched[0] == f"{created[0]}/{name}"
+        assert json.loads(patched[1]) == {"series": {"count": 2, "lastObservedTime": "2001-09-09T01:47:40.000000Z"}}
+        # Repeats every few minutes: the count is sent again only 30 minutes after the last.
+        for minute in range(5, 40, 5):
+            happens(minute)
+        await written()  # minute 35 is 34 after the last count sent
+        assert len(client.posted) == 3 and json.loads(client.posted[2][1])["series"]["count"] == 11
+        # Six minutes without a repeat end the series: the next is a new Event.
+        happens(42)
+        await written()
+        assert len(client.posted) == 4 and client.posted[3][0] == created[0]
+        assert client.posted[3][1]["metadata"]["name"] != name
+
+    asyncio.run(go())
+
+
+def test_a_series_the_server_lost_is_created_whole() -> None:
+    client = _Client([_Answer(201), _Answer(404)])
+    rec = _recorder(client, _Sleeps())
+    _drive(rec, [STARTING, STARTING])
+    url, body = client.posted[2]
+    assert url == "/apis/events.k8s.io/v1/namespaces/default/events" and body["series"]["count"] == 2
+    assert rec.written == 2
