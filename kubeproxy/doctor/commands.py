@@ -70,7 +70,7 @@ def _csv(values: tuple[str, ...]) -> tuple[str, ...]:
               help="NAME=VALUE of the node, e.g. net.netfilter.nf_conntrack_udp_timeout=30 (repeatable).")
 @click.option("--stat", "stats", multiple=True, help="A `conntrack -S` counter, e.g. insert_failed=30493 (repeatable).")
 @click.option("--conntrack", "conntrack_path", help="`conntrack -L` output of the node, for the SNAT ports in use.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: README, `kubeproxy doctor`).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: docs/tools.md, `kubeproxy doctor`).")
 def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None, manifests: tuple[str, ...],
            kubeconfig: str | None, master: str | None, api_timeout: float, hostname_override: str, node_ip: str,
            cluster_cidr: tuple[str, ...], iface: tuple[str, ...], route: tuple[str, ...], local_ip: tuple[str, ...],

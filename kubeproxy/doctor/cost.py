@@ -1,6 +1,6 @@
 """The first-packet cost of the rules: iptables walks KUBE-SERVICES rule by rule, nftables looks up a map.
 
-Calibrated from `bench/datapath.py` (README, Benchmarks): new TCP connections through a service that
+Calibrated from `bench/datapath.py` (docs/benchmarks.md): new TCP connections through a service that
 sorts last, 10 vs 10,000 services, one at a time on this project's 2-core machine:
 18,805 vs 8,083 conn/s (53.2 vs 123.7 us per connection): 70.5 us more for 9,990 more rules, ~7.1 ns
 a rule. The nftables mode measured 19,236 vs 17,901 conn/s: flat within noise.

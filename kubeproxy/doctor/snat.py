@@ -1,7 +1,7 @@
 """SNAT capacity: how many new flows per second a masqueraded service address can take.
 
 Masqueraded flows from the node's address to one endpoint ip:port differ only in the source port
-the node picks, and each holds its port until its conntrack entry expires. So (README, "The SNAT
+the node picks, and each holds its port until its conntrack entry expires. So (docs/labs.md, "The SNAT
 problem", measured by `kubeproxy lab dns --ramp`):
 
     new flows/s per endpoint  <=  SNAT ports / timeout

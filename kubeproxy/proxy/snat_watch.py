@@ -1,7 +1,7 @@
 """The live SNAT gauge (`kubeproxy run --snat-watch=10s`): how full each masqueraded endpoint's port space is.
 
 Masqueraded flows from the node's address to one endpoint ip:port differ only in the source port
-the node picks (README, "The SNAT problem"); each holds its port until its conntrack entry
+the node picks (docs/labs.md, "The SNAT problem"); each holds its port until its conntrack entry
 expires, and the lab's health checks start failing at about 75% of the 64,512 ports MASQUERADE
 uses. Every interval one bounded ctnetlink dump (proxy/ctnetlink.py) counts the tuples
 `endpoint ip:port -> node address`, per endpoint of every UDP Service whose outside traffic is
@@ -37,7 +37,7 @@ log = logging.getLogger("kubeproxy.snat")
 DEFAULT_SNAT_PORTS = (1024, 65535)
 SNAT_PORTS = DEFAULT_SNAT_PORTS[1] - DEFAULT_SNAT_PORTS[0] + 1
 # The lab's measured ratio of the max healthy rate to the bound: 1,600 x 30 / 64,512 = 0.744,
-# 800 x 60 / 64,512 = 0.744, 10,000 x 5 / 64,512 = 0.775 (README, "The capacity rule").
+# 800 x 60 / 64,512 = 0.744, 10,000 x 5 / 64,512 = 0.775 (docs/labs.md, "The capacity rule").
 HEALTHY_FRACTION = 0.75
 # Warn at 80% of where health checks start failing, before they do.
 DEFAULT_THRESHOLD = 0.8 * HEALTHY_FRACTION

@@ -34,7 +34,7 @@ def _rules(objs: list[dict[str, object]]) -> str:
     return with_jumps(offline.render_iptables(state_of(objs), validate(CFG)).rendered.text)
 
 LAB_PREDICTION_CASES = [
-    # (node UDP timeout, the lab's max healthy rate: README, "The capacity rule")
+    # (node UDP timeout, the lab's max healthy rate: docs/labs.md, "The capacity rule")
     (30, 1600),
     (60, 800),
 ]

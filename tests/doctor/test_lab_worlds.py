@@ -1,7 +1,7 @@
 """Doctor --live on the lab's DNS worlds (kubeproxy.lab.dns: real `kubeproxy run`, real BIND).
 
 The prediction is checked against the max healthy rates `kubeproxy lab dns --ramp` measured
-(README, "The capacity rule" and "nftables mode"): 1,600/s at a 30 s UDP timeout, 800/s at 60 s,
+(docs/labs.md, "The capacity rule" and "nftables mode"): 1,600/s at a 30 s UDP timeout, 800/s at 60 s,
 10,000/s with the Service's 5 s annotation. The ramps themselves take minutes each and are not
 re-run here; the rules, timeouts and masquerading are read from the running worlds.
 """

@@ -96,7 +96,7 @@ def test_live_nftables_with_the_timeout_annotation() -> None:
     f = next(f for f in by_kind(report, "snat-capacity") if f.data["protocol"] == "UDP")
     assert f.data["timeout_source"].startswith("annotation")
     assert f.data["snat_ports"]["random_fully"] is True  # upstream's nftables masquerade
-    # the lab measured the health check failing from 1,600/s with 30 s (README)
+    # the lab measured the health check failing from 1,600/s with 30 s (docs/labs.md)
     assert f.data["health_fail_per_service"] == pytest.approx(64512 * 0.75 / 30)
     assert f.data["endpoints"][0]["in_use"] == 20
 

@@ -11,7 +11,7 @@ Upstream's tracer always walks the prerouting path, even for a packet whose sour
 address; ours walks the path the kernel takes: a packet from a node address leaves the node
 through the output hooks (like the iptables flows test). Both must give upstream's answer.
 
-The last tests pin what iptables mode and nftables mode do differently, on purpose (README,
+The last tests pin what iptables mode and nftables mode do differently, on purpose (docs/modes/nftables.md,
 "nftables mode and iptables mode"), and prove a few of these flows with real packets.
 """
 
@@ -155,7 +155,7 @@ def test_every_upstream_flow_test_is_here() -> None:
 # ------------------------------------------------------------------------------------------
 # Where iptables mode and nftables mode differ, and where they must not.
 #
-# Rows of the README table: (name, objects, flow, iptables mode's outcome, nftables mode's outcome).
+# Rows of the table in docs/modes/nftables.md: (name, objects, flow, iptables mode's outcome, nftables mode's outcome).
 # Outcomes are upstream's words: endpoints ("masq" if masqueraded), "REJECT", "DROP", or ""
 # (no rule touched the packet: it leaves the node for the address as it is).
 
