@@ -5,7 +5,15 @@ the one part that is node-specific by design, which of a Service's endpoints are
 
 A local endpoint is named by its pod's name with the node's name replaced by `<node>`: pod
 `web-node-a-0` on node-a and pod `web-node-b-0` on node-b are the same role, so two nodes that host
-mirror-image pods give equal texts exactly when they treat their own pods alike.
+mirror-image pods give equal texts exactly when they treat their own pods alike. An endpoint chain
+only a node-own chain jumps to (a Service with internalTrafficPolicy Local writes endpoint chains
+for local endpoints only) exists on one node alone: it is renamed by Service and role, and the
+pod's address in it named by role.
+
+The chains upstream fills while iterating a Go map of Services (MAP_ORDER_CHAINS) list their
+Services in a different order on every sync; there the per-Service rules are sorted by Service,
+each Service's own rules kept in their order and the fixed rules (no Service named in their
+comment) kept in place. Every other chain is compared in order.
 """
 
 from __future__ import annotations
@@ -17,6 +25,17 @@ from dataclasses import dataclass
 _COUNTERS = re.compile(r"\[\d+:\d+\]$")
 _DNAT = re.compile(r"^-A (KUBE-SEP-\S+) .*--to-destination (\S+)")
 _SEP_JUMP = re.compile(r"-j (KUBE-SEP-\S+)")
+_JUMP = re.compile(r"^-A (\S+) .*-j (KUBE-SEP-\S+)")
+_COMMENT = re.compile(r'--comment (?:"([^"]*)"|(\S+))')
+_SERVICE_PORT = re.compile(r"^[^/\s]+/\S+$")  # namespace/name[:port], as the rules' comments name them
+
+# (table, chain) that upstream's syncProxyRules writes from inside `range proxier.svcPortMap`
+# (pkg/proxy/iptables/proxier.go): their Services come in Go's random map order.
+MAP_ORDER_CHAINS = frozenset({
+    ("nat", "KUBE-SERVICES"), ("nat", "KUBE-NODEPORTS"),
+    ("filter", "KUBE-SERVICES"), ("filter", "KUBE-EXTERNAL-SERVICES"), ("filter", "KUBE-NODEPORTS"),
+    ("filter", "KUBE-PROXY-FIREWALL"),
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,19 +78,87 @@ def endpoint_chains(dump: str) -> dict[str, str]:
     return found
 
 
+def rule_service(rule: str) -> str | None:
+    """The `namespace/name:port` a rule's comment starts with, None for a rule of no Service."""
+    match = _COMMENT.search(rule)
+    if match is None:
+        return None
+    words = (match.group(1) if match.group(1) is not None else match.group(2)).split()
+    return words[0] if words and _SERVICE_PORT.match(words[0]) else None
+
+
+def services_sorted(rules: Sequence[str]) -> tuple[str, ...]:
+    """`rules` with each run of per-Service rules between two fixed rules sorted by Service
+    (stable: a Service's own rules keep their order)."""
+    out: list[str] = []
+    run: list[str] = []
+    for rule in rules:
+        if rule_service(rule) is None:
+            out += sorted(run, key=lambda r: rule_service(r) or "")
+            out.append(rule)
+            run = []
+        else:
+            run.append(rule)
+    return tuple(out + sorted(run, key=lambda r: rule_service(r) or ""))
+
+
+def _own_role(endpoint: str, node_name: str, pods_by_ip: Mapping[str, str]) -> str | None:
+    """`pod-role:port` when `endpoint` (ip:port) is a pod of `node_name`, else None."""
+    ip, _, port = endpoint.rpartition(":")
+    pod = pods_by_ip.get(ip.strip("[]"))
+    return f"{pod.replace(node_name, '<node>')}:{port}" if pod is not None and node_name in pod else None
+
+
+def _node_only_seps(dump: str, node_name: str, pods_by_ip: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Endpoint chains of this node's own pods that only node-own (KUBE-SVL-) chains jump to:
+    chain → (its role name, the endpoint it DNATs to)."""
+    seps = endpoint_chains(dump)
+    sources: dict[str, set[str]] = {}
+    services: dict[str, str] = {}
+    for line in dump.splitlines():
+        line = line.strip()
+        if match := _JUMP.match(line):
+            sources.setdefault(match.group(2), set()).add(match.group(1))
+        if (match := _DNAT.match(line)) and (service := rule_service(line)):
+            services[match.group(1)] = service
+    found: dict[str, tuple[str, str]] = {}
+    for chain, endpoint in seps.items():
+        role = _own_role(endpoint, node_name, pods_by_ip)
+        if role is not None and all(s.startswith("KUBE-SVL-") for s in sources.get(chain, ())):
+            found[chain] = (f"KUBE-SEP-OWN({services.get(chain, '?')}->{role})", endpoint)
+    return found
+
+
+def _rename_node_only_seps(dump: str, node_name: str, pods_by_ip: Mapping[str, str]) -> str:
+    renamed = _node_only_seps(dump, node_name, pods_by_ip)
+    if not renamed:
+        return dump
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, renamed)) + r")(?![\w-])")
+    lines = []
+    for line in dump.splitlines():
+        match = pattern.search(line)
+        if match is not None:
+            name, endpoint = renamed[match.group(1)]
+            ip = endpoint.rpartition(":")[0]
+            role = name.rpartition("->")[2].removesuffix(")")
+            line = pattern.sub(lambda m: renamed[m.group(1)][0], line)
+            line = line.replace(endpoint, role).replace(f" {ip.strip('[]')}/", f" {role.rpartition(':')[0]}/")
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def role_named(dump: str, node_name: str, pods_by_ip: Mapping[str, str], drop: Sequence[str] = ()) -> dict[str, Table]:
-    """`dump` of node `node_name` with the endpoints its KUBE-SVL- chains jump to named by role,
-    and every text of `drop` taken out of every rule (a difference known and checked elsewhere)."""
+    """`dump` of node `node_name` with this node's own endpoints named by role (see the module
+    docstring), the Services of MAP_ORDER_CHAINS sorted, and every text of `drop` taken out of
+    every rule (a difference known and checked elsewhere)."""
+    dump = _rename_node_only_seps(dump, node_name, pods_by_ip)
     seps = endpoint_chains(dump)
 
     def role(match: re.Match[str]) -> str:
         chain = match.group(1)
-        endpoint = seps.get(chain, "")
-        ip = endpoint.rsplit(":", 1)[0].strip("[]")
-        pod = pods_by_ip.get(ip)
-        if pod is None or node_name not in pod:
-            return f"-j {chain}"  # not one of this node's own pods: compared as it is
-        return f"-j LOCAL-ENDPOINT({pod.replace(node_name, '<node>')}:{endpoint.rsplit(':', 1)[1]})"
+        named = _own_role(seps.get(chain, ""), node_name, pods_by_ip)
+        # Not one of this node's own pods: compared as it is.
+        return f"-j {chain}" if named is None else f"-j LOCAL-ENDPOINT({named})"
 
     def local_rule(rule: str) -> str:
         # The rule's comment names the endpoint's address too ("ns/svc:port -> ip:port").
@@ -89,11 +176,11 @@ def role_named(dump: str, node_name: str, pods_by_ip: Mapping[str, str], drop: S
 
     tables = parse(dump)
     for name, table in tables.items():
-        rules = tuple(
-            (chain, tuple(dropped(local_rule(r) if chain.startswith("KUBE-SVL-") else r) for r in chain_rules))
-            for chain, chain_rules in table.rules
-        )
-        tables[name] = Table(name, table.policies, rules)
+        rules = []
+        for chain, chain_rules in table.rules:
+            named = tuple(dropped(local_rule(r) if chain.startswith("KUBE-SVL-") else r) for r in chain_rules)
+            rules.append((chain, services_sorted(named) if (name, chain) in MAP_ORDER_CHAINS else named))
+        tables[name] = Table(name, table.policies, tuple(rules))
     return tables
 
 

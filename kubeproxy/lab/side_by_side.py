@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,18 +204,26 @@ class SideBySide:
                 tail = "\n".join(self.proxy_log(node.name).splitlines()[-30:])
                 raise ClusterError(f"{node.name}'s proxy exited with status {node.proxy.returncode}:\n{tail}")
 
-    def last_sync(self, node_name: str) -> float:
-        """The proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (0 before its first sync)."""
+    def last_syncs(self, node_name: str) -> dict[str, float]:
+        """The proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds by its ip_family label
+        ({} before its first sync)."""
         proc = self.nodes[node_name].ns.run([sys.executable, "-c", HTTP_GET, f"http://{METRICS_BIND}/metrics", "2"], check=False)
         if proc.returncode != 0:
-            return 0.0
-        # One sample, or one per IP family (labelled): the oldest is the one that counts.
-        samples = [
-            float(line.split()[-1])
-            for line in json.loads(proc.stdout)["body"].splitlines()
-            if line.startswith((SYNC_METRIC + " ", SYNC_METRIC + "{"))
-        ]
-        return min(samples, default=0.0)
+            return {}
+        found: dict[str, float] = {}
+        for line in json.loads(proc.stdout)["body"].splitlines():
+            if line.startswith(SYNC_METRIC + "{"):
+                labels, value = line[len(SYNC_METRIC) :].rsplit(None, 1)
+                family = next((f for f in ("IPv4", "IPv6") if f'ip_family="{f}"' in labels), "")
+                found[family] = float(value)
+        return found
+
+    def synced_since_change(self, node_name: str, families: Sequence[str]) -> bool:
+        """Whether the node's proxy synced IPv4 (the family of every change the bed makes: its
+        nodes and pods are IPv4) since the last change, and every one of `families` at least
+        once. Upstream syncs a family only when something of that family changed."""
+        syncs = self.last_syncs(node_name)
+        return syncs.get("IPv4", 0.0) >= self.changed_at and all(syncs.get(f, 0.0) > 0 for f in families)
 
     def dump(self, node_name: str) -> dict[str, str]:
         """`iptables-save` and `ip6tables-save` of the node, by family."""
@@ -249,26 +257,38 @@ class SideBySide:
         *,
         families: Sequence[str] = ("IPv4", "IPv6"),
         drop: Sequence[str] = (),
+        node_local: Collection[str] = (),
         timeout: float = 30,
     ) -> list[str]:
         """After a change: until the slices hold `expected`, both proxies have synced since, and
-        their rules are equal (role-named); returns the differences left at the deadline."""
+        their rules are equal (role-named); returns the differences left at the deadline.
+        `node_local` names the Services (internalTrafficPolicy Local, no external traffic) whose
+        endpoints a node programs only when they are its own pods."""
         deadline = time.monotonic() + timeout
         while not self.slices_settled(expected):
             self.check_alive()
             if time.monotonic() >= deadline:
                 raise ClusterError(f"the EndpointSlices did not reach {dict(expected)} in {timeout:g} s")
             time.sleep(0.1)
-        ready = {ip for eps in expected.values() for ip, is_ready, _, _ in eps if is_ready}
         present = {ip for eps in expected.values() for ip, _, _, _ in eps}
+        on_node = {ip: pod.info.node_name for pod in self.pods.values() for ip in pod.info.ips}
+
+        def ready(node_name: str) -> set[str]:
+            return {
+                ip
+                for service, eps in expected.items()
+                for ip, is_ready, _, _ in eps
+                if is_ready and (service not in node_local or on_node.get(ip) == node_name)
+            }
+
         diffs: list[str] = []
         dumps: dict[str, dict[str, str]] = {}
         while True:
             self.check_alive()
-            if all(self.last_sync(n) >= self.changed_at for n in (UPSTREAM_NODE, OURS_NODE)):
+            if all(self.synced_since_change(n, families) for n in (UPSTREAM_NODE, OURS_NODE)):
                 dumps = {n: self.dump(n) for n in (UPSTREAM_NODE, OURS_NODE)}
                 # Equal rules that miss a ready endpoint or keep a gone one are equally stale, not converged.
-                fresh = all(ready <= _destinations(d["IPv4"]) <= present for d in dumps.values())
+                fresh = all(ready(n) <= _destinations(d["IPv4"]) <= present for n, d in dumps.items())
                 diffs = self.differences(dumps, families=families, drop=drop)
                 if fresh and not diffs:
                     return []
