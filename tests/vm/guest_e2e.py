@@ -25,8 +25,9 @@ from kubeproxy.lab.cluster import REMOTE_NODE_NAME, MiniCluster, Pod
 from kubeproxy.lab.objects import JSON, Port, endpoint_slice, expected_endpoints, service
 
 # The scenarios' asserts say what they got (pytest rewrites only test modules by itself).
-pytest.register_assert_rewrite("tests.e2e.scenarios")
+pytest.register_assert_rewrite("tests.e2e.scenarios", "tests.vm.guest_hostile")
 from tests.e2e import scenarios  # noqa: E402
+from tests.vm import guest_hostile  # noqa: E402
 
 MODES = tuple(m for m in os.environ.get("KUBEPROXY_VM_MODES", "ipvs").split(",") if m)
 RESULTS = os.environ.get("KUBEPROXY_VM_RESULTS", "")
@@ -134,7 +135,7 @@ def _await_line(child: subprocess.Popen[str], want: str) -> None:
     with selectors.DefaultSelector() as sel:
         sel.register(child.stdout, selectors.EVENT_READ)
         line = child.stdout.readline() if sel.select(SLOW) else "(nothing)"
-    assert line.strip() == want, f"{child.args}: said {line.strip()!r}, not {want!r}"
+    assert line.strip() == want, f"{child.args!r}: said {line.strip()!r}, not {want!r}"
 
 
 def graceful_termination(c: MiniCluster, load: scenarios.Load) -> None:
@@ -179,3 +180,11 @@ SCENARIOS = [*scenarios.LIVE, graceful_termination]
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
 def test_scenario(cluster: MiniCluster, load: scenarios.Load, scenario: scenarios.Scenario) -> None:
     scenario(cluster, load)
+
+
+def test_hostile_addresses(bed: MiniCluster, request: pytest.FixtureRequest) -> None:
+    """guest_hostile.py in the ipvs bed; the other modes have it on the host's kernel (tests/e2e)."""
+    if bed.proxy_mode != "ipvs":  # before the cluster fixture: a skipped mode costs no bed reset
+        pytest.skip("tests/e2e/test_hostile_addresses_kernel.py covers this mode on the host's kernel")
+    cluster = request.getfixturevalue("cluster")
+    guest_hostile.hostile_addresses(cluster, request.getfixturevalue("load"), SLOW)

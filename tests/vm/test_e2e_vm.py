@@ -2,10 +2,11 @@
 
 One boot runs guest_e2e.sh: pytest inside the guest runs every scenario of tests/e2e/scenarios.py
 plus graceful termination (guest_e2e.py) in ipvs mode (the host's kernel has no IPVS), and in
-iptables and nftables modes (Debian's kernel is older than the host's: a real user's kernel);
-then the host's own live suite (tests/e2e/test_live_proxy.py) for the tests guest_e2e.py does
-not cover. Each writes a JUnit XML file; here each (mode, scenario) is one test that passes when
-the guest's did, and otherwise fails with the guest's message, so a failure names the scenario.
+iptables and nftables modes (Debian's kernel is older than the host's: a real user's kernel),
+and in ipvs mode the hostile addresses of guest_hostile.py; then the host's own live suite
+(tests/e2e/test_live_proxy.py) for the tests guest_e2e.py does not cover. Each writes a JUnit
+XML file; here each (mode, scenario) is one test that passes when the guest's did, and otherwise
+fails with the guest's message, so a failure names the scenario.
 
 KUBEPROXY_VM_E2E_MODES (default "ipvs,iptables,nftables") and KUBEPROXY_VM_E2E_SELECT (a pytest
 -k expression) narrow the batch when working on one scenario; KUBEPROXY_VM_E2E_LIVE=1 adds
@@ -33,6 +34,8 @@ SELECT = os.environ.get("KUBEPROXY_VM_E2E_SELECT", "")
 LIVE_TESTS = ("test_a_change_is_synced_and_reported", "test_nodeport_addresses_limit_where_health_check_ports_listen")
 LIVE_MODES = tuple(m for m in MODES if m != "ipvs") if os.environ.get("KUBEPROXY_VM_E2E_LIVE") == "1" else ()
 SCENARIOS = [f.__name__ for f in scenarios.LIVE] + ["graceful_termination"]
+# guest_e2e.py's hostile-address scenario runs in the ipvs bed only: tests/e2e has it on the host's kernel for the others.
+HOSTILE_MODES = tuple(m for m in MODES if m == "ipvs")
 TIMEOUT = 3600.0  # the whole boot; measured: see the report printed by the fixture
 
 # The first test waits for the whole boot: pytest-timeout (300 s in pyproject) must allow it.
@@ -103,6 +106,15 @@ def test_scenario_in_the_vm(batch: Batch, mode: str, scenario: str) -> None:
         pytest.skip(f"not selected by KUBEPROXY_VM_E2E_SELECT={SELECT!r}")
     got = batch.outcome(f"{mode}-{scenario}")
     assert got.passed, f"{scenario} in {mode} mode, in the VM:\n{got.message}\n" + _proxy_log(batch, mode)
+
+
+@pytest.mark.parametrize("mode", HOSTILE_MODES)
+def test_hostile_addresses_in_the_vm(batch: Batch, mode: str) -> None:
+    """guest_hostile.py: the refused and injected addresses reach none of ipvsadm, ipset, kube-ipvs0, iptables."""
+    if SELECT and f"{mode}-test_hostile_addresses" not in batch.outcomes:
+        pytest.skip(f"not selected by KUBEPROXY_VM_E2E_SELECT={SELECT!r}")
+    got = batch.outcome(f"{mode}-test_hostile_addresses")
+    assert got.passed, f"hostile addresses in {mode} mode, in the VM:\n{got.message}\n" + _proxy_log(batch, mode)
 
 
 if LIVE_MODES:  # defined only when asked for, so that CI shows no skipped kernel test
