@@ -13,8 +13,10 @@ and NodePort.
 
 An IPVS sync is not atomic (ipset, kube-ipvs0, iptables, then ipvsadm, each line by line), so a
 change's rules being visible does not say its sync is over. A canary Service is the fence: it
-leaves in the change that brings the hostile objects and comes back in the next one; once it
-answers again in IPVS, the sync that saw the hostile objects has finished, whatever it did.
+leaves in the change that brings the hostile objects and comes back in the next one; once its
+real server is in the IPVS table again, the sync that saw the hostile objects has finished,
+whatever it did: a sync programs the node's families one after the other, and the next sync
+starts after the last of them (live.py), so the IPv6 lane's part of it is over too.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def hostile_addresses(c: MiniCluster, load: Load, timeout: float) -> None:
     at_a = f"{c.pods['a'].ip}:{WEB.target}"
     load([*world(c), *canary(c)])
     try:
-        reference = fenced(c, c.node_object(), timeout)
+        reference = fenced(c, c.node_object(), timeout)  # reached as the hostile round's state is
         for name, text in reference.items():
             assert foreign_text(text) == [], (name, foreign_text(text))  # "the same as before" means "none of it"
         assert all(WEB_IP in text for name, text in reference.items() if name in UNORDERED), reference  # it shows the world
