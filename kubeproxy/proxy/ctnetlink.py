@@ -305,10 +305,9 @@ def _enter(netns_path: str) -> None:
         os.close(fd)
 
 
-def _replies(sock: socket.socket, seq: int) -> Iterable[tuple[int, int, bytes]]:
-    """(message type, flags, message) of each answer to request `seq`, until DONE or an error
-    (an error raises DumpError; an acknowledgement ends it)."""
-    buf = bytearray(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+def _replies(sock: socket.socket, seq: int, buf: bytearray) -> Iterable[tuple[int, int, bytes]]:
+    """(message type, flags, message) of each answer to request `seq`, read through `buf`, until
+    DONE or an error (an error raises DumpError; an acknowledgement ends it)."""
     while True:
         got = sock.recv_into(buf)
         chunk = bytes(buf[:got])
@@ -337,6 +336,12 @@ class Table:
 
     sock: socket.socket
     _seq: int = 0
+    # One receive buffer for every answer: a batch of dump messages fits the socket's buffer.
+    _buf: bytearray = field(default_factory=lambda: bytearray(1 << 16), init=False)
+
+    def __post_init__(self) -> None:
+        if self.sock.family == socket.AF_NETLINK:
+            self._buf = bytearray(self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
 
     def _next(self) -> int:
         self._seq += 1
@@ -373,7 +378,7 @@ class Table:
 
     def _drain(self, seq: int) -> list[tuple[int, int, bytes]]:
         # Read the whole answer even when it ends in an error, so the next request starts clean.
-        return list(_replies(self.sock, seq))
+        return list(_replies(self.sock, seq, self._buf))
 
     def delete(self, family: int, entry: CtEntry) -> bool:
         """Delete `entry`; False when it is gone already. DumpError for any other refusal."""

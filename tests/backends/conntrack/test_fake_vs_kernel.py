@@ -48,6 +48,7 @@ from kubeproxy.backends.conntrack import (
 )
 from kubeproxy.backends.conntrack.fake import FakeConntrack
 from kubeproxy.backends.exec import Runner
+from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.lab.netns import NetNS, link, netns
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family
@@ -179,7 +180,7 @@ def _flows_of(client: NetNS, node: NetNS, a: Addrs) -> None:
 
 def _view(a: Addrs) -> NodeView:
     """X's only endpoint is B, Y's C, Z (a UDP service that got its first endpoint) C."""
-    ip = ipaddress.ip_address
+    ip = valid_ip
     names = {n: ServicePortName("default", n, "dns", "UDP") for n in ("x", "y", "z")}
     return NodeView(
         services={
@@ -188,9 +189,9 @@ def _view(a: Addrs) -> NodeView:
             names["z"]: ServicePortInfo(names["z"], ip(VIP_Z[a.family]), SVC_PORT, "UDP"),
         },
         endpoints={
-            names["x"]: [EndpointInfo(a.pod_b, POD_PORT)],
-            names["y"]: [EndpointInfo(a.pod_c, POD_PORT)],
-            names["z"]: [EndpointInfo(a.pod_c, POD_PORT)],
+            names["x"]: [EndpointInfo(ip_text(valid_ip(a.pod_b)), POD_PORT)],
+            names["y"]: [EndpointInfo(ip_text(valid_ip(a.pod_c)), POD_PORT)],
+            names["z"]: [EndpointInfo(ip_text(valid_ip(a.pod_c)), POD_PORT)],
         },
     )
 

@@ -10,7 +10,6 @@ view where B is X's only endpoint deletes that entry (and nothing of Y's).
 
 from __future__ import annotations
 
-import ipaddress
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from kubeproxy.backends.conntrack import NodePorts, Reconciler, list_flows, reconcile
+from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.lab.netns import NetNS, link, netns
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family
@@ -65,7 +65,7 @@ with socket.socket(socket.AF_INET6 if ":" in dst else socket.AF_INET, socket.SOC
 
 @dataclass(frozen=True)
 class Addrs:
-    family: str
+    family: Family
     client: str
     node: str
     prefix: int
@@ -109,7 +109,7 @@ def load(node: NetNS, a: Addrs, pod_x: str) -> None:
 
 
 @contextmanager
-def bed(family: str) -> Iterator[tuple[NetNS, NetNS, Addrs]]:
+def bed(family: Family) -> Iterator[tuple[NetNS, NetNS, Addrs]]:
     a = ADDRS[family]
     with netns("kpct") as client, netns("kpct") as node:
         v4 = ADDRS[Family.IPV4]
@@ -140,18 +140,21 @@ def view_after_switch(a: Addrs) -> NodeView:
     """X's only endpoint is now B; Y unchanged on C."""
     x = ServicePortName("default", "x", "dns", "UDP")
     y = ServicePortName("default", "y", "dns", "UDP")
-    ip = ipaddress.ip_address
+    ip = valid_ip
     return NodeView(
         services={
             x: ServicePortInfo(x, ip(a.vip_x), SVC_PORT, "UDP", node_port=NODE_PORT),
             y: ServicePortInfo(y, ip(a.vip_y), SVC_PORT, "UDP"),
         },
-        endpoints={x: [EndpointInfo(a.pod_b, POD_PORT)], y: [EndpointInfo(a.pod_c, POD_PORT)]},
+        endpoints={
+            x: [EndpointInfo(ip_text(valid_ip(a.pod_b)), POD_PORT)],
+            y: [EndpointInfo(ip_text(valid_ip(a.pod_c)), POD_PORT)],
+        },
     )
 
 
 @pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
-def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: str) -> None:
+def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: Family) -> None:
     with bed(family) as (client, node, a):
         # Flows from fixed source ports: X by cluster IP, X by NodePort, Y.
         assert send(client, a, 40001, a.vip_x, SVC_PORT) == a.pod_a
@@ -190,7 +193,7 @@ def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: s
 
 @pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
 @pytest.mark.parametrize("selected", [False, True], ids=["all-local", "nodeport-addresses"])
-def test_node_port_cleanup_only_touches_flows_to_the_nodes_node_port_addresses(family: str, selected: bool) -> None:
+def test_node_port_cleanup_only_touches_flows_to_the_nodes_node_port_addresses(family: Family, selected: bool) -> None:
     """Issue 11, item 7: the node's own flow to another host on the NodePort's port number was
     never DNATed, so its reply source is no serving endpoint; upstream's any-destination NodePort
     filter deleted it. Only the stale flow to the node's address may go."""
