@@ -20,33 +20,53 @@ as the typed decoder's structs (`schema.Item`) when the list fits that schema, p
 otherwise (see `events.py`). A reflector is synced once the events of its first list have all
 been delivered.
 
-What a reflector does, following client-go's reflector:
+What a reflector does, following client-go's reflector (v0.37.2, tools/cache/reflector.go):
 
-- LIST (no resourceVersion: a consistent read), then WATCH from the list's resourceVersion
-  with `allowWatchBookmarks=true`; BOOKMARK events advance the resourceVersion silently;
-- when the watch ends (server timeout, dropped connection) it watches again from the last
-  resourceVersion it saw, so nothing is replayed and nothing is lost;
-- on 410 Gone (an HTTP 410 or an ERROR event with code 410) it lists again and emits only the
-  difference against what it had delivered: ADDED, MODIFIED (resourceVersion changed), DELETED
-  (the object is gone from the list; the event carries a stub with its kind, namespace, name
-  and last resourceVersion, all that a deletion needs: the reflector keeps only the key and
-  resourceVersion of what it delivered, not the objects, ~67 MiB of dicts at 10k services);
+- it gets the state by a watch-list where `watch_list` is on (client-go's WatchListClient gate,
+  on by default; `ApiSource` turns it on): a watch with `sendInitialEvents=true`,
+  `resourceVersionMatch=NotOlderThan` and the last version seen (none the first time), whose
+  ADDED events up to the BOOKMARK annotated `k8s.io/initial-events-end` are the state; the
+  same stream then goes on as the watch. Where the server refuses that (no WatchList feature:
+  422), fails it otherwise, or ends the stream before that bookmark, it lists instead;
+- a list is at `resourceVersion=0` the first time (the API server's watch cache answers, not
+  etcd) and at the last version seen after that (the cache again); only when the server says it
+  no longer has that version (410 Expired) or does not have it ("Too large resource version")
+  is it listed again at once as a consistent read (no resourceVersion, from etcd). Paging as
+  client-go's pager: `limit=500` at "0" and at none, no limit at a set version;
+- then it WATCHes from the list's resourceVersion with `allowWatchBookmarks=true`; BOOKMARK
+  events advance the resourceVersion silently;
+- when the watch ends (server timeout) it watches again from the last resourceVersion it saw, so
+  nothing is replayed and nothing is lost; so too, at once, when a watch that carried an event
+  or lasted a second is cut (shorter ones are backed off, as client-go's "very short watch");
+- on 410 Gone (an HTTP 410 or an ERROR event with code 410) it lists again, after a wait drawn
+  from the back-off schedule (client-go's loop waits before every relist: a fleet told at once
+  does not come back at once), and emits only the difference against what it had delivered:
+  ADDED, MODIFIED (resourceVersion changed), DELETED (the object is gone from the list; the
+  event carries a stub with its kind, namespace, name and last resourceVersion, all that a
+  deletion needs: the reflector keeps only the key and resourceVersion of what it delivered,
+  not the objects, ~67 MiB of dicts at 10k services);
 - it relists the same way when the server shows it no longer has the history the reflector
   follows (its etcd was replaced or restored from an old backup: same objects, versions starting
   low again), because a watch from a version newer than anything the server has is accepted and
   stays silent for ever:
   - "Too large resource version" (a 504 Timeout with cause ResourceVersionTooLarge, as an HTTP
-    answer or a watch ERROR event), handled as client-go does: list again from scratch;
-  - after a watch failed (not on a clean end), before watching again, it asks for one object at
-    `resourceVersion=<last>&resourceVersionMatch=NotOlderThan` (client-go relists at its last
-    version at that point; one object is enough to learn whether the server has that version);
+    answer or a watch ERROR event): a consistent list;
+  - after a failure that may hide a restart of the server (a cut or refused connection, a 5xx
+    answer), before watching again, it asks for one object at
+    `resourceVersion=<last>&resourceVersionMatch=NotOlderThan`: one object is enough to learn
+    whether the server has that version, where client-go relists whole lists after most failed
+    watches and has no such check after a cut (it watches again and would stay silent). Not
+    after a 429, an ERROR event or a malformed answer: the server that sent them is alive and
+    keeps its history;
   - a list, bookmark or event whose resourceVersion is older than the last one seen (compared
-    as integers when both are, as etcd-backed servers make them; otherwise not compared);
+    as integers when both are, as etcd-backed servers make them; otherwise not compared): a
+    consistent list;
   - no event and no bookmark for `max_silence` seconds across watches: a healthy server sends a
     bookmark at least once per watch to a client that allows them;
   while it knows its data may be stale and until that relist succeeds, `connected` is False;
-- on errors (connection refused, 5xx, a broken stream) it backs off exponentially with jitter,
-  or as long as the server asks with `Retry-After` on a 429 or 5xx (see `backoff.py`);
+- on errors (connection refused, 5xx, a broken stream) it backs off as client-go's reflector
+  (800 ms doubling to 30 s, full jitter, see `backoff.py`), or as long as the server asks with
+  `Retry-After` on a 429 or 5xx;
 - every answer is decoded into typed structures first (`wire.py`): a Status, list or watch
   event of the wrong shape, another kind's list, a list item that cannot be keyed, or an answer
   past the size bounds is an error like any other (logged, retried with back-off; a watch
@@ -92,6 +112,11 @@ Key = tuple[str, str]  # (namespace, name); namespace is "" for cluster-scoped k
 Raw = dict[str, Any] | Item  # an object as decoded: plain dicts, or the typed decoder's struct
 Sleep = Callable[[float], Awaitable[None]]
 
+# client-go's pager's page size (tools/pager), for the lists a reflector pages.
+LIST_PAGE_SIZE = 500
+# The annotation of the BOOKMARK that ends a watch-list's initial events (metav1.InitialEventsAnnotationKey).
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
 
 @dataclass(frozen=True)
 class ResourceSpec:
@@ -117,8 +142,8 @@ class ResourceSpec:
         return f"{plural}({filters})" if filters else plural
 
 
-def services(label_selector: str = "") -> ResourceSpec:
-    return ResourceSpec.of(Service, label_selector=label_selector)
+def services(label_selector: str = "", field_selector: str = "") -> ResourceSpec:
+    return ResourceSpec.of(Service, field_selector=field_selector, label_selector=label_selector)
 
 
 def endpoint_slices(label_selector: str = "") -> ResourceSpec:
@@ -261,6 +286,9 @@ class Reflector:
     max_silence: float | None = None
     batch_sink: BatchSink | None = None  # see the module doc
     typed_lists: bool = False  # listed objects as `schema.Item` when the list fits the schema
+    # Get the state by a watch-list where the server offers it (client-go's WatchListClient: a
+    # watch that streams the state, then the changes); a plain list otherwise, or when False.
+    watch_list: bool = False
     # Bounds on what one answer may hold (see wire.py for why these values) and on how long a
     # list or check may take: twice the API server's own request timeout (60 s).
     max_frame_bytes: int = wire.MAX_FRAME_BYTES
@@ -277,6 +305,19 @@ class Reflector:
     failing_since: float | None = field(default=None, init=False)
     # Completed lists (the first one and every relist), for tests and logs.
     lists: int = field(default=0, init=False)
+    _must_list: bool = field(default=True, init=False, repr=False)
+    # Set by a failure that may hide a restart of the API server (a cut or refused connection, a
+    # 5xx answer): before watching again, check that the server still has our version.
+    _check: bool = field(default=False, init=False, repr=False)
+    # The server said it no longer has (410) or does not have yet ("Too large resource version")
+    # the version listed at: the next list is a consistent read.
+    _version_unavailable: bool = field(default=False, init=False, repr=False)
+    # A list at "0" came in pages: no watch cache, so later lists are paged too (client-go's).
+    _paged: bool = field(default=False, init=False, repr=False)
+    # The server refused a watch-list request itself (400, 422): it does not offer them.
+    _watch_list_refused: bool = field(default=False, init=False, repr=False)
+    # What a watch-list has streamed until its end bookmark; None while not in one.
+    _initial: dict[Key, Raw] | None = field(default=None, init=False, repr=False)
     # Loop time of the last sign that the server follows our version: a list, an event, a
     # bookmark or a successful resume check. None until the first list.
     _heard_at: float | None = field(default=None, init=False, repr=False)
@@ -305,33 +346,35 @@ class Reflector:
 
     async def run(self) -> None:
         """List and watch until cancelled. Never raises for server or network trouble."""
-        must_list = True
-        # Set while the last watch did not end cleanly: before the next one, check that the
-        # server still has the version we resume from (it may have come back without it).
-        check = False
         while True:
-            listing = must_list
             try:
-                if must_list:
-                    await self._list()
-                    must_list = check = False
-                else:
-                    if check:
-                        await self._check_resume()
-                        check = False
+                if self._must_list:
+                    if not await self._watch_list():
+                        await self._list()
+                        await self._watch()
+                    continue
+                if self._check:
+                    await self._check_resume()
                     log.info("watch of %s restarted from resourceVersion %s", self.spec, self.resource_version)
-                check = True
                 await self._watch()
-                check = False
             except Stale as e:
-                must_list = True
+                listing = self._must_list
+                self._must_list = True
+                # The server showed it lacks our version: list with a consistent read, where after
+                # 410 Expired or silence the version stays worth a list from the watch cache.
+                if isinstance(e, TooLargeResourceVersion) or e.reason == "ResourceVersionWentBack":
+                    self._version_unavailable = True
                 self._mark_stale()
-                if listing:  # a list that is itself Gone would otherwise relist in a tight loop
+                if listing:
                     await self._back_off(e)
-                elif isinstance(e, Gone):
+                    continue
+                if isinstance(e, Gone):
                     log.warning("%s: resourceVersion %s is gone (410), relisting: %s", self.spec, self.resource_version, e)
                 else:
                     log.warning("%s: relisting, the watch no longer follows the API server's history: %s", self.spec, e)
+                # As client-go's reflector loop: a jittered wait from the back-off schedule before
+                # every relist, so that a fleet told at once to relist does not come back at once.
+                await self.sleep(self.backoff.next())
             except (SourceError, httpx2.HTTPError, httpx2.StreamError, ValueError, OSError) as e:
                 await self._back_off(e)
             except Exception as e:
@@ -367,6 +410,11 @@ class Reflector:
             _fill_type(item, self.spec)
             fresh[key] = item
         del listed
+        await self._replace(fresh, rv, "listed")
+
+    async def _replace(self, fresh: dict[Key, Raw], rv: str, how: str) -> None:
+        """The whole state at `rv` is `fresh` (a list, or a watch-list's initial events): deliver
+        what differs from what was delivered before."""
         first = not self.synced.is_set()
         if _older(rv, self.resource_version):
             # A consistent list is the truth, older or not: the diff below brings us back to it.
@@ -381,11 +429,12 @@ class Reflector:
         count = len(fresh)
         del fresh  # the events hold what is still to be delivered
         self.lists += 1
+        self._must_list = self._check = self._version_unavailable = False
         self._heard()
         await self._advance(rv)
-        self.backoff.reset()
+        self.backoff.succeeded()
         self.failing_since = None
-        log.info("listed %d %s at resourceVersion %s (%d changes)", count, self.spec, rv, len(changes))
+        log.info("%s %d %s at resourceVersion %s (%d changes)", how, count, self.spec, rv, len(changes))
         # The consumer turns 10k+ objects into its own: a million allocations, none of them
         # garbage, which the cyclic collector would otherwise walk again and again (cluster.bulk).
         with paused_gc():
@@ -428,17 +477,54 @@ class Reflector:
         if _older(rv, self.resource_version):
             raise Stale(url, 200, "ResourceVersionWentBack", f"asked for {self.resource_version} or newer, got {rv}")
         self._heard()
+        self._check = False
         self.failing_since = None
 
+    def _list_version(self) -> str:
+        """The resourceVersion to list at, as client-go's reflector picks it: "0" the first time
+        (any version: the API server's watch cache answers, not etcd), the last one seen after
+        that (the cache again, at least that new), "" (a consistent read from etcd) only after the
+        server said it no longer has or does not yet have that version."""
+        if self._version_unavailable:
+            return ""
+        return self.resource_version or "0"
+
     async def _list_all(self) -> tuple[list[tuple[Key, Raw]], str]:
-        """Every page of the list, each object with its key; SourceError for anything that is
-        not a list of this resource's objects, or one past the bounds of `wire`."""
+        """The list at `_list_version()`, and if the server has no such version any more (410
+        Expired) or not yet ("Too large resource version"), at once again as a consistent read."""
+        version = self._list_version()
+        try:
+            return await self._list_pages(version)
+        except (Gone, TooLargeResourceVersion) as e:
+            if not version:
+                raise
+            log.info("%s: listing at resourceVersion %s failed, a consistent list instead: %s", self.spec, version, e)
+            self._version_unavailable = True
+            return await self._list_pages("")
+
+    async def _list_pages(self, version: str) -> tuple[list[tuple[Key, Raw]], str]:
+        """Every page of the list at `version`, each object with its key; SourceError for
+        anything that is not a list of this resource's objects, or one past the bounds of `wire`.
+
+        Pages as client-go's pager asks for them from a reflector: `limit=500` at "0" and "" (the
+        watch cache ignores it at "0"), none at a set version (paging would send the list to etcd:
+        "to avoid thundering herd on etcd") unless a list at "0" came back in pages (no watch
+        cache); continue pages without a version; a continue token that expired (410) gets the
+        whole list at the version asked for, in one answer."""
         listed: list[tuple[Key, Raw]] = []
-        params = self._selectors()
+        first = {**self._selectors(), **({"resourceVersion": version} if version else {})}
+        limit = {"limit": str(LIST_PAGE_SIZE)} if version in ("", "0") or self._paged else {}
+        params = {**first, **limit}
         budget = self.max_list_bytes
         url = self.spec.path
         for _ in range(self.max_list_pages):
-            url, content = await self._get(params, budget)
+            try:
+                url, content = await self._get(params, budget)
+            except Gone:
+                if "continue" not in params:
+                    raise
+                listed, params, budget = [], first, self.max_list_bytes
+                continue
             budget -= len(content)
             # A list within the typed schema decodes straight into structs (no dicts at all);
             # anything else (an unknown field, a value of another type) the general way.
@@ -463,7 +549,9 @@ class Reflector:
                 if not meta.resourceVersion:
                     raise SourceError(url, 200, "BadList", "the list has no resourceVersion")
                 return listed, meta.resourceVersion
-            params = {**self._selectors(), "continue": meta.continue_}
+            if version == "0":
+                self._paged = True
+            params = {**self._selectors(), **limit, "continue": meta.continue_}
         raise SourceError(
             url, 200, "TooManyPages", f"the list did not end within {self.max_list_pages} pages (its continue token never ends)"
         )
@@ -518,21 +606,64 @@ class Reflector:
 
     # -- watch
 
-    async def _watch(self) -> None:
+    async def _watch_list(self) -> bool:
+        """The state by a watch-list, then the watch goes on in the same stream until it ends;
+        False, with nothing delivered, where the server does not offer watch-lists: list then.
+
+        As client-go's reflector: from the last version seen (none the first time: the current
+        state), again at once without a version after 410 Expired or "Too large resource
+        version"; a 429 or a transport failure is backed off and the watch-list tried again
+        (raised to `run`); any other error, or a stream that ends before the bookmark that ends
+        the initial events, falls back to a list. A server that refuses the request itself
+        (400, 422: it has no WatchList feature) is not asked again.
+        """
+        if not self.watch_list or self._watch_list_refused:
+            return False
+        while True:
+            try:
+                await self._watch(initial=True)
+            except (Gone, TooLargeResourceVersion) as e:
+                if self._initial is None or self._version_unavailable:
+                    raise
+                log.info("%s: watch-list at resourceVersion %s failed, again from the current state: %s",
+                         self.spec, self.resource_version, e)  # fmt: skip
+                self._version_unavailable = True
+                continue
+            except SourceError as e:
+                if self._initial is None or e.code == 429:
+                    raise
+                self._initial = None
+                self._watch_list_refused = e.code in (400, 422)
+                log.info("%s: no watch-list (%s), listing instead", self.spec, e)
+                return False
+            if self._initial is not None:
+                self._initial = None
+                log.info("%s: the watch-list ended before its initial events did, listing instead", self.spec)
+                return False
+            return True
+
+    async def _watch(self, *, initial: bool = False) -> None:
+        """Watch from the last version seen until the server ends the watch; with `initial`, a
+        watch-list: the state first (see `_watch_list`)."""
         timeout_seconds = max(1, int(self.watch_timeout * (1 + self.rand.random())))
-        params = {
-            **self._selectors(),
-            "watch": "true",
-            "resourceVersion": self.resource_version or "",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-        }
+        params = {**self._selectors(), "watch": "true"}
+        if initial:
+            params |= {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"}
+            if self.resource_version and not self._version_unavailable:
+                params["resourceVersion"] = self.resource_version
+        else:
+            params["resourceVersion"] = self.resource_version or ""
+        params |= {"allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
         # No bytes for longer than the server's own timeout means the connection is dead.
         timeout = httpx2.Timeout(10.0, read=timeout_seconds + 30.0)
-        loop = asyncio.get_running_loop()
-        if self._heard_at is None:
-            self._heard_at = loop.time()
+        self._initial = {} if initial else None
+        if initial or self._heard_at is None:
+            # The silence of a stream of the state counts from its request.
+            self._heard_at = asyncio.get_running_loop().time()
         url = self.spec.path
+        loop = asyncio.get_running_loop()
+        answered: float | None = None  # loop time of the 200
+        lines = 0
         try:
             # Silence is counted from the last sign of progress, not from this request: a server
             # that accepts our version but never reaches it ends watch after silent watch.
@@ -540,14 +671,20 @@ class Reflector:
                 async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
                     url = str(resp.url)
                     if resp.status_code != 200:
-                        raise await _error_of(url, resp)
-                    self.failing_since = None
+                        error = await _error_of(url, resp)
+                        self._check = self._check or resp.status_code >= 500
+                        raise error
+                    answered = loop.time()
+                    if not initial:
+                        self.failing_since = None
                     async for line in _lines(url, resp, self.max_frame_bytes):
                         if line.strip():
+                            lines += 1
                             await self._on_line(url, line)
                             silence.reschedule(self._heard_at + self.silence_bound)
         except TimeoutError:
             if not silence.expired():
+                self._check = True
                 raise
             raise Stale(
                 url,
@@ -555,6 +692,15 @@ class Reflector:
                 "Silent",
                 f"no event or bookmark for {self.silence_bound:g}s since resourceVersion {self.resource_version}",
             ) from None
+        except (httpx2.TransportError, httpx2.StreamError, OSError) as e:
+            self._check = True
+            # As client-go's: a watch cut after it carried an event or lasted a second is watched
+            # again at once (the server may be gone: the check before it meets that and backs
+            # off); a watch cut sooner, or before its initial events ended, is backed off.
+            if answered is None or self._initial is not None or (not lines and loop.time() - answered < 1.0):
+                raise
+            log.info("watch of %s cut at resourceVersion %s: %s", self.spec, self.resource_version, _describe(e))
+            return
         log.debug("watch of %s ended by the server at resourceVersion %s", self.spec, self.resource_version)
 
     async def _on_line(self, url: str, line: bytes) -> None:
@@ -573,6 +719,9 @@ class Reflector:
             # client-go's reflector skips an event of another kind than it watches, with an error.
             log.warning("%s: skipping a %s event for a %.60s, not a %s", self.spec, type_, key.kind, self.spec.kind)
             return
+        if self._initial is not None:
+            await self._on_initial(type_, obj, key)
+            return
         if rv and _older(rv, self.resource_version):
             # A watch from version N only ever carries newer ones: this server is not the one
             # whose history we followed (restored, replaced, or it forgot) and nothing it sends
@@ -589,11 +738,25 @@ class Reflector:
         else:
             self.versions[(key.namespace, key.name)] = rv
         self._deliver([WatchEvent(_event_type(type_), self.spec.kind, obj)])
-        # The first event on a watch proves the connection works; later errors start the back-off over.
-        self.backoff.reset()
+        self.backoff.succeeded()
         if rv:
             self._heard()
             await self._advance(rv)
+
+    async def _on_initial(self, type_: str, obj: dict[str, Any], key: wire.ObjectKey) -> None:
+        """An event of a watch-list's initial state: kept until the bookmark that ends them."""
+        state = self._initial
+        assert state is not None
+        if type_ == "BOOKMARK":
+            if key.resource_version and _ends_initial_events(obj):
+                self._initial = None
+                await self._replace(state, key.resource_version, "streamed")
+            return
+        if type_ == "DELETED":
+            state.pop((key.namespace, key.name), None)
+        else:
+            _fill_type(obj, self.spec)
+            state[(key.namespace, key.name)] = obj
 
     # -- helpers
 
@@ -619,6 +782,13 @@ class Reflector:
         async with self._progress:
             self.resource_version = rv
             self._progress.notify_all()
+
+
+def _ends_initial_events(bookmark: dict[str, Any]) -> bool:
+    """Whether a BOOKMARK is the one that ends a watch-list's initial events (its annotation)."""
+    meta = bookmark.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    return isinstance(annotations, dict) and annotations.get(INITIAL_EVENTS_END) == "true"
 
 
 def _event_type(type_: str) -> EventType:
@@ -721,6 +891,8 @@ def _describe(e: BaseException) -> str:
 
 
 UPSTREAM_LABEL_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+# Headless Services are never proxied: the server leaves them out (as upstream's informer asks).
+NOT_HEADLESS = "spec.clusterIP!=None"
 
 
 @dataclass
@@ -729,7 +901,9 @@ class ApiSource:
 
     The label selector is upstream's, for both Services and EndpointSlices: objects labelled
     for another service proxy (`service.kubernetes.io/service-proxy-name`) are not ours, and
-    headless ones (`service.kubernetes.io/headless`) are never proxied.
+    headless ones (`service.kubernetes.io/headless`) are never proxied; headless Services are
+    also left out by the field selector `spec.clusterIP!=None`, as upstream's Service informer.
+    `watch_list` is client-go's WatchListClient gate (on by default at v1.37).
     """
 
     client: httpx2.AsyncClient
@@ -741,10 +915,11 @@ class ApiSource:
     max_silence: float | None = None  # see Reflector
     batch_sink: BatchSink | None = None  # see Reflector
     typed_lists: bool = False  # see Reflector
+    watch_list: bool = True  # see Reflector
     reflectors: list[Reflector] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        specs = (services(UPSTREAM_LABEL_SELECTOR), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name),
+        specs = (services(UPSTREAM_LABEL_SELECTOR, NOT_HEADLESS), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name),
                  service_cidrs())  # fmt: skip
         self.reflectors = [
             Reflector(
@@ -757,6 +932,7 @@ class ApiSource:
                 max_silence=self.max_silence,
                 batch_sink=self.batch_sink,
                 typed_lists=self.typed_lists,
+                watch_list=self.watch_list,
             )
             for spec in specs
         ]

@@ -29,8 +29,9 @@ from tests.test_live import _rules, _service
 
 KUBE_PROXY = str(Path(sys.executable).parent / "kube-proxy")
 INITIAL = 4
-# Converging after the server is sane may wait out one back-off at its cap (30 s, +20% jitter).
-CONVERGE_SECONDS = 60.0
+# Converging after the server is sane may wait out one back-off at its cap (30 s, full jitter:
+# up to 60 s, as client-go's reflector) and then a wait before a relist.
+CONVERGE_SECONDS = 100.0
 
 
 @dataclass

@@ -273,11 +273,12 @@ def test_retry_after_is_read_as_client_go_reads_it() -> None:
 
 def test_retry_after_replaces_the_schedule_capped_and_at_most_ten_times_in_a_row() -> None:
     backoff = Backoff(rand=NoJitter())
-    assert [backoff.next(7), backoff.next(), backoff.next(-3), backoff.next(10**6)] == [7, 0.5, 0, 30.0]
-    backoff.reset()
+    assert [backoff.next(7), backoff.next(), backoff.next(-3), backoff.next(10**6)] == [7, 0.8, 0, 30.0]
+    backoff.succeeded()
     obeyed = [backoff.next(1) for _ in range(MAX_SERVER_DELAYS + 2)]
-    assert obeyed == [1] * MAX_SERVER_DELAYS + [0.5, 1.0]  # a server cannot keep the client spinning
-    backoff.reset()
+    # A server cannot keep the client spinning: then the schedule goes on from where it was.
+    assert obeyed == [1] * MAX_SERVER_DELAYS + [1.6, 3.2]
+    backoff.succeeded()
     assert backoff.next(2) == 2
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from tests.sources.api_campaign import run_case
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(150)]
+# Converging may wait out a back-off at its cap (up to 60 s with full jitter, as client-go).
+pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]
 FAULTS = 20
 # The proxy's own peak is ~60 MiB; a watch line is cut at 16 MiB and the largest hostile
 # answer is 20 MiB, so a peak past this means something was buffered without a bound.

@@ -185,7 +185,7 @@ def test_server_down_at_start_backs_off_then_syncs(apiserver: ApiServer, tmp_pat
             assert await take(queue, 1) == [("ADDED", "a")]
 
     run(main())
-    assert delays.delays == [0.5, 1.0, 2.0]
+    assert delays.delays == [0.8, 1.6, 3.2]
 
 
 def test_server_errors_back_off_with_a_logged_reason(
@@ -204,10 +204,10 @@ def test_server_errors_back_off_with_a_logged_reason(
             await reflector.wait_synced()
 
     run(main())
-    assert delays.delays == [0.5, 1.0]
+    assert delays.delays == [0.8, 1.6]
     backing = [r.message for r in caplog.records if r.message.startswith('"Failed to watch"')]
     assert backing[0].startswith('"Failed to watch" err="failed to list *v1.Service: GET /api/v1/services: 503')
-    assert backing[0].endswith('type="*v1.Service" retryIn="500ms"')
+    assert backing[0].endswith('type="*v1.Service" retryIn="800ms"')
 
 
 def test_server_killed_mid_watch_catches_up_without_duplicates_or_losses(
@@ -323,21 +323,52 @@ def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
         load_config(tmp_path / "nope")
 
 
-def test_backoff_doubles_to_the_cap_with_bounded_jitter() -> None:
-    backoff = Backoff(rand=NoJitter())
-    assert [backoff.next() for _ in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    backoff.reset()
-    assert backoff.next() == 0.5
+class Clock:
+    """An injected monotonic clock, moved by hand."""
 
-    class AlwaysMax(random.Random):
-        def random(self) -> float:
-            return 1.0
+    def __init__(self) -> None:
+        self.now = 1000.0
 
-    jittered = Backoff(rand=AlwaysMax(), jitter=0.2)
-    assert [jittered.next() for _ in range(2)] == [0.6, 1.2]
-    assert max(jittered.next() for _ in range(10)) == 30.0
+    def __call__(self) -> float:
+        return self.now
+
+
+class AlwaysMax(random.Random):
+    def random(self) -> float:
+        return 1.0
+
+
+def test_backoff_is_client_gos_reflector_schedule() -> None:
+    """800 ms doubling to 30 s, as client-go v0.37.2's reflector (defaultBackoffInit/Max/Factor)."""
+    clock = Clock()
+    backoff = Backoff(rand=NoJitter(), clock=clock)
+    assert [backoff.next() for _ in range(9)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0, 30.0]
+    # Full jitter (1.0): each delay d is drawn from [d, 2d), so [30, 60) s at the cap.
+    widest = Backoff(rand=AlwaysMax(), clock=clock)
+    assert [widest.next() for _ in range(8)] == [1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 60.0, 60.0]
+    seeded = Backoff(rand=random.Random(7), clock=clock)
+    draws = [seeded.next() for _ in range(8)]
+    assert all(d <= x < 2 * d for d, x in zip([0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0], draws, strict=True))
     with pytest.raises(ValueError, match="initial"):
         Backoff(initial=0)
+
+
+def test_backoff_starts_again_after_two_minutes_by_the_clock_alone() -> None:
+    """wait.Backoff.DelayWithReset(clock, 2 min): the schedule restarts once more than 2 min have
+    passed since it last did, whatever happened in between; a success does not restart it."""
+    clock = Clock()
+    backoff = Backoff(rand=NoJitter(), clock=clock)
+    assert [backoff.next() for _ in range(3)] == [0.8, 1.6, 3.2]
+    backoff.succeeded()
+    clock.now += 120.0  # not more than the interval yet
+    assert backoff.next() == 6.4
+    clock.now += 0.5
+    assert [backoff.next(), backoff.next()] == [0.8, 1.6]
+    # A long outage goes back to short delays every 2 minutes, as client-go's manager does.
+    clock.now += 60.0
+    assert backoff.next() == 3.2
+    clock.now += 61.0
+    assert backoff.next() == 0.8
 
 
 def test_http_410_on_watch_and_list_relists_with_back_off(
@@ -346,7 +377,9 @@ def test_http_410_on_watch_and_list_relists_with_back_off(
     caplog.set_level(logging.INFO, logger="kubeproxy.sources.api")
 
     def recover(attempt: int) -> None:
-        if attempt == 2:
+        # The cut watch's back-off, the wait before the relist the 410 asks for, then the
+        # back-off after the list met the 410 too.
+        if attempt == 3:
             apiserver.fail_with(None)
 
     delays = Delays(on_sleep=recover)

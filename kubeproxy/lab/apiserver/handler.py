@@ -155,7 +155,7 @@ class Handler(BaseHTTPRequestHandler):
             if method == "GET" and query.get("watch") in ("true", "1"):
                 self._watch(route, query)
             elif method == "GET":
-                selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""))
+                selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""), rt.kind)
                 minimum = watch.minimum_rv(query)
                 if minimum is not None:
                     with api.store.cond:
@@ -269,7 +269,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _watch(self, route: Route, query: dict[str, str]) -> None:
         store = self.server.api.store
-        selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""))
+        watch.check_options(query, self.server.api.watch_list)
+        selector = Selector.parse(query.get("fieldSelector", ""), query.get("labelSelector", ""), route.rt.kind)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         deadline = time.monotonic() + float(query["timeoutSeconds"]) if "timeoutSeconds" in query else None
         self.send_response(200)

@@ -7,12 +7,17 @@ from dataclasses import dataclass
 
 from kubeproxy.lab.apiserver.errors import JSON, ApiError
 
+# Field labels the real server takes beyond metadata.name and metadata.namespace, by kind
+# (k8s.io/kubernetes v1.37.2 pkg/apis/core/v1/conversion.go, AddFieldLabelConversionsForService).
+FIELD_LABELS: dict[str, tuple[str, ...]] = {"Service": ("spec.clusterIP", "spec.type")}
+
 
 @dataclass(frozen=True)
 class Selector:
     """Field and label selectors as the real server parses them (the subset we need).
 
-    Fields: `metadata.name`, `metadata.namespace` with `=`, `==`, `!=`.
+    Fields: `metadata.name`, `metadata.namespace` and the kind's own (`FIELD_LABELS`) with `=`,
+    `==`, `!=`.
     Labels: `key`, `!key`, `key=value`, `key==value`, `key!=value`, comma-separated (AND).
     """
 
@@ -20,14 +25,13 @@ class Selector:
     labels: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
-    def parse(cls, field_selector: str, label_selector: str) -> Selector:
-        return cls(_parse_terms(field_selector, "field"), _parse_terms(label_selector, "label"))
+    def parse(cls, field_selector: str, label_selector: str, kind: str = "") -> Selector:
+        return cls(_parse_terms(field_selector, "field", kind), _parse_terms(label_selector, "label"))
 
     def matches(self, obj: JSON) -> bool:
         meta = obj.get("metadata") or {}
         for key, op, value in self.fields:
-            have = str(meta.get(key.removeprefix("metadata."), "") or "")
-            if (have == value) != (op == "="):
+            if (_field_value(obj, key) == value) != (op == "="):
                 return False
         labels = meta.get("labels") or {}
         for key, op, value in self.labels:
@@ -42,7 +46,15 @@ class Selector:
         return True
 
 
-def _parse_terms(text: str, what: str) -> tuple[tuple[str, str, str], ...]:
+def _field_value(obj: JSON, path: str) -> str:
+    """A field selector's view of a field: its value as text, "" when absent."""
+    value: object = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def _parse_terms(text: str, what: str, kind: str = "") -> tuple[tuple[str, str, str], ...]:
     terms = []
     for raw in filter(None, (t.strip() for t in text.split(","))):
         if "!=" in raw:
@@ -55,7 +67,7 @@ def _parse_terms(text: str, what: str) -> tuple[tuple[str, str, str], ...]:
             terms.append((raw.lstrip("!").strip(), "!exists" if raw.startswith("!") else "exists", ""))
         else:
             raise ApiError(400, "BadRequest", f"invalid {what} selector {raw!r}")
-        if what == "field" and terms[-1][0] not in ("metadata.name", "metadata.namespace"):
+        if what == "field" and terms[-1][0] not in ("metadata.name", "metadata.namespace", *FIELD_LABELS.get(kind, ())):
             raise ApiError(400, "BadRequest", f'field label not supported: "{terms[-1][0]}"')
     return tuple(terms)
 

@@ -41,6 +41,9 @@ class ApiServer:
     # Where to listen: loopback by default; the multi-node lab binds its control-plane namespace's
     # address so that every node namespace reaches one server.
     host: str = "127.0.0.1"
+    # The server's WatchList feature: without it a watch-list request (sendInitialEvents) is
+    # refused with 422, as a kube-apiserver with the feature gate off refuses it.
+    watch_list: bool = True
     # Seeded hostile answers in place of some real ones (hostile.py); None: a sane server.
     hostility: Hostility | None = None
     _server: HttpServer | None = field(default=None, init=False, repr=False)

@@ -118,6 +118,27 @@ def stream(
                 store.cond.wait(timeout=0.2)
 
 
+def check_options(query: dict[str, str], watch_list: bool) -> None:
+    """A watch's options as upstream validates them (apimachinery v0.37.2,
+    pkg/apis/meta/internalversion/validation: validateWatchOptions): 422 Invalid otherwise."""
+    errors = []
+    match = query.get("resourceVersionMatch", "")
+    initial = "sendInitialEvents" in query
+    if initial and match != "NotOlderThan":
+        errors.append("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")
+    if initial and not watch_list:
+        errors.append("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature "
+                      "gate is enabled")  # fmt: skip
+    if match and not initial:
+        errors.append("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless "
+                      "sendInitialEvents is provided")  # fmt: skip
+    if match and match != "NotOlderThan":
+        errors.append(f'resourceVersionMatch: Unsupported value: "{match}": supported values: "NotOlderThan"')
+    if errors:
+        listed = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
+        raise ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {listed}')
+
+
 def minimum_rv(query: dict[str, str]) -> int | None:
     """The resourceVersion a list must be at least as new as, or None for "any" (unset or "0").
 
