@@ -60,7 +60,7 @@ from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
 from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.memory import release_free_memory
-from kubeproxy.proxy.meta import DUAL_STACK_MODES, PROC_IPV6, FamilyLane, kernel_lacks
+from kubeproxy.proxy.meta import DUAL_STACK_MODES, PROC_IPV6, FamilyLane, kernel_lacks, live_families
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView, ServiceKey
 from kubeproxy.proxy.options import Family, NodeOptions, node_options
@@ -71,7 +71,6 @@ from kubeproxy.proxy.source_watch import HEALTH_FIELD as SOURCE_HEALTH_FIELD
 from kubeproxy.proxy.source_watch import SourceWatch
 from kubeproxy.proxy.view import ViewBuilder
 from kubeproxy.proxy.workers import DEFAULT_JOIN_TIMEOUT, DaemonExecutor
-from kubeproxy.render import node_families
 from kubeproxy.sources.events import WatchEvent
 
 log = logging.getLogger("kubeproxy.proxy")
@@ -259,7 +258,7 @@ class LiveProxy:
         second lane when the node turns dual-stack. A family the kernel lacks is logged once and
         left out, and so is a second family in a mode that programs one family only."""
         node = self.state.nodes.get(self.node_name)
-        families = node_families(self.cfg, node)
+        families = live_families(self.cfg, node)
         primary = self.lanes[0]
         primary.backend, primary.quarantine = self.backend, self.quarantine  # tests may swap them
         if primary.family != families[0]:
@@ -588,7 +587,7 @@ class LiveProxy:
                 await source.wait_synced()
                 self._initialized = True
                 log.info(kv("Initial state received, syncing"))
-                if len(node_families(self.cfg, self.state.nodes.get(self.node_name))) > 1:
+                if len(live_families(self.cfg, self.state.nodes.get(self.node_name))) > 1:
                     # Go's listener on 0.0.0.0 takes IPv6 too; ours takes one family: add `::`.
                     await self._start_servers([(f"{what} IPv6", v6, start) for what, bind, start in starters
                                                if (v6 := _ipv6_wildcard(bind))])

@@ -182,15 +182,19 @@ def _record_syncs(proxy: LiveProxy) -> list[tuple[bool, bool]]:
     return calls
 
 
-def _is_apply(argv: list[str]) -> bool:
-    return argv[0].endswith("-restore") or argv[:3] == ["nft", "-f", "-"]
+def _is_ipv4_apply(argv: list[str], stdin: str) -> bool:
+    """An IPv4 rules apply: the proxy runs an IPv6 lane too (as upstream, whatever the node's
+    addresses), and a failure injected there would be that lane's."""
+    if argv[:3] == ["nft", "-f", "-"]:
+        return " ip kube-proxy" in stdin
+    return argv[0].startswith("iptables") and argv[0].endswith("-restore")
 
 
 def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns, server, tmp_path, mode) -> None:
     failures = {"left": 0}
 
     def flaky(argv, **kwargs):
-        if failures["left"] and _is_apply(argv):
+        if failures["left"] and _is_ipv4_apply(argv, kwargs.get("input") or ""):
             failures["left"] -= 1
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: line 7 failed (injected)")
         return netns.run(argv, **kwargs)
@@ -205,8 +209,8 @@ def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns, server, tmp_p
         assert failures["left"] == 0 and proxy.failed_syncs == before + 1
         failed_at = next(i for i, (_, failed) in enumerate(calls) if failed)
         assert calls[failed_at + 1] == (True, False)  # the retry rewrote everything
-        counter = proxy.metrics.nftables_sync_failures_total if mode == "nftables" else proxy.metrics.restore_failures_total
-        assert counter._value.get() == 1
+        vec = proxy.metrics._nftables_sync_failures_total if mode == "nftables" else proxy.metrics._restore_failures_total
+        assert vec.labels(ip_family="IPv4")._value.get() == 1
 
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body, run_cmd=flaky))
 

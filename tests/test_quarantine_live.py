@@ -56,7 +56,7 @@ def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(netns, ser
         assert _dnats_to(netns, mode, "10.244.1.61")  # moody's last accepted rules are still there
         assert REFUSED not in _rules(netns, mode)
         assert proxy.failed_syncs == failures_before  # the sync went through without moody's change
-        assert proxy.metrics.quarantined_services._value.get() == 1
+        assert proxy.metrics._quarantined_services.labels(ip_family="IPv4")._value.get() == 1
         status, doc = await asyncio.to_thread(_healthz, proxy)
         assert status == 200 and doc["quarantinedServices"] == ["default/moody"]
 
@@ -81,7 +81,7 @@ def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(netns, ser
         server.delete("EndpointSlice", "default", "newcomer-1")
         await _until(proxy, lambda: len(proxy.quarantine) == 0, "the end of the quarantine")
         await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.65"), "moody's fixed version")
-        assert proxy.metrics.quarantined_services._value.get() == 0
+        assert proxy.metrics._quarantined_services.labels(ip_family="IPv4")._value.get() == 0
         status, doc = await asyncio.to_thread(_healthz, proxy)
         assert status == 200 and "quarantinedServices" not in doc
 

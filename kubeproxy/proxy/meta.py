@@ -10,10 +10,13 @@ listeners (bound to that family's addresses, counting that family's local endpoi
 `FamilyLane`; `LiveProxy` syncs every lane in turn, and a lane that fails leaves the other's
 rules and health alone.
 
-Which families a node runs (`node_families`, in kubeproxy.render so that `kubeproxy render`
-makes the same choice): the primary one (of the first node IP), plus the other when the node has
-an address of it or --cluster-cidr lists a CIDR of it. A family the kernel lacks
-(`kernel_lacks`) is logged once and left out; the other keeps working.
+Which families the live proxy runs (`live_families`): as upstream's platformCheckSupported
+(cmd/kube-proxy/app/server_linux.go), both in upstream's modes whatever the node's addresses, the
+primary one of the first node IP; a family the kernel lacks (`kernel_lacks`) is logged once and
+left out, and the other keeps working. A family the node has no address of gets the loopback
+address as its node IP (upstream's detectNodeIPs). `kubeproxy render` works offline, without the
+kernel to ask, and renders the families the node's addresses or --cluster-cidr name
+(kubeproxy.render.node_families); so does the userspace mode, which is not upstream's.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from pathlib import Path
 
 from kubeproxy.backends.base import Backend, SyncReport
 from kubeproxy.backends.exec import Runner
+from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.changes import Changes, ChangeTracker
+from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ServiceHealthServers
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.quarantine import Quarantine
 from kubeproxy.proxy.view import ViewBuilder
+from kubeproxy.render import node_families, primary_family
 
 log = logging.getLogger("kubeproxy.proxy")
 
@@ -39,6 +45,9 @@ log = logging.getLogger("kubeproxy.proxy")
 # KUBE-6-... (upstream's NewIPSet). Userspace: each family has its own listeners (IPv6 ones
 # with IPV6_V6ONLY on `::`), relay thread, ip6tables redirects and state file.
 DUAL_STACK_MODES = frozenset({"iptables", "nftables", "ipvs", "userspace"})
+# Upstream's modes: its server runs them dual-stack whenever the kernel and tools carry both
+# families (the node need not have an address of the second one).
+UPSTREAM_DUAL_STACK_MODES = frozenset({"iptables", "nftables", "ipvs"})
 
 PROC_IPV6 = Path("/proc/sys/net/ipv6")
 
@@ -66,17 +75,31 @@ def other(family: Family) -> Family:
     return Family.IPV4 if family.ipv6 else Family.IPV6
 
 
+def live_families(cfg: ProxyConfig, node: Node | None) -> tuple[Family, ...]:
+    """The families the live proxy runs, the primary first (see the module docstring)."""
+    if cfg.mode in UPSTREAM_DUAL_STACK_MODES:
+        primary = primary_family(cfg, node)
+        return (primary, other(primary))
+    return node_families(cfg, node)
+
+
 def kernel_lacks(family: Family, mode: str, run: Runner, *, variant: str = "", proc_ipv6: Path = PROC_IPV6) -> str | None:
     """Why this node's kernel cannot carry `family`'s rules in `mode`, or None if it can.
 
-    As upstream's platform check: IPv4 is assumed; IPv6 needs the kernel's IPv6 stack and the
-    mode's tool for it (ip6tables with a nat table; nft accepting an `ip6` table, checked
-    with `nft -c`, which changes nothing).
+    As upstream's platform check: IPv4 is assumed; IPv6 needs the kernel's IPv6 stack, not
+    disabled by net.ipv6.conf.all.disable_ipv6, and the mode's tool for it (ip6tables with a
+    nat table; nft accepting an `ip6` table, checked with `nft -c`, which changes nothing).
     """
     if not family.ipv6:
         return None
     if not proc_ipv6.exists():
         return f"{proc_ipv6} is absent: the kernel has no IPv6"
+    disabled = proc_ipv6 / "conf" / "all" / "disable_ipv6"
+    try:
+        if disabled.read_text().strip() == "1":
+            return f"IPv6 is disabled ({disabled} is 1)"
+    except OSError:
+        pass  # upstream too reads it only to see a 1
     if mode == "nftables":
         argv, stdin = ["nft", "-c", "-f", "-"], "add table ip6 kube-proxy\n"
     elif mode in ("iptables", "ipvs", "userspace"):

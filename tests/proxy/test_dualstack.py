@@ -153,14 +153,16 @@ def test_one_sync_programs_each_family_with_its_own_services(mode: str) -> None:
     assert families == {Family.IPV4, Family.IPV6}
 
 
-def test_single_stack_node_never_touches_ipv6(mode: str) -> None:
+def test_an_ipv4_only_node_proxies_ipv6_too(mode: str) -> None:
+    """As upstream (cmd/kube-proxy/app/server_linux.go, platformCheckSupported): both families
+    whenever the kernel carries them, whatever the node's addresses and cluster CIDRs."""
     fake = FakeNode()
     cfg = replace(CFG, cluster_cidr=("10.244.0.0/16",))
     proxy = run_proxy(mode, fake.run, [node("192.168.0.2"), *DUAL[1:]], nothing, cfg=cfg)
-    assert [lane.family for lane in proxy.lanes] == [Family.IPV4]
-    assert not any(c[0].startswith("ip6tables") for c in fake.iptables.calls)
-    assert not any("ip6" in (" ".join(c)) for c in fake.nft.calls)
-    assert "fd00" not in rules(fake, mode, Family.IPV6)
+    assert [lane.family for lane in proxy.lanes] == [Family.IPV4, Family.IPV6]
+    v4, v6 = rules(fake, mode, Family.IPV4), rules(fake, mode, Family.IPV6)
+    assert V4_IP in v4 and "fd00" not in v4
+    assert V6_IP in v6 and "fd00:96::20" in v6 and V4_IP not in v6
 
 
 def test_ipv6_node_with_ipv4_second(mode: str) -> None:
@@ -404,13 +406,14 @@ def test_healthz_on_the_ipv4_wildcard_answers_on_ipv6_too() -> None:
         assert b'"IPv6"' in answers[host]
 
 
-def test_node_turning_dual_stack_and_switching_primary(mode: str) -> None:
-    """IPv4-only first; an IPv6 address appears (a second lane); then IPv6 becomes primary."""
+def test_node_switching_primary_family(mode: str) -> None:
+    """IPv4-only first (both lanes, IPv4 primary); an IPv6 address appears; then IPv6 becomes
+    primary: the lanes trade places and each family's rules stay in its own tables."""
     fake = FakeNode()
     cfg = replace(CFG, cluster_cidr=("10.244.0.0/16",))
 
     async def body(proxy: LiveProxy, source: Source) -> None:
-        assert [lane.family for lane in proxy.lanes] == [Family.IPV4]
+        assert [lane.family for lane in proxy.lanes] == [Family.IPV4, Family.IPV6]
         source.publish(node("192.168.0.2", "fd00::2"))
         await proxy.wait_for_syncs(2)
         assert [lane.family for lane in proxy.lanes] == [Family.IPV4, Family.IPV6]

@@ -272,7 +272,9 @@ def render_tables(
 
     large = is_large_cluster(view)
     changed = None if changed_services is None else frozenset(changed_services)
-    node_ip = ipaddress.ip_address(opts.node_ip) if opts.node_ip else None
+    # A family the node has no address of takes the loopback address as node IP, as upstream's
+    # detectNodeIPs (cmd/kube-proxy/app/server.go) gives its proxier.
+    node_ip = ipaddress.ip_address(opts.node_ip or opts.family.loopback)
 
     def render_one(svc: ServicePortInfo, endpoints: list[EndpointInfo]) -> ServiceRules:
         return _render_service(svc, endpoints, opts, large, node_ip)
