@@ -46,7 +46,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -422,6 +422,10 @@ class LiveProxy:
         backend, quarantine = lane.backend, lane.quarantine
         if not lane.prepared and lane is not self.lanes[0]:
             backend.prepare()  # the primary's is prepared by `prepare`, before the first sync
+            # `opts` was made before the nfacct counters were ensured: the first sync's rules
+            # count with them too, as every later one's.
+            opts = replace(opts, nfacct_counters=backend.nfacct_counters)
+            lane.opts = opts
         lane.prepared = True
         programmed = quarantine.apply(view)
         try:

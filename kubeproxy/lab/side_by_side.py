@@ -36,6 +36,7 @@ from kubeproxy.lab import rules_compare
 from kubeproxy.lab.cluster import HTTP_GET, PROBE, SYNC_METRIC, ClusterError, await_ready, pod_interface, wire_pod
 from kubeproxy.lab.control_plane import ControlPlane
 from kubeproxy.lab.kubelet import LabKubelet, NodeInfo, PodInfo
+from kubeproxy.proxy.options import NFACCT_COUNTERS
 
 UNDERLAY = ipaddress.ip_network("192.168.30.0/24")
 CONTROL_IP = "192.168.30.2"
@@ -184,6 +185,13 @@ class SideBySide:
         self.changed_at = time.time()
         for node_name, binary in ((UPSTREAM_NODE, str(self.cp.bin_dir / "kube-proxy")), (OURS_NODE, ours)):
             node = self.nodes[node_name]
+            # The nfacct counters exist before either proxy starts, as on a node whose kube-proxy
+            # has run before. In a fresh namespace upstream's IPv4 and IPv6 proxiers race to
+            # create them: each finds a counter missing, one adds it, the other's add fails
+            # with EBUSY (pkg/proxy/util/nfacct: Ensure → ErrObjectAlreadyExists), and that
+            # family's rules go without their nfacct matches for the life of the process.
+            for counter in NFACCT_COUNTERS:
+                node.ns.run(["nfacct", "add", counter])
             with open(self.workdir / f"proxy-{node_name}.log", "w") as log:
                 node.proxy = node.ns.popen(self.proxy_argv(binary, node_name, kubeconfig), stdout=log, stderr=subprocess.STDOUT)
 

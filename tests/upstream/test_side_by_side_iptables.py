@@ -46,7 +46,7 @@ class Scenario:
         }
 
     def check(self, step: str) -> None:
-        diffs = self.bed.await_step(self.expected(), families=("IPv4",), node_local=("lweb-itp",))
+        diffs = self.bed.await_step(self.expected(), families=("IPv4", "IPv6"), node_local=("lweb-itp",))
         assert not diffs, f"after {step}:\n" + "\n".join(diffs)
 
 

@@ -38,6 +38,8 @@ ENSURE_ORDER = (
     Jump("filter", "INPUT", "KUBE-FIREWALL", ""),
     Jump("filter", "OUTPUT", "KUBE-FIREWALL", ""),
 )
+# Upstream's iptablesKubeletJumpChains: ensured in every family, whatever the rules hold.
+KUBELET_JUMPS = frozenset(j for j in ENSURE_ORDER if j.target == "KUBE-FIREWALL")
 
 
 def node_order() -> list[Jump]:

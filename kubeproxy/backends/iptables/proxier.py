@@ -223,10 +223,17 @@ class IptablesProxier:
         return None if text is None else chains_in_save(text)
 
     def _missing_jumps(self, declared: dict[str, set[str]]) -> list[jumps.Jump]:
-        # A jump to a chain this rendering does not create (KUBE-FIREWALL without localhost
-        # NodePorts) is kubelet's business, not ours.
-        wanted = [j for j in jumps.ENSURE_ORDER if j.target in declared.get(j.table, set())]
-        return [j for j in wanted if not self._iptables("-t", j.table, "-C", *_rule_args(j))]
+        # Kubelet's KUBE-FIREWALL and its jumps are ensured in both families whether or not
+        # this rendering writes the chain's rule (upstream's iptablesKubeletJumpChains, ensured
+        # with the proxy's own before every full sync). A chain the rendering does not declare
+        # is created with -N, never declared in the restore input, which would flush it.
+        wanted = [
+            j for j in jumps.ENSURE_ORDER if j.target in declared.get(j.table, set()) or j in jumps.KUBELET_JUMPS
+        ]  # fmt: skip
+        missing = [j for j in wanted if not self._iptables("-t", j.table, "-C", *_rule_args(j))]
+        for chain in {(j.table, j.target) for j in missing if j.target not in declared.get(j.table, set())}:
+            self._iptables("-t", chain[0], "-N", chain[1])  # fails, harmlessly, when it exists
+        return missing
 
     def _with_missing_jump_tables(self, tables: tuple[TableText, ...]) -> tuple[tuple[TableText, ...], int]:
         """`tables` plus `-I` lines for missing jumps at the end of each table (before its
