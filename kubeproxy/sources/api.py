@@ -701,6 +701,10 @@ class Reflector:
                 raise
             log.info("watch of %s cut at resourceVersion %s: %s", self.spec, self.resource_version, _describe(e))
             return
+        if self._initial is None and not lines and answered is not None and loop.time() - answered < 1.0:
+            # client-go's VeryShortWatchError: a server that ends every watch at once would
+            # otherwise be asked again and again without a pause.
+            raise SourceError(url, 200, "VeryShortWatch", "the watch ended within a second, with no event")
         log.debug("watch of %s ended by the server at resourceVersion %s", self.spec, self.resource_version)
 
     async def _on_line(self, url: str, line: bytes) -> None:
