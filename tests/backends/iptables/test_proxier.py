@@ -17,7 +17,7 @@ from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView
-from kubeproxy.proxy.options import NFACCT_COUNTERS
+from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
 from tests.paths import DEMO
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
@@ -88,6 +88,36 @@ def test_full_sync_adds_each_jump_once_and_keeps_foreign_rules(node) -> None:
     assert _rules(ns, "nat", "PREROUTING")[-1] == "-A PREROUTING -d 192.0.2.1/32 -j OTHER-DNAT"
     assert _rules(ns, "filter", "INPUT")[-1] == "-A INPUT -j OTHER-FILTER"
     assert _rules(ns, "filter", "OTHER-FILTER") == ["-A OTHER-FILTER -s 198.51.100.0/24 -j DROP"]
+
+
+def test_kubelets_firewall_chain_and_jumps_in_ipv6_too(node) -> None:
+    """Upstream ensures KUBE-FIREWALL and its INPUT/OUTPUT jumps in every family before a full
+    sync (iptablesKubeletJumpChains), though only IPv4 with localhost NodePorts fills it; a rule
+    someone else put in it stays."""
+    ns, _, _ = node
+    loaded = offline.load([DEMO])
+    v6 = offline.render_iptables(loaded.state, CFG, nfacct_counters=(), family=Family.IPV6)
+    ns.run(["ip6tables", "-w", "-t", "filter", "-N", "KUBE-FIREWALL"])
+    ns.run(["ip6tables", "-w", "-t", "filter", "-A", "KUBE-FIREWALL", "-s", "2001:db8::1/128", "-j", "DROP"])
+    proxier = IptablesProxier(family=Family.IPV6, run=ns.run)
+    proxier.ensure_canary()
+    report = proxier.sync(v6.view, v6.options, None)
+    assert report.full and report.jumps_added == len(jumps.ENSURE_ORDER)
+    saved = ns.run(["ip6tables-save", "-t", "filter"]).stdout
+    assert "-A INPUT -j KUBE-FIREWALL" in saved and "-A OUTPUT -j KUBE-FIREWALL" in saved
+    assert "-A KUBE-FIREWALL -s 2001:db8::1/128 -j DROP" in saved
+    assert proxier.sync(v6.view, v6.options, None).jumps_added == 0
+
+
+def test_kubelets_firewall_chain_is_created_when_missing(node) -> None:
+    ns, _, _ = node
+    loaded = offline.load([DEMO])
+    v6 = offline.render_iptables(loaded.state, CFG, nfacct_counters=(), family=Family.IPV6)
+    proxier = IptablesProxier(family=Family.IPV6, run=ns.run)
+    proxier.ensure_canary()
+    proxier.sync(v6.view, v6.options, None)
+    saved = ns.run(["ip6tables-save", "-t", "filter"]).stdout
+    assert ":KUBE-FIREWALL - [0:0]" in saved and "-A INPUT -j KUBE-FIREWALL" in saved
 
 
 def test_partial_sync_rewrites_only_changed_services(node) -> None:
