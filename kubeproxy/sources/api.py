@@ -700,6 +700,7 @@ class Reflector:
             if answered is None or self._initial is not None or (not lines and loop.time() - answered < 1.0):
                 raise
             log.info("watch of %s cut at resourceVersion %s: %s", self.spec, self.resource_version, _describe(e))
+            self._mark_stale()  # until the check shows the server still has our version
             return
         if self._initial is None and not lines and answered is not None and loop.time() - answered < 1.0:
             # client-go's VeryShortWatchError: a server that ends every watch at once would
