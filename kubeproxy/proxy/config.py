@@ -346,9 +346,6 @@ def unused_settings(cfg: ProxyConfig) -> list[str]:
         out.append("showHiddenMetricsForVersion: kubeproxy has no hidden metrics; ignored")
     if cfg.config_sync_period != default.config_sync_period:
         out.append("configSyncPeriod (--config-sync-period): kubeproxy's watches do not resync periodically; ignored")
-    if (cfg.client_qps, cfg.client_burst) != (default.client_qps, default.client_burst):
-        out.append("clientConnection.qps/burst (--kube-api-qps/--kube-api-burst): kubeproxy does not rate-limit its "
-                   "list and watch requests; ignored")
     if cfg.client_content_type not in ("", DEFAULT_CONTENT_TYPE, "application/json"):
         out.append(f"clientConnection.contentType: {cfg.client_content_type}: kubeproxy always asks for JSON; ignored")
     if cfg.mode != "ipvs":

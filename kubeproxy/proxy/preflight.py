@@ -57,7 +57,8 @@ def api_connection(cfg: ProxyConfig, master: str) -> ApiConnection:
 
     try:
         settings = load_config(cfg.kubeconfig or None, master=master or None)
-        client = connect(settings)
+        # Requests but watches are limited as client-go's rate limiter limits them (sources/throttle.py).
+        client = connect(settings, qps=cfg.client_qps, burst=cfg.client_burst)
     except ConnectionConfigError as exc:
         raise PreflightError(str(exc)) from None
     return ApiConnection(client, settings.cluster.server, master or cfg.kubeconfig or "in-cluster")

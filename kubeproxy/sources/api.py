@@ -595,8 +595,12 @@ class Reflector:
         and within `request_deadline`; SourceError (with the server's Retry-After) otherwise."""
         url = self.spec.path
         try:
+            # The client's own read timeout is for short requests; a list the server is still
+            # preparing (a large one, or one queued by the server's priority and fairness) is
+            # waited for up to the deadline, never abandoned and sent again.
+            timeout = httpx2.Timeout(10.0, read=self.request_deadline)
             async with asyncio.timeout(self.request_deadline):
-                async with self.client.stream("GET", self.spec.path, params=params) as resp:
+                async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
                     url = str(resp.url)
                     if resp.status_code != 200:
                         raise await _error_of(url, resp)

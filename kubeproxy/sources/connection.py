@@ -18,6 +18,15 @@ from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError
 
+from kubeproxy import __version__
+from kubeproxy.sources.throttle import TokenBucket
+from kubeproxy.version import KUBERNETES_VERSION, VersionInfo
+
+# Upstream's shape (rest.DefaultKubernetesUserAgent: `kube-proxy/v1.37.2 (linux/amd64)
+# kubernetes/<commit>`) with us in the place of the build: whatever groups clients by the
+# product before the first "/" (field managers, audit and log queries) sees kube-proxy.
+USER_AGENT = f"kube-proxy/{KUBERNETES_VERSION} ({VersionInfo().platform}) kubeproxy/{__version__}"
+
 
 class ConnectionConfigError(RuntimeError):
     """The kubeconfig (or in-cluster configuration) cannot be used; the message says why."""
@@ -69,18 +78,34 @@ def load_config(
     return single
 
 
-def connect(config: SingleConfig, *, timeout: float = 10.0, trust_env: bool = True) -> httpx2.AsyncClient:
+def connect(
+    config: SingleConfig,
+    *,
+    timeout: float = 10.0,
+    trust_env: bool = True,
+    qps: float = 5.0,
+    burst: int = 10,
+    user_agent: str = USER_AGENT,
+) -> httpx2.AsyncClient:
     """An authenticated client for the API server in `config`. The caller closes it (`aclose`).
 
-    `timeout` bounds connecting and ordinary requests; watches set their own read timeout.
+    `timeout` bounds connecting and ordinary requests; lists and watches set their own read
+    timeouts. `qps` and `burst` limit every request but watches as client-go's rate limiter
+    (`throttle.py`; kube-proxy's defaults; qps <= 0: no limit).
     """
     params = ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=trust_env)
     try:
+        bucket = TokenBucket(qps, burst) if qps > 0 else None
         if config.cluster.server.startswith("http://"):
             # No TLS on this connection, so no certificate store to load: lightkube's client
             # would build a verifying SSL context anyway (50-150 ms of every start-up).
             auth = user_auth(config.user)
-            return httpx2.AsyncClient(base_url=config.cluster.server, verify=False, auth=auth, **_shallow_asdict(params))
-        return _adapter_client(config, params)
+            client = httpx2.AsyncClient(base_url=config.cluster.server, verify=False, auth=auth, **_shallow_asdict(params))
+        else:
+            client = _adapter_client(config, params)
+        if bucket is not None:
+            bucket.attach(client)
     except (ConfigError, OSError, ValueError) as e:
         raise ConnectionConfigError(f"cannot set up a client for {config.cluster.server}: {e}") from None
+    client.headers["User-Agent"] = user_agent
+    return client

@@ -283,12 +283,13 @@ def test_kubeadm_configmap_passed_as_config_says_so(tmp_path: Path) -> None:
 def test_unused_flags_are_warned() -> None:
     from kubeproxy.proxy.startup import config_warnings
 
-    cfg = inv("--profiling", "--kube-api-qps=50", "--config-sync-period=1h", "--show-hidden-metrics-for-version=1.32",
+    cfg = inv("--profiling", "--config-sync-period=1h", "--show-hidden-metrics-for-version=1.32",
               "--ipvs-scheduler=wrr", "--nodeport-addresses=primary").cfg
     text = "\n".join(config_warnings(cfg))
-    for name in ("enableProfiling", "clientConnection.qps", "configSyncPeriod", "showHiddenMetricsForVersion", "ipvs.scheduler"):
+    for name in ("enableProfiling", "configSyncPeriod", "showHiddenMetricsForVersion", "ipvs.scheduler"):
         assert name in text, name
     assert config_warnings(inv("--nodeport-addresses=primary").cfg) == []
+    assert config_warnings(inv("--kube-api-qps=50", "--kube-api-burst=100", "--nodeport-addresses=primary").cfg) == []
 
 
 def test_console_script_and_run_share_the_command_line() -> None:

@@ -337,7 +337,8 @@ def test_a_seeded_hostile_campaign_never_ends_a_reflector_or_loses_an_object(see
             server.apply(node)
             for n in range(5):
                 server.apply(svc(f"s{n}"))
-            client = connect(load_config(master=server.url), trust_env=False)
+            # No rate limit (test_throttle.py): the campaign wants many answers, soon.
+            client = connect(load_config(master=server.url), trust_env=False, qps=0)
             source = ApiSource(client, "me", mirror.on_event, backoff_factory=lambda: Backoff(rand=NoJitter()), sleep=fast,
                                typed_lists=bool(seed % 2))  # fmt: skip
             task = asyncio.create_task(source.run())

@@ -111,6 +111,7 @@ class Handler(BaseHTTPRequestHandler):
         self._raw_body = self.rfile.read(length) if length else b""
         with api.store.cond:
             api.requests.append((self.command, self.path))
+            api.user_agents[self.headers.get("User-Agent", "")] += 1
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import socket
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +56,8 @@ class ApiServer:
     # (method, path with query) of the latest requests, oldest first: what clients asked for,
     # e.g. to derive the RBAC rules a client needs.
     requests: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=10_000), init=False, repr=False)
+    # Requests by User-Agent: how the real server's logs and audit tell clients apart.
+    user_agents: Counter[str] = field(default_factory=Counter, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.store = Store(history_size=self.history_size)
