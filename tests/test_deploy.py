@@ -259,8 +259,10 @@ def requests_of_the_api_source(server: ApiServer, node_name: str) -> list[tuple[
 
 @pytest.mark.timeout(60)
 def test_rbac_grants_exactly_what_the_api_source_requests(objects: dict[str, JSON]) -> None:
-    with ApiServer() as server:
-        requests = requests_of_the_api_source(server, "node-1")
+    requests: list[tuple[str, str]] = []
+    for watch_list in (True, False):  # watch-lists, and the lists a server without them gets
+        with ApiServer(watch_list=watch_list) as server:
+            requests += requests_of_the_api_source(server, "node-1")
     needed: set[Attribute] = set()
     for method, url in requests:
         attributes = rbac_attributes(method, url)

@@ -329,7 +329,12 @@ def _source(inv: upstream_flags.Invocation, proxy: Any, api: ApiConnection | Non
     client = api.client
     RestClientMetrics(proxy.metrics.registry, api.server).attach(client)
     where = api.where
-    # Whole lists at once, as structs where they fit the schema (sources/api.py).
-    source = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True)
+    # Whole lists at once, as structs where they fit the schema (sources/api.py); watch-lists as
+    # client-go's WatchListClient gate says.
+    from kubeproxy.proxy.features import gate_enabled
+
+    watch_list = gate_enabled(inv.cfg.feature_gates, "WatchListClient")
+    source = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True,
+                       watch_list=watch_list)  # fmt: skip
     return source, f"API server ({where})"
 
