@@ -672,7 +672,13 @@ class Reflector:
             # Silence is counted from the last sign of progress, not from this request: a server
             # that accepts our version but never reaches it ends watch after silent watch.
             async with asyncio.timeout_at(self._heard_at + self.silence_bound) as silence:
-                async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
+                # Uncompressed: kube-apiserver v1.37 gzips a watch over HTTP/1.1 and keeps the
+                # bookmark that ends a watch-list's initial events in its compressor until the
+                # next event, which may never come (seen against upstream's binary: the ADDED
+                # events arrive, the bookmark does not).
+                async with self.client.stream(
+                    "GET", self.spec.path, params=params, timeout=timeout, headers={"Accept-Encoding": "identity"}
+                ) as resp:
                     url = str(resp.url)
                     if resp.status_code != 200:
                         error = await _error_of(url, resp)
