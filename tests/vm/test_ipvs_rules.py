@@ -49,6 +49,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="tests.vm.guest_e2e" name="test_scenario[ipvs-udp_flow_moves_to_the_new_pod]" time="40.2">
 <failure message="AssertionError: went to a">trace</failure></testcase>
 <testcase classname="tests.e2e.test_live_proxy" name="test_a_change_is_synced_and_reported[nftables]" time="9"/>
+<testcase classname="tests.vm.guest_e2e" name="test_hostile_addresses[iptables]" time="0.1">
+<skipped message="covered on the host">skip</skipped></testcase>
 </testsuite></testsuites>"""
 
 
@@ -58,4 +60,7 @@ def test_junit_results_become_one_outcome_per_mode_and_scenario() -> None:
     assert not got["ipvs-udp_flow_moves_to_the_new_pod"].passed
     assert "went to a" in got["ipvs-udp_flow_moves_to_the_new_pod"].message
     assert got["nftables-test_a_change_is_synced_and_reported"].passed
+    skipped = got["iptables-test_hostile_addresses"]
+    assert skipped.skipped and not skipped.passed
+    assert not got["ipvs-udp_flow_moves_to_the_new_pod"].skipped
     assert parse_junit("") == {}
