@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import RawWatch, request
 
 from kubeproxy.lab import objects
 from kubeproxy.lab.apiserver import SERVICE, ApiServer, strategic_merge_patch
+from tests.sources.conftest import RawWatch, request
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -42,7 +42,7 @@ from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import connect, load_config
 from kubeproxy.sources.events import WatchEvent
 from tests.sources.conftest import RawWatch, request
-from tests.sources.test_api_reflector import Delays, NoJitter, svc, take, watching
+from tests.sources.test_api_reflector import Delays, NoJitter, body, svc, take, watching
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -231,7 +231,7 @@ def test_a_fresh_store_is_noticed_on_reconnect_and_the_change_after_it_delivered
             fresh = api.apply(eps("web-1", "10.1.0.6"))
             while True:
                 event = await queue.get()
-                if event.name == "web-1" and event.obj["endpoints"][0]["addresses"] == ["10.1.0.6"]:
+                if event.name == "web-1" and body(event)["endpoints"][0]["addresses"] == ["10.1.0.6"]:
                     break
             await reflector.wait_listed(2)
             assert reflector.connected
