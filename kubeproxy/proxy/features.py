@@ -26,7 +26,7 @@ ALL_BETA = "AllBeta"
 # The gates whose state changes what kubeproxy does (read through `GateRegistry.enabled`).
 IMPLEMENTED = frozenset({
     "PreferSameTrafficDistribution", "RelaxedServiceNameValidation", "NFTablesProxyMode", "KubeProxyIPVS",
-    "KubeProxyNFTablesLocalhostNodePorts", "MultiCIDRServiceAllocator",
+    "KubeProxyNFTablesLocalhostNodePorts", "MultiCIDRServiceAllocator", "WatchListClient",
 })
 
 

@@ -66,11 +66,14 @@ def test_configuration_errors_name_the_flag_and_field_with_upstreams_text() -> N
 
 
 def test_warnings_are_upstreams_for_deprecated_and_ga_gates_and_ours_for_gates_without_effect() -> None:
-    assert gates_without_effect({"KubeProxyIPVS": False, "NFTablesProxyMode": True, "ContextualLogging": False}) == [
+    # KubeProxyIPVS and WatchListClient are implemented (ipvs mode refused, lists instead of
+    # watch-lists): upstream's deprecation warning only; ContextualLogging changes nothing here.
+    assert gates_without_effect(
+        {"KubeProxyIPVS": False, "NFTablesProxyMode": True, "ContextualLogging": False, "WatchListClient": False}
+    ) == [
         "featureGates.ContextualLogging=false: no effect on kubeproxy",
         'Warning: setting deprecated feature gate. It will be removed in a future release. featureGate="KubeProxyIPVS" '
         "value=false",
-        "featureGates.KubeProxyIPVS=false: no effect on kubeproxy",
         'Warning: setting GA feature gate. It will be removed in a future release. featureGate="NFTablesProxyMode" value=true',
     ]
     assert gates_without_effect({}) == []
