@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,12 @@ import pytest
 
 from kubeproxy.lab import objects
 from kubeproxy.lab.apiserver import ApiServer, status_object
-from kubeproxy.sources.api import NOT_HEADLESS, ApiSource, Reflector, ResourceSpec, services
+from kubeproxy.sources.api import NOT_HEADLESS, ApiSource, Reflector, services
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import connect, load_config
 from kubeproxy.sources.events import WatchEvent
 from tests.sources.conftest import request
-from tests.sources.test_api_reflector import Delays, NoJitter, svc, take, watching
+from tests.sources.test_api_reflector import Delays, reflecting, svc, take, watching
 from tests.sources.test_lost_state import requests_since
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,24 +36,6 @@ def api() -> Iterator[ApiServer]:
     # A short wait for a version the store does not have: upstream waits 3 s before answering.
     with ApiServer(block_timeout=0.1) as server:
         yield server
-
-
-@contextlib.asynccontextmanager
-async def reflecting(
-    server: ApiServer, tmp_path: Path, delays: Delays, spec: ResourceSpec | None = None, **options: Any
-) -> AsyncIterator[tuple[Reflector, asyncio.Queue[WatchEvent]]]:
-    client = connect(load_config(server.write_kubeconfig(tmp_path / "kubeconfig")), trust_env=False)
-    queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
-    backoff = Backoff(rand=NoJitter())
-    reflector = Reflector(client, spec or services(), queue.put_nowait, backoff=backoff, sleep=delays.sleep, **options)
-    task = asyncio.create_task(reflector.run())
-    try:
-        yield reflector, queue
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await client.aclose()
 
 
 def run(coro: Any) -> None:
@@ -81,7 +63,7 @@ def test_first_list_at_zero_relist_at_the_last_version_after_a_wait(api: ApiServ
 
     async def main() -> None:
         api.apply(svc("a"))
-        async with reflecting(api, tmp_path, delays) as (reflector, queue):
+        async with reflecting(api, tmp_path, sleep=delays.sleep) as (reflector, queue):
             await reflector.wait_synced()
             await watching(api)
             first = str(api.resource_version)
@@ -115,7 +97,7 @@ def test_a_list_at_a_version_the_server_lacks_is_a_consistent_read_at_once(api: 
     async def main() -> None:
         for n in range(10):
             api.apply(svc("a", port=80 + n))
-        async with reflecting(api, tmp_path, delays) as (reflector, queue):
+        async with reflecting(api, tmp_path, sleep=delays.sleep) as (reflector, queue):
             await reflector.wait_synced()
             await watching(api)
             last = reflector.resource_version
@@ -144,7 +126,7 @@ def test_watch_list_streams_the_state_then_watches_on_the_same_stream(api: ApiSe
     async def main() -> None:
         api.apply(svc("a"))
         api.apply(svc("b"))
-        async with reflecting(api, tmp_path, delays, watch_list=True) as (reflector, queue):
+        async with reflecting(api, tmp_path, sleep=delays.sleep, watch_list=True) as (reflector, queue):
             await reflector.wait_synced()
             assert await take(queue, 2) == [("ADDED", "a"), ("ADDED", "b")]
             assert reflector.resource_version == str(api.resource_version)
@@ -176,7 +158,7 @@ def test_a_server_without_watch_lists_is_listed_and_not_asked_again(tmp_path: Pa
     async def main() -> None:
         with ApiServer(watch_list=False) as api:
             api.apply(svc("a"))
-            async with reflecting(api, tmp_path, delays, watch_list=True) as (reflector, queue):
+            async with reflecting(api, tmp_path, sleep=delays.sleep, watch_list=True) as (reflector, queue):
                 await reflector.wait_synced()
                 await watching(api)
                 assert await take(queue, 1) == [("ADDED", "a")]
@@ -222,7 +204,7 @@ def test_a_watch_list_from_a_version_the_server_lacks_streams_the_current_state(
     async def main() -> None:
         for n in range(10):
             api.apply(svc("a", port=80 + n))
-        async with reflecting(api, tmp_path, delays, watch_list=True) as (reflector, queue):
+        async with reflecting(api, tmp_path, sleep=delays.sleep, watch_list=True) as (reflector, queue):
             await reflector.wait_synced()
             last = reflector.resource_version
             await watching(api)
@@ -288,7 +270,7 @@ def test_a_watch_cut_after_an_event_is_checked_and_resumed_without_a_wait(api: A
     delays = Delays()
 
     async def main() -> None:
-        async with reflecting(api, tmp_path, delays) as (reflector, queue):
+        async with reflecting(api, tmp_path, sleep=delays.sleep) as (reflector, queue):
             await reflector.wait_synced()
             await watching(api)
             api.apply(svc("a"))
@@ -320,7 +302,7 @@ def test_no_resume_check_after_an_error_from_a_live_server(api: ApiServer, tmp_p
 
     async def main() -> None:
         api.apply(svc("a"))
-        async with reflecting(api, tmp_path, delays) as (reflector, queue):
+        async with reflecting(api, tmp_path, sleep=delays.sleep) as (reflector, queue):
             await reflector.wait_synced()
             await watching(api)
             last = str(api.resource_version)

@@ -43,6 +43,7 @@ async def reflecting(
     *,
     sleep: Callable[[float], Coroutine[Any, Any, None]] | None = None,
     sink: Callable[[WatchEvent], None] | None = None,
+    **options: Any,
 ) -> AsyncIterator[tuple[Reflector, asyncio.Queue[WatchEvent]]]:
     client = connect(load_config(server.write_kubeconfig(tmp_path / "kubeconfig")), trust_env=False)
     queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
@@ -52,6 +53,7 @@ async def reflecting(
         sink or queue.put_nowait,
         backoff=Backoff(rand=NoJitter()),
         sleep=sleep or Delays().sleep,
+        **options,
     )
     task = asyncio.create_task(reflector.run())
     try:
