@@ -59,11 +59,19 @@ from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
 from kubeproxy.proxy.http import Handler
+from kubeproxy.proxy.interfaces import interface_addresses
 from kubeproxy.proxy.memory import release_free_memory
 from kubeproxy.proxy.meta import DUAL_STACK_MODES, PROC_IPV6, FamilyLane, kernel_lacks, live_families
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView, ServiceKey
-from kubeproxy.proxy.options import Family, NodeOptions, node_options
+from kubeproxy.proxy.options import (
+    Family,
+    NodeOptions,
+    node_options,
+    nodeport_addresses,
+    nodeport_cidrs,
+    nodeport_matches_all,
+)
 from kubeproxy.proxy.programming import TRIGGER_TIME_ANNOTATION, TriggerTimes, latencies, slice_key, trigger_time
 from kubeproxy.proxy.quarantine import Held, Quarantine, isolate, substitute
 from kubeproxy.proxy.runner import BoundedFrequencyRunner
@@ -120,6 +128,7 @@ class LiveProxy:
     proc_ipv6: Path = PROC_IPV6  # absent: the kernel has no IPv6 (tests point it elsewhere)
     _lacking: dict[Family, str] = field(default_factory=dict, init=False)  # families the kernel lacks, logged once
     _initialized: bool = field(default=False, init=False)
+    _interface_ips: tuple[str, ...] | None = field(default=None, init=False)  # the last read (see _nodeport_interface_ips)
     _triggers: TriggerTimes = field(init=False)  # for the network-programming metric
     quarantine: Quarantine = field(default_factory=Quarantine, init=False)  # the primary family's
     _pending_services: int = field(default=0, init=False)
@@ -323,7 +332,18 @@ class LiveProxy:
         self.lanes.append(lane)
         return lane
 
-    def _view(self, lane: FamilyLane) -> tuple[NodeView, NodeOptions]:
+    def _nodeport_interface_ips(self) -> tuple[str, ...] | None:
+        """The interfaces' addresses that nodePortAddresses CIDRs select from, read at each sync
+        as upstream does. Runs in a worker thread. A failed read is logged and the last good one
+        kept (the Node's addresses before any, None): the NodePorts programmed on them stay."""
+        try:
+            self._interface_ips = tuple(a.ip for a in interface_addresses(self.run_cmd))
+        except Exception as exc:  # whatever the runner raises: the sync goes on without a fresh list
+            log.error(kv("Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",
+                         err=str(exc) or type(exc).__name__, CIDRs=list(nodeport_addresses(self.cfg))))
+        return self._interface_ips
+
+    def _view(self, lane: FamilyLane, interface_ips: tuple[str, ...] | None) -> tuple[NodeView, NodeOptions]:
         node = self.state.nodes.get(self.node_name)
         opts = node_options(
             self.cfg,
@@ -332,6 +352,7 @@ class LiveProxy:
             node=node,
             nfacct_counters=lane.backend.nfacct_counters,
             conntrack_tcp_liberal=_tcp_liberal(),
+            interface_ips=interface_ips,
             service_cidrs=self.state.service_cidr_list(),
         )
         lane.backend.family = lane.family
@@ -385,7 +406,10 @@ class LiveProxy:
     async def _sync_lane(self, lane: FamilyLane, triggers: dict[ServiceKey, list[float]]) -> bool:
         started = time.perf_counter()
         self.metrics.ip_family = lane.family
-        view, opts = self._view(lane)
+        # Upstream reads the interfaces only when CIDRs select among them.
+        cidrs = nodeport_cidrs(self.cfg, self.state.nodes.get(self.node_name), lane.family)
+        interface_ips = None if nodeport_matches_all(cidrs) else await asyncio.to_thread(self._nodeport_interface_ips)
+        view, opts = self._view(lane, interface_ips)
         changes = lane.tracker.take(view)
         lane.last_changes = changes
         log.info(kv(f"Syncing {self.cfg.mode} rules", ipFamily=lane.family, full=changes.full, services=len(changes.services)))

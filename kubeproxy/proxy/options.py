@@ -74,7 +74,8 @@ class NodeOptions:
     local_detector: LocalDetector = field(default_factory=LocalDetector)
     localhost_nodeports: bool = True
     # Empty: NodePorts on every local address. Otherwise the node's addresses that match
-    # --nodeport-addresses, resolved by the caller (the renderers do not read interfaces).
+    # --nodeport-addresses, resolved by the caller (the renderers do not read interfaces):
+    # its interfaces' addresses in the live proxy, the Node's addresses and loopback in `render`.
     nodeport_ips: tuple[str, ...] = ()
     nodeport_match_all: bool = True
     random_fully: bool = True  # upstream (v1.37) masquerades with --random-fully always
@@ -168,6 +169,16 @@ def effective_nodeport_cidrs(cfg: ProxyConfig, node: Node | None) -> list[str]:
     return expand_nodeport_keywords(nodeport_addresses(cfg), node_ip_by_family(cfg, node))
 
 
+def nodeport_cidrs(cfg: ProxyConfig, node: Node | None, family: Family) -> list[IPNetwork]:
+    """This family's CIDRs of upstream's NodePortAddresses (keywords expanded)."""
+    return [net for net in (valid_cidr(c) for c in effective_nodeport_cidrs(cfg, node)) if Family.of(net) == family]
+
+
+def nodeport_matches_all(cidrs: Sequence[IPNetwork]) -> bool:
+    """Whether NodePorts take every local address of the family: no CIDR, or a zero CIDR."""
+    return not cidrs or any(net.prefixlen == 0 for net in cidrs)
+
+
 def local_detector(cfg: ProxyConfig, node: Node | None, family: Family) -> LocalDetector:
     mode = cfg.detect_local_mode
     if not mode:
@@ -196,21 +207,21 @@ def node_options(
     node: Node | None,
     nfacct_counters: Collection[str] = NFACCT_COUNTERS,
     conntrack_tcp_liberal: bool = False,
-    local_ips: Sequence[str] = (),
+    interface_ips: Sequence[str] | None = None,
     service_cidrs: Sequence[str] = (),
 ) -> NodeOptions:
+    """`interface_ips`: the addresses of the node's interfaces, which nodePortAddresses CIDRs
+    select from (the live proxy reads them at each sync, as upstream); None where there are no
+    interfaces to read (`render`): the node's IPs and loopback stand for them."""
     family = Family(family)
     ips = [ip for ip in node_ips(cfg, node) if Family.of(ipaddress.ip_address(ip)) == family]
-    # As upstream's NodePortAddresses: this family's CIDRs; none, or a zero CIDR, is every address.
-    cidrs: list[IPNetwork] = [
-        net for net in (valid_cidr(c) for c in effective_nodeport_cidrs(cfg, node)) if Family.of(net) == family
-    ]
-    match_all = not cidrs or any(net.prefixlen == 0 for net in cidrs)
+    cidrs = nodeport_cidrs(cfg, node, family)
+    match_all = nodeport_matches_all(cidrs)
     ipv4_loopback = ipaddress.ip_address("127.0.0.0")
     contains_loopback = match_all or any(
         net.version == 4 and (net.network_address.is_loopback or ipv4_loopback in net) for net in cidrs
     )
-    candidates = list(dict.fromkeys([*local_ips, *ips, family.loopback]))
+    candidates = list(dict.fromkeys([*ips, family.loopback] if interface_ips is None else interface_ips))
     nodeport_ips = () if match_all else tuple(
         ip for ip in candidates if any(ipaddress.ip_address(ip) in c for c in cidrs)
     )

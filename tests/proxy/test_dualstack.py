@@ -353,6 +353,7 @@ def _get(host: str, port: int, path: str = "/") -> bytes:
 def test_health_check_node_port_answers_on_both_families(mode: str) -> None:
     """Each family's listener counts that family's local endpoints, as upstream's per-family servers."""
     fake = FakeNode()
+    fake.ipvs.local_addresses.append(("lo", "::1"))  # the interfaces --nodeport-addresses selects from
     port = _free_port()
     initial = [
         DUAL[0],

@@ -31,6 +31,7 @@ from kubeproxy.backends.ipvs.render import (
     render,
     set_name,
 )
+from kubeproxy.proxy.interfaces import interface_addresses
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
@@ -124,16 +125,12 @@ class IpvsProxier:
 
     def node_addresses(self) -> tuple[str, ...]:
         """Every local address but kube-ipvs0's: where NodePorts listen (upstream's GetAllLocalAddressesExcept)."""
-        fam = "inet6" if self.family.ipv6 else "inet"
-        out = self.run(["ip", "-o", "addr", "show"], check=True).stdout
-        addrs: list[str] = []
-        for line in out.splitlines():
-            words = line.split()
-            if len(words) > 3 and words[1] != DUMMY_DEVICE and words[2] == fam:
-                ip = words[3].split("/")[0]
-                if not ipaddress.ip_address(ip).is_link_local:  # upstream skips link-local addresses
-                    addrs.append(ip)
-        return tuple(dict.fromkeys(addrs))
+        version = 6 if self.family.ipv6 else 4
+        return tuple(dict.fromkeys(
+            a.ip for a in interface_addresses(self.run)
+            # upstream skips link-local addresses
+            if a.device != DUMMY_DEVICE and not a.link_local and ipaddress.ip_address(a.ip).version == version
+        ))
 
     def _render(self, view: NodeView, opts: NodeOptions) -> IpvsRendered:
         # The live loop sets `family` after construction; every sync and check renders first.

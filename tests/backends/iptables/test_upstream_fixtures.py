@@ -59,7 +59,7 @@ def fixture_options(case: Path, node: Node | None = None) -> NodeOptions:
         node=node,
         nfacct_counters=raw["nfacct_counters"],
         conntrack_tcp_liberal=raw["conntrack_tcp_liberal"],
-        local_ips=raw["node_port_ips"],
+        interface_ips=raw["node_port_ips"],
     )
     # Upstream's fake proxier hard-codes the mark as "0x4000"; the real one (and our
     # ProxyConfig) formats 1<<14 with Go's %#08x as "0x00004000".
