@@ -78,11 +78,12 @@ class SideBySide:
     nodes: dict[str, BedNode] = field(default_factory=dict)
     pods: dict[str, BedPod] = field(default_factory=dict)
     changed_at: float = 0.0  # wall-clock time of the last change the bed made (as the sync metric counts)
+    mode: str = "iptables"  # both proxies' --proxy-mode
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     @classmethod
     @contextmanager
-    def build(cls, bin_dir: Path) -> Iterator[SideBySide]:
+    def build(cls, bin_dir: Path, mode: str = "iptables") -> Iterator[SideBySide]:
         with ExitStack() as stack:
             workdir = Path(tempfile.mkdtemp(prefix="kp-side-by-side-"))
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
@@ -94,7 +95,7 @@ class SideBySide:
             cp = stack.enter_context(
                 ControlPlane.start(bin_dir, workdir / "control-plane", ns=control, address=CONTROL_IP, service_cidr=SERVICE_CIDR)
             )
-            bed = cls(workdir, cp, LabKubelet(cp.api), switch, _stack=stack)
+            bed = cls(workdir, cp, LabKubelet(cp.api), switch, mode=mode, _stack=stack)
             for index, name in enumerate((UPSTREAM_NODE, OURS_NODE, POD_HOST_NODE), start=1):
                 ns = stack.enter_context(L.netns(f"kpsbn{index}"))
                 node = BedNode(name, str(UNDERLAY[10 + index]), f"10.244.{index}.0/24", ns)
@@ -175,7 +176,7 @@ class SideBySide:
     # ---- proxies ------------------------------------------------------------------------------
 
     def proxy_argv(self, binary: str, node_name: str, kubeconfig: Path) -> list[str]:
-        return [binary, "--kubeconfig", str(kubeconfig), "--hostname-override", node_name, "--proxy-mode", "iptables",
+        return [binary, "--kubeconfig", str(kubeconfig), "--hostname-override", node_name, "--proxy-mode", self.mode,
                 "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", METRICS_BIND,
                 "--healthz-bind-address", "0.0.0.0:10256", "--conntrack-max-per-core", "0", "-v", "2"]  # fmt: skip
 
