@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""A longer fuzz campaign than CI's: N seeded random clusters with one hostile leaf each (tests/hostile.py).
+"""A longer fuzz campaign than CI's: N seeded random clusters with one hostile leaf each (tests/cluster/hostile.py).
 
 Usage: .venv/bin/python bench/fuzz_hostile.py [--cases 2000] [--first-seed 0] [--seconds 600]
 
 Each case is parsed, rendered in both modes and loaded into fresh namespaces (needs root).
 Prints a table: cases run, cases with a skipped object (warning), failures, cases per second.
-Stops at the first failure and prints it (the seed reproduces it: tests/hostile.py `case(seed)`).
+Stops at the first failure and prints it (the seed reproduces it: tests/cluster/hostile.py `case(seed)`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests import hostile  # noqa: E402
+from tests.cluster import hostile  # noqa: E402
 
 
 def main() -> int:

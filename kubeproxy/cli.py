@@ -26,7 +26,7 @@ from kubeproxy.proxy.config import (
 )
 
 # netfilter.detect's FORMATS, spelled here so that every command does not import the rules model
-# (70 ms) to build `trace --format`'s choices; tests/test_cold_imports.py keeps the two equal.
+# (70 ms) to build `trace --format`'s choices; tests/cli/test_cold_imports.py keeps the two equal.
 DUMP_FORMATS = ("iptables-save", "iptables-list", "nft-json", "nft")
 # What the `lab` extra installs (pyproject.toml): the demo, the DNS lab and the plots need it,
 # the proxy does not, so a node image goes without.

@@ -257,7 +257,7 @@ class Document(Item):
 
 
 # The deepest path, in maps and lists: the document, items, an item, metadata, managedFields, an
-# entry, and the 13 levels of its fieldsV1. tests/test_decode_fast_path.py computes it from the
+# entry, and the 13 levels of its fieldsV1. tests/cluster/test_decode_fast_path.py computes it from the
 # types above.
 SCHEMA_DEPTH = 19
 

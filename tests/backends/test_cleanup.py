@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_live import run_demo_until_sigterm
+from tests.live.test_live import run_demo_until_sigterm
 
 pytestmark = pytest.mark.root
 KUBEPROXY = str(Path(sys.executable).parent / "kubeproxy")

@@ -18,8 +18,8 @@ from kubeproxy.backends.iptables.apply import restore, restore_timeout
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.render import render_tables, restore_chunks
 from kubeproxy.proxy.config import ProxyConfig
+from tests.backends.iptables.rules_invariants import parse
 from tests.paths import DEMO
-from tests.rules_invariants import parse
 
 ECHO = [sys.executable, "-c", "import sys; d = sys.stdin.read(); sys.stdout.write(d); sys.stderr.write(str(len(d)))"]
 

@@ -5,7 +5,7 @@ attacker who can create objects, or write a manifest, might try: strings that wo
 or a quote, out-of-range and mistyped numbers, addresses of every odd kind, huge lists. Whatever
 comes out, the pipeline must hold: parsing never raises (a bad object is a warning naming it),
 both renderers produce text the kernel loads, nothing lands outside our own chains and table.
-Used by tests/test_fuzz_hostile.py (bounded, in CI) and bench/fuzz_hostile.py (longer runs).
+Used by tests/cluster/test_fuzz_hostile.py (bounded, in CI) and bench/fuzz_hostile.py (longer runs).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A bounded, seeded fuzz campaign in CI: one hostile leaf per random cluster (tests/hostile.py).
+"""A bounded, seeded fuzz campaign in CI: one hostile leaf per random cluster (tests/cluster/hostile.py).
 
 Longer campaigns: `.venv/bin/python bench/fuzz_hostile.py --cases 2000`.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import hostile
+from tests.cluster import hostile
 
 pytestmark = pytest.mark.root
 CASES = 60

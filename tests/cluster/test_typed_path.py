@@ -5,7 +5,7 @@ for word): as the typed decoder's struct (`schema.Item`, what `render.load` and 
 give), as a plain dict (which `ClusterState.apply` converts to a struct when the schema allows),
 and through the dict parsers alone (the struct path switched off). Over valid worlds the struct
 path must actually be taken; over the hostile cases of test_validation_hostile_strings.py and
-tests/hostile.py the results and messages must match.
+tests/cluster/hostile.py the results and messages must match.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.cluster.twins import maker
 from kubeproxy.cluster.validation import ParseOptions, dns1123_label, options_for
 from kubeproxy.lab import objects as lab
-from tests import hostile
+from tests.cluster import hostile
 from tests.cluster.test_validation_hostile_strings import FIELDS, HOSTILE
 from tests.cluster.test_validation_hostile_strings import cluster as hostile_cluster
 

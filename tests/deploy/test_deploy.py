@@ -37,8 +37,9 @@ from kubeproxy.proxy.config import ConfigError, load_config_file
 from kubeproxy.proxy.flags import FlagError, parse, resolve
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.connection import connect, load_config
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 DEPLOY = ROOT / "deploy"
 JSON = dict[str, Any]
 

@@ -27,8 +27,9 @@ from kubeproxy.lab.cluster import NODE_IP, NODE_NAME, MiniCluster, poll
 from kubeproxy.lab.objects import Port, endpoint_slice, service
 from kubeproxy.proxy.flags import parse, resolve
 from kubeproxy.proxy.startup import config_warnings
+from tests.paths import REPO
 
-ROOT = Path(__file__).parents[1]
+ROOT = REPO
 KUBEADM = ROOT / "deploy" / "kubeadm"
 JSON = dict[str, Any]
 

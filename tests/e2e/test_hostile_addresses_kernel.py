@@ -45,7 +45,7 @@ from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.connection import connect, load_config
 from tests.e2e import test_dualstack
 from tests.e2e.test_dualstack import ADDR, CFG, NODE, Bed, endpoints, node, service
-from tests.test_live import _get, _port
+from tests.live.test_live import _get, _port
 
 pytestmark = pytest.mark.root
 bed = test_dualstack.bed  # the same fixture: the dual-stack bed, removed after each test

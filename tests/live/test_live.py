@@ -29,9 +29,9 @@ from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import connect, load_config
+from tests.paths import DEMO
 
 pytestmark = pytest.mark.root
-DEMO = Path(__file__).parents[1] / "kubeproxy" / "examples" / "demo.yaml"
 CFG = ProxyConfig(
     cluster_cidr=("10.244.0.0/16",),
     min_sync_period=0.0,

@@ -23,7 +23,7 @@ from kubeproxy.cluster.typed import as_item
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.sources.events import WatchEvent
-from tests.test_live import _service
+from tests.live.test_live import _service
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, sync_period=30.0,
                   healthz_bind_address="", metrics_bind_address="")  # fmt: skip

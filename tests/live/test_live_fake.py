@@ -1,6 +1,6 @@
 """The live proxy on the package's fake node: its logic in milliseconds, without root.
 
-The same behaviours run in a real kernel in tests/test_live.py and tests/test_quarantine_live.py;
+The same behaviours run in a real kernel in tests/live/test_live.py and tests/live/test_quarantine_live.py;
 here the loop, the quarantine and the retries are driven against `FakeNode` in both modes.
 """
 
@@ -18,7 +18,7 @@ from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.sources.events import WatchEvent
-from tests.test_live import _service
+from tests.live.test_live import _service
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, sync_period=30.0,
                   healthz_bind_address="", metrics_bind_address="")  # fmt: skip

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.live import LiveProxy
-from tests import test_live
-from tests.test_live import _dnats_to, _get, _port, _rules, _service, _until, _with_proxy
+from tests.live import test_live
+from tests.live.test_live import _dnats_to, _get, _port, _rules, _service, _until, _with_proxy
 
 mode, server = test_live.mode, test_live.server  # the same fixtures: both modes, the demo in the API server
 

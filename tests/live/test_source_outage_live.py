@@ -29,7 +29,7 @@ from kubeproxy.lab.netns import NetNS
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.logs import STARTUP_LOGGER
 from kubeproxy.proxy.source_watch import METRIC
-from tests.test_live import CFG, _dnats_to, _get, _port, _service, _until, _with_proxy, mode, server  # noqa: F401
+from tests.live.test_live import CFG, _dnats_to, _get, _port, _service, _until, _with_proxy, mode, server  # noqa: F401
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
 

@@ -5,7 +5,7 @@ queued for it has waited `2 × syncPeriod` without a successful sync; nothing qu
 A source out of sync (API server unreachable, or stale and not relisted) queues nothing, so it
 never fails /healthz or /livez: it shows in the log, `kubeproxy_source_out_of_sync` and the
 body's `source` field instead (proxy/source_watch.py). The same outage against a real kernel and
-the test API server: tests/test_source_outage_live.py.
+the test API server: tests/live/test_source_outage_live.py.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from kubeproxy.proxy.health import rfc3339
 from kubeproxy.proxy.http import Response
 from kubeproxy.proxy.logs import STARTUP_LOGGER
 from kubeproxy.proxy.source_watch import METRIC, SourceWatch
+from tests.live.test_live import _service
+from tests.live.test_live_fake import Source
 from tests.proxy.test_health import T0, FakeClock
-from tests.test_live import _service
-from tests.test_live_fake import Source
 
 SYNC_PERIOD = 30.0
 HEALTH_TIMEOUT = 2 * SYNC_PERIOD  # upstream: cmd/kube-proxy/app/server.go

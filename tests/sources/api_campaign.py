@@ -25,7 +25,7 @@ from kubeproxy.lab import netns as L
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.apiserver.hostile import Hostility
 from kubeproxy.lab.multinode.control import start_in
-from tests.test_live import _rules, _service
+from tests.live.test_live import _rules, _service
 
 KUBE_PROXY = str(Path(sys.executable).parent / "kube-proxy")
 INITIAL = 4

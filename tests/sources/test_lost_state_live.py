@@ -20,7 +20,7 @@ from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.live import LiveProxy
 from kubeproxy.sources.api import ApiSource
-from tests.test_live import _dnats_to, _get, _port, _service, _until, _with_proxy, mode, server  # noqa: F401
+from tests.live.test_live import _dnats_to, _get, _port, _service, _until, _with_proxy, mode, server  # noqa: F401
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(90)]
 

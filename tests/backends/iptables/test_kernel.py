@@ -10,10 +10,10 @@ from click.testing import CliRunner
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters, restore
 from kubeproxy.cli import main
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
+from tests.backends.iptables.rules_invariants import parse
 from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS
 from tests.backends.iptables.test_upstream_fixtures import FIXTURES, render_fixture
 from tests.paths import DEMO
-from tests.rules_invariants import parse
 
 pytestmark = pytest.mark.root
 

@@ -29,9 +29,9 @@ from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.model import EndpointInfo, NodeView, build_view
 from kubeproxy.proxy.options import NFACCT_COUNTERS, NodeOptions
 from tests.backends.iptables.canonical import diff
+from tests.backends.iptables.rules_invariants import check_invariants
+from tests.backends.iptables.rules_invariants import parse as parse_rules
 from tests.backends.iptables.test_upstream_fixtures import FIXTURES, fixture_options
-from tests.rules_invariants import check_invariants
-from tests.rules_invariants import parse as parse_rules
 
 STEPS = [FIXTURES / f"test_sync_proxy_rules_repeated_step{i}" for i in range(1, 10)]
 # What upstream's step 9 injects into its fake iptables before deleting ns4/svc4.

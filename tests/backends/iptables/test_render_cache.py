@@ -1,6 +1,6 @@
 """`render(..., cache=RenderCache())` must return exactly what `render` returns without one.
 
-Proven on upstream's repeated-sync steps (the partial syncs of tests/test_partial_sync.py), on
+Proven on upstream's repeated-sync steps (the partial syncs of tests/backends/iptables/test_partial_sync.py), on
 every golden scenario, and on random sequences of cluster edits, syncs (full and partial),
 option changes and large-cluster mode switches; each time the whole `Rendered` (text and every
 count) is compared. The cache's own counters show that it was actually used.
@@ -31,6 +31,16 @@ from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
 from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.proxy.view import ViewBuilder
 from tests.backends.iptables.canonical import diff
+from tests.backends.iptables.test_partial_sync import (
+    BOGUS_CHAIN,
+    BOGUS_RULE,
+    STEPS,
+    FakeKernel,
+    Proxy,
+    RestoreRefused,
+    replay,
+    step_options,
+)
 from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS
 from tests.proxy.test_view_cache import (
     NAMESPACES,
@@ -43,7 +53,6 @@ from tests.proxy.test_view_cache import (
     services,
     slice_obj,
 )
-from tests.test_partial_sync import BOGUS_CHAIN, BOGUS_RULE, STEPS, FakeKernel, Proxy, RestoreRefused, replay, step_options
 
 # -- upstream's repeated syncs
 

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from kubeproxy.cli import main
+from tests.backends.iptables.rules_invariants import check_invariants
 from tests.paths import TESTS
-from tests.rules_invariants import check_invariants
 
 GOLDEN = TESTS / "golden"
 SCENARIOS = sorted(p.stem for p in GOLDEN.glob("*.yaml"))

@@ -17,14 +17,14 @@ from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import build_view
 from kubeproxy.proxy.options import NodeOptions, node_options
 from tests.backends.iptables.canonical import diff
+from tests.backends.iptables.rules_invariants import check_invariants, parse
 from tests.paths import TESTS
-from tests.rules_invariants import check_invariants, parse
 
 FIXTURES = TESTS / "fixtures" / "upstream"
 
 def _is_full_sync(case: Path) -> bool:
     # Steps of upstream's repeated-sync test after the first are partial syncs (only changed
-    # services' chains are rewritten): tests/test_partial_sync.py replays those.
+    # services' chains are rewritten): tests/backends/iptables/test_partial_sync.py replays those.
     partial = "sync_proxy_rules_repeated" in case.name and not case.name.endswith("_step1")
     return (case / "expected.rules").exists() and not partial
 

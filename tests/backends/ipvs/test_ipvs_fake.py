@@ -16,8 +16,8 @@ from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
-from tests.test_live import _service
-from tests.test_live_fake import CFG, Source
+from tests.live.test_live import _service
+from tests.live.test_live_fake import CFG, Source
 
 NAME = ServicePortName("default", "web", "http", "TCP")
 SVC = ServicePortInfo(NAME, valid_ip("10.96.10.10"), 80, "TCP", node_port=30080)

@@ -23,8 +23,8 @@ from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.options import Family, node_options
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.files import KINDS
-from tests.test_live import _service
-from tests.test_live_fake import CFG, Source
+from tests.live.test_live import _service
+from tests.live.test_live_fake import CFG, Source
 
 DROP_COMMENT = 'comment "Drop traffic to unallocated ClusterIPs"'
 
