@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -29,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx2
 import yaml
@@ -154,6 +155,8 @@ class ControlPlane:
     ns: L.NetNS | None
     startup_seconds: float = 0.0
     processes: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+    etcd_url: str = ""  # http://127.0.0.1:port, inside `ns`
+    apiserver_args: list[str] = field(default_factory=list)  # as started; restart_apiserver() adds to them
 
     @classmethod
     @contextmanager
@@ -166,11 +169,13 @@ class ControlPlane:
         address: str = "127.0.0.1",
         port: int | None = None,
         service_cidr: str = SERVICE_CIDR,
+        apiserver_flags: Sequence[str] = (),
         timeout: float = 90,
     ) -> Iterator[ControlPlane]:
-        """etcd, kube-apiserver at https://`address`:`port` and kube-controller-manager, in `ns`
-        (else this process's namespace), until the block ends. Returns once /readyz answers ok
-        and the controller manager has made the default ServiceAccount."""
+        """etcd, kube-apiserver at https://`address`:`port` (with `apiserver_flags` last) and
+        kube-controller-manager, in `ns` (else this process's namespace), until the block ends.
+        Returns once /readyz answers ok and the controller manager has made the default
+        ServiceAccount."""
         began = time.monotonic()
         workdir.mkdir(parents=True, exist_ok=True)
         first_service_ip = str(ipaddress.ip_network(service_cidr.split(",")[0])[1])
@@ -189,7 +194,7 @@ class ControlPlane:
                                              "client-key-data": pki.data("controller-manager.key")}))  # fmt: skip
         socket_path = workdir / "api.sock"
         client = httpx2.Client(transport=httpx2.HTTPTransport(uds=str(socket_path)), base_url="http://localhost", timeout=10)
-        cp = cls(bin_dir, workdir, pki, server, admin, client, ns)
+        cp = cls(bin_dir, workdir, pki, server, admin, client, ns, etcd_url=f"http://127.0.0.1:{etcd_port}")
         with ExitStack() as stack:
             stack.callback(client.close)
             stack.callback(cp.stop)
@@ -203,8 +208,8 @@ class ControlPlane:
                 "--initial-cluster", f"lab=http://127.0.0.1:{peer_port}",
                 "--listen-metrics-urls", "", "--log-level", "warn",
             ])  # fmt: skip
-            cp._spawn("kube-apiserver", [
-                "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            cp.apiserver_args = [
+                "--etcd-servers", cp.etcd_url,
                 "--bind-address", address, "--secure-port", str(api_port),
                 *_advertise_args(address),
                 "--cert-dir", str(workdir / "apiserver-certs"),
@@ -217,7 +222,14 @@ class ControlPlane:
                 "--enable-admission-plugins", "NodeRestriction",
                 "--service-cluster-ip-range", service_cidr,
                 "--allow-privileged",
-            ])  # fmt: skip
+                *apiserver_flags,
+            ]  # fmt: skip
+            cp._spawn("kube-apiserver", cp.apiserver_args)
+            cp._spawn("kubectl-proxy", ["proxy", "--kubeconfig", str(admin), "--unix-socket", str(socket_path)],
+                      binary="kubectl")  # fmt: skip
+            cp._await("/readyz", began + timeout)
+            # Started once the server is ready: the controller manager gives a server 10 s to turn
+            # healthy and then exits (WaitForAPIServer), which a slow machine (a VM under TCG) exceeds.
             cp._spawn("kube-controller-manager", [
                 "--kubeconfig", str(cm_kubeconfig),
                 "--controllers", ",".join(CONTROLLERS),
@@ -229,16 +241,13 @@ class ControlPlane:
                 "--use-service-account-credentials",
                 "--leader-elect=false", "--secure-port", "0",
             ])  # fmt: skip
-            cp._spawn("kubectl-proxy", ["proxy", "--kubeconfig", str(admin), "--unix-socket", str(socket_path)],
-                      binary="kubectl")  # fmt: skip
-            cp._await("/readyz", began + timeout)
             cp._await("/api/v1/namespaces/default/serviceaccounts/default", began + timeout)
             cp.startup_seconds = time.monotonic() - began
             yield cp
 
-    def _spawn(self, name: str, args: list[str], *, binary: str | None = None) -> None:
+    def _spawn(self, name: str, args: list[str], *, binary: str | None = None, log_mode: str = "w") -> None:
         argv = [str(self.bin_dir / (binary or name)), *args]
-        log: IO[str] = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 (the child writes it until stop())
+        log: IO[str] = open(self.workdir / f"{name}.log", log_mode)  # noqa: SIM115 (the child writes it until stop())
         try:
             if self.ns is not None:
                 child = self.ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -272,6 +281,41 @@ class ControlPlane:
             if time.monotonic() >= deadline:
                 raise ControlPlaneError(f"GET {path} did not answer 200 in time (last: {last})")
             time.sleep(0.1)
+
+    def stop_apiserver(self, timeout: float = 10) -> None:
+        """Stop kube-apiserver (SIGTERM, as a node's kubelet restarts it): every watch on it ends."""
+        L.stop_process(self.processes["kube-apiserver"], timeout)
+
+    def start_apiserver(self, extra_flags: Sequence[str] = (), timeout: float = 90) -> None:
+        """Start kube-apiserver again with the flags it started with, `extra_flags` after them
+        (a later flag wins), and wait until /readyz answers ok. Its log goes on in the same file."""
+        deadline = time.monotonic() + timeout
+        self._spawn("kube-apiserver", [*self.apiserver_args, *extra_flags], log_mode="a")
+        self._await("/readyz", deadline)
+
+    def restart_apiserver(self, extra_flags: Sequence[str] = (), timeout: float = 90) -> None:
+        self.stop_apiserver()
+        self.start_apiserver(extra_flags, timeout)
+
+    def etcd_revision(self) -> int:
+        """etcd's current revision (the resourceVersion of the newest write)."""
+        return int(self._etcd("/v3/kv/range", {"key": base64.b64encode(b"/").decode(), "limit": 1})["header"]["revision"])
+
+    def compact_etcd(self, revision: int) -> None:
+        """Compact etcd's history up to `revision` through its HTTP/JSON gateway: every
+        resourceVersion before it is gone (a watch or list at one answers 410 Expired)."""
+        self._etcd("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+
+    def _etcd(self, path: str, body: dict[str, object]) -> dict[str, Any]:
+        """POST to etcd's gateway from inside the control plane's namespace (etcd listens there)."""
+        argv = ["curl", "-sS", "--fail-with-body", "-m", "10", "-X", "POST", "--data-binary", "@-", self.etcd_url + path]
+        if self.ns is not None:
+            argv = self.ns.argv(argv)
+        proc = subprocess.run(argv, input=json.dumps(body), capture_output=True, text=True, timeout=20, check=False)
+        if proc.returncode != 0:
+            raise ControlPlaneError(f"etcd {path} failed ({proc.returncode}): {proc.stdout.strip()} {proc.stderr.strip()}")
+        answer: dict[str, Any] = json.loads(proc.stdout)
+        return answer
 
     def stop(self, timeout: float = 10) -> None:
         """Stop the parts, last started first (the API server outlives its clients)."""

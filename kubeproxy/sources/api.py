@@ -305,6 +305,10 @@ class Reflector:
     failing_since: float | None = field(default=None, init=False)
     # Completed lists (the first one and every relist), for tests and logs.
     lists: int = field(default=0, init=False)
+    # The error the last retry was for (its "err" as logged): the same error again is logged at
+    # debug level only, so a lasting state (RBAC forbids a resource, the server is down) says
+    # itself once, and again only when it changes or after the server has answered.
+    _failure: str | None = field(default=None, init=False, repr=False)
     _must_list: bool = field(default=True, init=False, repr=False)
     # Set by a failure that may hide a restart of the API server (a cut or refused connection, a
     # 5xx answer): before watching again, check that the server still has our version.
@@ -398,8 +402,18 @@ class Reflector:
         obeyed = self.backoff.server_delays
         delay = self.backoff.next(asked)
         server_asked = asked if self.backoff.server_delays > obeyed else None
-        log.warning(failed_to_watch(self.spec.kind, self.spec.api_version, error, delay, server_asked))
+        line = failed_to_watch(self.spec.kind, self.spec.api_version, error, delay, server_asked)
+        failure = str(line.fields["err"])
+        log.log(logging.DEBUG if failure == self._failure else logging.WARNING, line)
+        self._failure = failure
         await self.sleep(delay)
+
+    def _answered(self) -> None:
+        """The server answers and follows our version: the end of a failing state, said once."""
+        self.failing_since = None
+        if self._failure is not None:
+            log.info("%s: the API server answers again (the last error: %s)", self.spec, self._failure)
+            self._failure = None
 
     # -- list
 
@@ -433,7 +447,7 @@ class Reflector:
         self._heard()
         await self._advance(rv)
         self.backoff.succeeded()
-        self.failing_since = None
+        self._answered()
         log.info("%s %d %s at resourceVersion %s (%d changes)", how, count, self.spec, rv, len(changes))
         # The consumer turns 10k+ objects into its own: a million allocations, none of them
         # garbage, which the cyclic collector would otherwise walk again and again (cluster.bulk).
@@ -478,7 +492,7 @@ class Reflector:
             raise Stale(url, 200, "ResourceVersionWentBack", f"asked for {self.resource_version} or newer, got {rv}")
         self._heard()
         self._check = False
-        self.failing_since = None
+        self._answered()
 
     def _list_version(self) -> str:
         """The resourceVersion to list at, as client-go's reflector picks it: "0" the first time
@@ -686,7 +700,7 @@ class Reflector:
                         raise error
                     answered = loop.time()
                     if not initial:
-                        self.failing_since = None
+                        self._answered()
                     async for line in _lines(url, resp, self.max_frame_bytes):
                         if line.strip():
                             lines += 1
@@ -719,6 +733,13 @@ class Reflector:
         log.debug("watch of %s ended by the server at resourceVersion %s", self.spec, self.resource_version)
 
     async def _on_line(self, url: str, line: bytes) -> None:
+        if self._initial is not None and self.typed_lists:
+            taken = self._typed_initial(self._initial, line)
+            if taken is not None:
+                if taken:  # the bookmark that ends the initial events, at this resourceVersion
+                    state, self._initial = self._initial, None
+                    await self._replace(state, taken, "streamed")
+                return
         # Anything that is not a watch event ends the watch as an error, as in client-go (its
         # stream decoder reports it and the reflector watches again, after a back-off, from the
         # last version it saw): skipping it would lose the event it should have been.
@@ -773,6 +794,36 @@ class Reflector:
             _fill_type(obj, self.spec)
             state[(key.namespace, key.name)] = obj
 
+    def _typed_initial(self, state: dict[Key, Raw], line: bytes) -> str | None:
+        """An initial event by the typed decoder, as a list's items are (its object kept as the
+        schema's struct, which the consumer reads without dicts: at a cold start 20k of them).
+        "" when taken, the resourceVersion of the bookmark that ends the initial events, or None
+        for a line this path leaves to `_on_line`'s general one: outside the schema, an ERROR,
+        a key field `object_key` would refuse, another kind's object. That path then does what
+        it does with any line, so both read every line the same way (tests/sources/test_api_watch_list_typed.py)."""
+        event = wire.typed_event(line)
+        if event is None:
+            return None
+        type_, item = event.type, event.object
+        meta = item.metadata
+        if not isinstance(meta, Metadata) or type_ not in _STATE_EVENTS or (item.kind and item.kind != self.spec.kind):
+            return None
+        name, namespace, rv = meta.name, meta.namespace, meta.resourceVersion
+        if type_ == "BOOKMARK":
+            annotations = meta.annotations
+            if isinstance(rv, str) and rv and isinstance(annotations, dict) and annotations.get(INITIAL_EVENTS_END) == "true":
+                return rv
+            return ""
+        if not isinstance(name, str) or not name:
+            return None
+        key = (namespace if isinstance(namespace, str) else "", name)
+        if type_ == "DELETED":
+            state.pop(key, None)
+        else:
+            _fill_type(item, self.spec)
+            state[key] = item
+        return ""
+
     # -- helpers
 
     def _selectors(self) -> dict[str, str]:
@@ -797,6 +848,10 @@ class Reflector:
         async with self._progress:
             self.resource_version = rv
             self._progress.notify_all()
+
+
+# The events a watch-list's initial state is made of, and its end (an ERROR is not).
+_STATE_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 
 
 def _ends_initial_events(bookmark: dict[str, Any]) -> bool:
