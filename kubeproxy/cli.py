@@ -104,11 +104,26 @@ def _split_csv(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
 
 
+class ModeChoice(click.Choice[str]):
+    """--proxy-mode's choices: the modes registered when the flag is read (backends/registry.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(PROXY_MODES)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(PROXY_MODES)
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass  # the registry's, read at each use
+
+
 def proxy_options(func: Any) -> Any:
     """The upstream kube-proxy flags that change which rules a node gets."""
     options = [
         click.option("--config", "config_file", type=click.Path(dir_okay=False), help="KubeProxyConfiguration file."),
-        click.option("--proxy-mode", type=click.Choice(PROXY_MODES), help="Which backend to use."),
+        click.option("--proxy-mode", type=ModeChoice(), help="Which backend to use."),
         click.option("--hostname-override", help="This node's name (decides which endpoints are local)."),
         click.option("--node-ip", help="This node's IP, or a dual-stack pair 'IPv4,IPv6' (the first is the primary; "
                      "otherwise taken from the Node object)."),
@@ -265,30 +280,29 @@ def run_cmd(ctx: click.Context, args: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--ipv6", is_flag=True, help="Clean the IPv6 tables (ip6tables) instead.")
+@click.option("--ipv6", is_flag=True, help="Clean only the IPv6 tables (ip6tables, ip6 kube-proxy).")
 def cleanup(ipv6: bool) -> None:
-    """Remove the chains and jump rules kubeproxy installed, and nothing else.
+    """Remove what kubeproxy installed in any mode, for both IP families, and nothing else.
 
-    iptables mode: our chains and jumps (--ipv6: in ip6tables). nftables mode: the `kube-proxy`
-    tables of both families. userspace mode: its KUBE-PORTALS-*/KUBE-NODEPORT-* chains and jumps.
-    ipvs mode (where ipvsadm is installed): the IPVS table, kube-ipvs0, our ipsets and chains.
+    The same as `kube-proxy --cleanup`: each mode's cleanup (backends/registry.py), e.g.
+    iptables mode's chains and jumps, nftables mode's `kube-proxy` tables, userspace mode's
+    KUBE-PORTALS-*/KUBE-NODEPORT-* chains, ipvs mode's IPVS table, kube-ipvs0, ipsets and chains.
 
     Chains shared with kubelet (KUBE-MARK-MASQ, KUBE-FIREWALL) go only if nothing else uses them.
     """
-    from kubeproxy.backends.iptables.proxier import IptablesProxier
-    from kubeproxy.backends.ipvs.proxier import IpvsProxier
-    from kubeproxy.backends.nftables.proxier import NftablesProxier
-    from kubeproxy.backends.userspace.proxier import UserspaceProxier
+    from kubeproxy.backends import registry
+    from kubeproxy.backends.exec import local_run
     from kubeproxy.proxy.options import Family
 
-    family = Family.IPV6 if ipv6 else Family.IPV4
-    removed = IptablesProxier(family=family).cleanup() + NftablesProxier().cleanup()
-    removed += UserspaceProxier(family=family).cleanup()  # the userspace mode's redirect chains
-    removed += IpvsProxier(family=family).cleanup()  # the IPVS table, kube-ipvs0, its sets and chains
-    for item in removed:
+    done = registry.cleanup_all(local_run, [Family.IPV6] if ipv6 else list(Family))
+    for item in done.removed:
         click.echo(f"removed {item}")
-    if not removed:
+    if not done.removed:
         click.echo("nothing to remove")
+    for error in done.errors:
+        click.echo(f"kubeproxy: cleanup failed: {error}", err=True)
+    if done.errors:
+        sys.exit(1)
 
 
 @main.command()

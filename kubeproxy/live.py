@@ -61,7 +61,7 @@ from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_heal
 from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.interfaces import interface_addresses
 from kubeproxy.proxy.memory import release_free_memory
-from kubeproxy.proxy.meta import DUAL_STACK_MODES, PROC_IPV6, FamilyLane, kernel_lacks, live_families
+from kubeproxy.proxy.meta import PROC_IPV6, FamilyLane, kernel_lacks, live_families
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView, ServiceKey
 from kubeproxy.proxy.options import (
@@ -307,8 +307,6 @@ class LiveProxy:
     async def _new_lane(self, family: Family, primary: Family) -> FamilyLane | None:
         """A lane for the second family, or None (logged once) if this node cannot run one."""
         reason = self._lacking.get(family)
-        if reason is None and self.cfg.mode not in DUAL_STACK_MODES:
-            reason = f"proxy mode {self.cfg.mode} programs one IP family"
         if reason is None:
             reason = await asyncio.to_thread(
                 kernel_lacks, family, self.cfg.mode, self.run_cmd, variant=self.iptables_variant, proc_ipv6=self.proc_ipv6

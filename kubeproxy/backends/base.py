@@ -13,7 +13,7 @@ The live loop (`kubeproxy/live.py`) holds one `Backend` and never asks which mod
 - `cleanup()` removes what the mode installed and nothing else.
 
 `kubeproxy render` prints a mode's rules through its `OfflineRenderer` (the mode's offline.py).
-A mode is a folder under `backends/` plus one line in `backends/registry.py`.
+A mode is a folder under `backends/` plus one `Mode` entry in `backends/registry.py`.
 """
 
 from __future__ import annotations

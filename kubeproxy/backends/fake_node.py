@@ -2,7 +2,8 @@
 
 `FakeNode().run` is a `Runner` that sends each command to the fake of its tool: iptables,
 ip6tables, their -save/-restore and nfacct to `FakeIptables`, nft to `FakeNft`, conntrack and
-`ip` (local routes) to `FakeConntrack`, ipvsadm, ipset and kube-ipvs0 to `FakeIpvs`.
+`ip` (local routes) to `FakeConntrack`, ipvsadm, ipset and kube-ipvs0 to `FakeIpvs`, and the
+tools of a registered mode that brings its own fakes to those.
 A `LiveProxy(run_cmd=FakeNode().run)` runs every mode's sync, check and cleanup without a kernel.
 """
 
@@ -16,6 +17,7 @@ from kubeproxy.backends.conntrack.fake import FakeConntrack
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.ipvs.fake import FakeIpvs
 from kubeproxy.backends.nftables.fake import FakeNft
+from kubeproxy.backends.registry import MODES, FakeTool
 
 
 @dataclass
@@ -24,10 +26,15 @@ class FakeNode:
     nft: FakeNft = field(default_factory=FakeNft)
     conntrack: FakeConntrack = field(default_factory=lambda: FakeConntrack(local=["127.0.0.1", "192.168.0.2"]))
     ipvs: FakeIpvs = field(default_factory=FakeIpvs)
+    # The fakes of tools a registered mode brings along (its `fake_tools`), asked first.
+    extra: list[FakeTool] = field(default_factory=lambda: [make() for m in MODES.values() for make in m.fake_tools])
 
     def run(
         self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]:
+        for fake in self.extra:
+            if fake.handles(argv):
+                return fake.run(argv, input=input, check=check, timeout=timeout)
         tool = argv[0]
         if tool == "nft":
             return self.nft.run(argv, input=input, check=check, timeout=timeout)

@@ -1,22 +1,85 @@
-"""Proxy modes by their `--proxy-mode` name: the only place that knows which backends exist."""
+"""Proxy modes by their `--proxy-mode` name: the only place that knows which backends exist.
+
+Each mode is one `Mode` record: everything the rest of the program needs to know about a mode
+(how to build its backend, render it offline, clean it up, which families it runs, which
+programs it needs, which metrics it exposes) is a field here, so that a mode is its folder
+under `backends/` plus one entry in `MODES`.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kubeproxy.backends.base import Backend, OfflineRenderer
-from kubeproxy.backends.exec import Runner
-from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.options import Family
 
 if TYPE_CHECKING:
+    import subprocess
+
     from prometheus_client.registry import Collector
 
-# Each factory imports its mode's package when called: a process runs one mode, and importing all
-# four (and prometheus_client) cost `kubeproxy render` a tenth of a second at start.
+    from kubeproxy.backends.exec import Runner
+    from kubeproxy.proxy.config import ProxyConfig
+    from kubeproxy.proxy.options import Family
+
+# Each field that names code imports its mode's package when called: a process runs one mode,
+# and importing all four (and prometheus_client) cost `kubeproxy render` a tenth of a second.
+
+Factory = Callable[["Runner", float, str, "ProxyConfig | None"], Backend]  # (run, sync period, variant, cfg)
+Lanes = Callable[[], Iterable[tuple["Family", object]]]
+
+
+class FakeTool(Protocol):
+    """A fake of a kernel tool a mode brings along, for `FakeNode` (tests without root)."""
+
+    def handles(self, argv: Sequence[str]) -> bool: ...
+
+    def run(
+        self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+@dataclass(frozen=True)
+class ModeObservers:
+    """What a mode with in-process state of its own (the userspace relay) shows at scrape time:
+    a Prometheus collector for /metrics and a detail for /healthz, over the live loop's lanes."""
+
+    collector: Collector
+    health_key: str  # "": nothing for /healthz
+    health: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    create: Factory
+    offline: str  # the module whose `render_text` is the mode's OfflineRenderer (`kubeproxy render`)
+    # Removes what the mode installs for one family, and nothing else; what it removed.
+    cleanup: Callable[[Runner, Family], list[str]]
+    # The programs it runs to program the kernel, by iptables variant ("", "legacy", "nft").
+    tools: Callable[[str], tuple[str, ...]]
+    # A command (argv, stdin) that fails where the kernel or the tools cannot carry the mode's
+    # IPv6 rules; None: no IPv6 rules to check.
+    ipv6_probe: Callable[[str], tuple[list[str], str | None]] | None = None
+    # Runs both families whatever the node's addresses (upstream's platformCheckSupported);
+    # otherwise the families the node's addresses and cluster CIDRs name.
+    upstream_dual_stack: bool = True
+    # Checks the configuration's parts only this mode reads; raises ConfigError.
+    validate: Callable[[ProxyConfig], None] | None = None
+    # Metrics of its own on /metrics (lanes: the live loop's (family, backend) pairs).
+    observers: Callable[[Lanes], ModeObservers] | None = None
+    # ProxyMetrics's mode-specific families this mode exposes, by name.
+    metrics: tuple[str, ...] = ()
+    nfacct_metrics: bool = False  # the nfacct-backed packet counters (read at scrape time)
+    # NodePorts answer on 127.0.0.0/8 when localhost NodePorts are on (route_localnet): stale
+    # conntrack flows to those addresses are the mode's too.
+    loopback_nodeports: bool = False
+    fake_tools: tuple[Callable[[], FakeTool], ...] = field(default=())  # beyond FakeNode's own
+
+
+# -- the four modes
 
 
 def _iptables(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
@@ -44,64 +107,184 @@ def _userspace(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig |
     return userspace(run, sync_period, variant, cfg)
 
 
-# Each factory picks from the configuration what its mode reads (e.g. the `ipvs:` section).
-BACKENDS: dict[str, Callable[[Runner, float, str, ProxyConfig | None], Backend]] = {
-    "iptables": _iptables,
-    "nftables": _nftables,
-    "ipvs": _ipvs,
-    "userspace": _userspace,
-}
+def _iptables_cleanup(run: Runner, family: Family) -> list[str]:
+    from kubeproxy.backends.iptables.proxier import IptablesProxier
+
+    return IptablesProxier(run=run, family=family).cleanup()
 
 
-def create(
-    mode: str, *, run: Runner, sync_period: float, variant: str = "", cfg: ProxyConfig | None = None
-) -> Backend:
-    """The backend for `mode`; ValueError naming the modes there are for any other."""
-    try:
-        factory = BACKENDS[mode]
-    except KeyError:
-        raise ValueError(f"proxy mode {mode!r} is not available; this build has {', '.join(BACKENDS)}") from None
-    return factory(run, sync_period, variant, cfg)
+def _nftables_cleanup(run: Runner, family: Family) -> list[str]:
+    from kubeproxy.backends.nftables.apply import NftApplier
+
+    return [f"nftables table {family.nft} kube-proxy"] if NftApplier(family.nft, run).cleanup() else []
 
 
-# `kubeproxy render --proxy-mode X`: each mode's offline renderer, imported when asked for.
-OFFLINE = {
-    "iptables": "kubeproxy.backends.iptables.offline",
-    "nftables": "kubeproxy.backends.nftables.offline",
-    "ipvs": "kubeproxy.backends.ipvs.offline",
-    "userspace": "kubeproxy.backends.userspace.offline",
-}
+def _ipvs_cleanup(run: Runner, family: Family) -> list[str]:
+    from kubeproxy.backends.ipvs.proxier import IpvsProxier
+
+    return IpvsProxier(run=run, family=family).cleanup()
 
 
-def offline_renderer(mode: str) -> OfflineRenderer:
-    """The function that prints `mode`'s full rule set; ValueError for a mode without one."""
-    try:
-        module = importlib.import_module(OFFLINE[mode])
-    except KeyError:
-        raise ValueError(f"proxy mode {mode!r} has no offline renderer; there are {', '.join(OFFLINE)}") from None
-    renderer: OfflineRenderer = module.render_text
-    return renderer
+def _userspace_cleanup(run: Runner, family: Family) -> list[str]:
+    from kubeproxy.backends.userspace.proxier import UserspaceProxier
+
+    return UserspaceProxier(run=run, family=family).cleanup()
 
 
-@dataclass(frozen=True)
-class ModeObservers:
-    """What a mode with in-process state of its own (the userspace relay) shows at scrape time:
-    a Prometheus collector for /metrics and a detail for /healthz, over the live loop's lanes."""
+def _restore(variant: str) -> str:
+    from kubeproxy.backends.iptables.apply import iptables_tool
+    from kubeproxy.proxy.options import Family
 
-    collector: Collector
-    health_key: str  # "": nothing for /healthz
-    health: Callable[[], Any]
+    return iptables_tool(Family.IPV4, variant, "-restore")  # IPv6's comes from the same package
 
 
-def observers(mode: str, lanes: Callable[[], Iterable[tuple[Family, object]]]) -> ModeObservers | None:
-    """`mode`'s observers (None for the kernel modes: the kernel holds their state, except
-    nftables mode's localhost NodePort listeners)."""
-    if mode == "nftables":
-        from kubeproxy.backends.nftables.metrics import LocalhostNodePortCollector
+def _ip6tables_probe(variant: str) -> tuple[list[str], str | None]:
+    from kubeproxy.backends.iptables.apply import iptables_tool
+    from kubeproxy.proxy.options import Family
 
-        return ModeObservers(LocalhostNodePortCollector(lanes), "", lambda: None)
-    if mode != "userspace":
-        return None
+    # ip6tables with a nat table, as upstream's platform check asks of it
+    return [iptables_tool(Family.IPV6, variant), "-w", "-t", "nat", "-S", "POSTROUTING"], None
+
+
+def _nft_probe(variant: str) -> tuple[list[str], str | None]:
+    return ["nft", "-c", "-f", "-"], "add table ip6 kube-proxy\n"  # -c: checked, nothing changes
+
+
+def _ipvs_validate(cfg: ProxyConfig) -> None:
+    from kubeproxy.backends.ipvs.deprecation import refusal
+    from kubeproxy.backends.ipvs.options import ipvs_options
+    from kubeproxy.proxy.config import ConfigError
+
+    if problem := refusal(cfg.feature_gates):
+        raise ConfigError(f"--proxy-mode (mode): {problem}")
+    ipvs_options(cfg.ipvs)  # upstream validates the ipvs section (scheduler, excludeCIDRs) only in ipvs mode
+
+
+def _nftables_observers(lanes: Lanes) -> ModeObservers:
+    from kubeproxy.backends.nftables.metrics import LocalhostNodePortCollector
+
+    return ModeObservers(LocalhostNodePortCollector(lanes), "", lambda: None)
+
+
+def _userspace_observers(lanes: Lanes) -> ModeObservers:
     from kubeproxy.backends.userspace.metrics import RelayCollector, relay_health
 
     return ModeObservers(RelayCollector(lanes), "userspaceRelay", lambda: relay_health(lanes))
+
+
+RESTORE_FAILURES = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+
+MODES: dict[str, Mode] = {
+    "iptables": Mode(
+        "iptables",
+        _iptables,
+        "kubeproxy.backends.iptables.offline",
+        _iptables_cleanup,
+        tools=lambda variant: (_restore(variant),),
+        ipv6_probe=_ip6tables_probe,
+        metrics=(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            RESTORE_FAILURES,
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "kubeproxy_sync_proxy_rules_iptables_last",
+        ),
+        nfacct_metrics=True,
+        loopback_nodeports=True,
+    ),
+    "nftables": Mode(
+        "nftables",
+        _nftables,
+        "kubeproxy.backends.nftables.offline",
+        _nftables_cleanup,
+        tools=lambda variant: ("nft",),
+        ipv6_probe=_nft_probe,
+        observers=_nftables_observers,
+        metrics=(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+        ),
+    ),
+    "ipvs": Mode(
+        "ipvs",
+        _ipvs,
+        "kubeproxy.backends.ipvs.offline",
+        _ipvs_cleanup,
+        tools=lambda variant: ("ipvsadm", "ipset", _restore(variant)),
+        ipv6_probe=_ip6tables_probe,
+        validate=_ipvs_validate,
+        metrics=(RESTORE_FAILURES,),
+    ),
+    "userspace": Mode(
+        "userspace",
+        _userspace,
+        "kubeproxy.backends.userspace.offline",
+        _userspace_cleanup,
+        tools=lambda variant: (_restore(variant),),
+        ipv6_probe=_ip6tables_probe,
+        upstream_dual_stack=False,  # not upstream's mode: the families the node's addresses name
+        observers=_userspace_observers,
+    ),
+}
+
+
+class ModeNames(Sequence[str]):
+    """The registered modes' names, read at each use (a test may register a mode of its own)."""
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        return list(MODES)[index]
+
+    def __len__(self) -> int:
+        return len(MODES)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(MODES))
+
+    def __contains__(self, name: object) -> bool:
+        return name in MODES
+
+
+def mode(name: str) -> Mode:
+    """The mode called `name`; ValueError naming the modes there are for any other."""
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"proxy mode {name!r} is not available; this build has {', '.join(MODES)}") from None
+
+
+def create(mode_name: str, *, run: Runner, sync_period: float, variant: str = "", cfg: ProxyConfig | None = None) -> Backend:
+    """The backend for `mode_name`; ValueError naming the modes there are for any other."""
+    return mode(mode_name).create(run, sync_period, variant, cfg)
+
+
+def offline_renderer(mode_name: str) -> OfflineRenderer:
+    """The function that prints `mode_name`'s full rule set; ValueError for an unknown mode."""
+    renderer: OfflineRenderer = importlib.import_module(mode(mode_name).offline).render_text
+    return renderer
+
+
+def observers(mode_name: str, lanes: Lanes) -> ModeObservers | None:
+    """`mode_name`'s observers (None for a mode whose state the kernel holds)."""
+    seen = mode(mode_name).observers
+    return seen(lanes) if seen is not None else None
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    removed: tuple[str, ...]
+    errors: tuple[str, ...]  # "<mode> <family>: <why>", for each cleanup that failed
+
+
+def cleanup_all(run: Runner, families: Iterable[Family]) -> Cleanup:
+    """Every mode's cleanup for each of `families` (upstream's CleanupLeftovers of all modes):
+    what is ours goes whatever mode installed it; one that fails does not stop the others."""
+    removed: list[str] = []
+    errors: list[str] = []
+    for family in families:
+        for m in MODES.values():
+            try:
+                removed += m.cleanup(run, family)
+            except (OSError, RuntimeError) as exc:  # a tool missing or refusing (SyncError is one)
+                errors.append(f"{m.name} {family}: {exc}")
+    return Cleanup(tuple(removed), tuple(errors))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubeproxy.backends import registry
 from kubeproxy.cluster.addresses import AddressError, valid_cidr, valid_ip
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
@@ -26,7 +27,7 @@ from kubeproxy.proxy.features import gate_enabled
 if TYPE_CHECKING:
     from kubeproxy.proxy.config_schema import _Conntrack, _KubeProxyConfiguration
 
-PROXY_MODES = ("iptables", "nftables", "ipvs", "userspace")
+PROXY_MODES = registry.ModeNames()
 # Upstream's other modes: accepted by upstream's parser, refused here at start-up by name.
 UNBUILT_MODES = {
     "kernelspace": "kernelspace is upstream's Windows mode; kubeproxy runs on Linux only (iptables or nftables)",
@@ -159,14 +160,8 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
         raise ConfigError(f"--proxy-mode (mode): {cfg.mode}: {UNBUILT_MODES[cfg.mode]}")
     if cfg.mode not in PROXY_MODES:
         raise ConfigError(f"--proxy-mode: {cfg.mode!r} is not one of {', '.join(PROXY_MODES)}")
-    if cfg.mode == "ipvs":
-        from kubeproxy.backends.ipvs.deprecation import refusal
-        from kubeproxy.backends.ipvs.options import ipvs_options
-
-        if problem := refusal(cfg.feature_gates):
-            raise ConfigError(f"--proxy-mode (mode): {problem}")
-        # Upstream validates the ipvs section (scheduler, excludeCIDRs) only in ipvs mode.
-        ipvs_options(cfg.ipvs)
+    if (mode_checks := registry.MODES[cfg.mode].validate) is not None:
+        mode_checks(cfg)
     if cfg.detect_local_mode and cfg.detect_local_mode not in DETECT_LOCAL_MODES:
         raise ConfigError(
             f"--detect-local-mode: {cfg.detect_local_mode!r} is not one of {', '.join(DETECT_LOCAL_MODES)}"

@@ -576,9 +576,9 @@ def usage(prog: str = "kube-proxy") -> str:
         "",
         "Flags:",
     ]
-    from kubeproxy.backends.registry import BACKENDS  # the backends import this package's config
+    from kubeproxy.backends.registry import MODES
 
-    modes = ", ".join(f"'{mode}'" for mode in BACKENDS)
+    modes = ", ".join(f"'{mode}'" for mode in MODES)
     for flag in FLAGS:
         if flag.deprecated:
             continue

@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubeproxy.backends import registry
 from kubeproxy.backends.base import Backend, SyncReport
 from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.objects import Node
@@ -39,15 +40,12 @@ from kubeproxy.render import node_families, primary_family
 
 log = logging.getLogger("kubeproxy.proxy")
 
-# Modes whose backend programs one family per instance, so that two instances make a
+# Every mode's backend programs one family per instance, so that two instances make a
 # dual-stack node. IPVS's two instances share the IPVS table and kube-ipvs0: each reads and
 # changes only its own family's virtual servers and addresses there, and names its IPv6 ipsets
 # KUBE-6-... (upstream's NewIPSet). Userspace: each family has its own listeners (IPv6 ones
-# with IPV6_V6ONLY on `::`), relay thread, ip6tables redirects and state file.
-DUAL_STACK_MODES = frozenset({"iptables", "nftables", "ipvs", "userspace"})
-# Upstream's modes: its server runs them dual-stack whenever the kernel and tools carry both
-# families (the node need not have an address of the second one).
-UPSTREAM_DUAL_STACK_MODES = frozenset({"iptables", "nftables", "ipvs"})
+# with IPV6_V6ONLY on `::`), relay thread, ip6tables redirects and state file. Which families
+# run is the mode's `upstream_dual_stack` (backends/registry.py).
 
 PROC_IPV6 = Path("/proc/sys/net/ipv6")
 
@@ -77,7 +75,7 @@ def other(family: Family) -> Family:
 
 def live_families(cfg: ProxyConfig, node: Node | None) -> tuple[Family, ...]:
     """The families the live proxy runs, the primary first (see the module docstring)."""
-    if cfg.mode in UPSTREAM_DUAL_STACK_MODES:
+    if registry.mode(cfg.mode).upstream_dual_stack:
         primary = primary_family(cfg, node)
         return (primary, other(primary))
     return node_families(cfg, node)
@@ -88,7 +86,8 @@ def kernel_lacks(family: Family, mode: str, run: Runner, *, variant: str = "", p
 
     As upstream's platform check: IPv4 is assumed; IPv6 needs the kernel's IPv6 stack, not
     disabled by net.ipv6.conf.all.disable_ipv6, and the mode's tool for it (ip6tables with a
-    nat table; nft accepting an `ip6` table, checked with `nft -c`, which changes nothing).
+    nat table; nft accepting an `ip6` table, checked with `nft -c`, which changes nothing): the
+    mode's `ipv6_probe`.
     """
     if not family.ipv6:
         return None
@@ -100,12 +99,10 @@ def kernel_lacks(family: Family, mode: str, run: Runner, *, variant: str = "", p
             return f"IPv6 is disabled ({disabled} is 1)"
     except OSError:
         pass  # upstream too reads it only to see a 1
-    if mode == "nftables":
-        argv, stdin = ["nft", "-c", "-f", "-"], "add table ip6 kube-proxy\n"
-    elif mode in ("iptables", "ipvs", "userspace"):
-        argv, stdin = ["ip6tables" + (f"-{variant}" if variant else ""), "-w", "-t", "nat", "-S", "POSTROUTING"], None
-    else:
+    probe = registry.mode(mode).ipv6_probe
+    if probe is None:
         return None
+    argv, stdin = probe(variant)
     try:
         proc = run(argv, input=stdin, check=False)
     except OSError as exc:  # the tool is not installed

@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kubeproxy.backends import registry
 from kubeproxy.proxy.component_metrics import BuildInfo, FeatureEnabled
 
 log = logging.getLogger(__name__)
@@ -271,21 +272,21 @@ class ProxyMetrics:
             self._conntrack_reconciler_deleted_entries_total,
             self._quarantined_services,
         ]
-        per_mode: dict[str, list[Collector]] = {
-            "iptables": [
-                self._sync_full_duration,
-                self._sync_partial_duration,
-                self._restore_failures_total,
-                self._partial_restore_failures_total,
-                self._iptables_total,
-                self._iptables_last,
-            ],
-            "ipvs": [self._restore_failures_total],
-            "nftables": [self._nftables_sync_failures_total, self._nftables_cleanup_failures_total],
-        }
-        for collector in (*common, *per_mode.get(proxy_mode, [])):
+        optional = (
+            self._sync_full_duration,
+            self._sync_partial_duration,
+            self._restore_failures_total,
+            self._partial_restore_failures_total,
+            self._iptables_total,
+            self._iptables_last,
+            self._nftables_sync_failures_total,
+            self._nftables_cleanup_failures_total,
+        )
+        by_name = {_exposed_name(collector): collector for collector in optional}
+        mode = registry.MODES.get(proxy_mode)
+        for collector in (*common, *(by_name[name] for name in (mode.metrics if mode else ()))):
             self.registry.register(collector)
-        if proxy_mode == "iptables" and nfacct is not None:
+        if mode is not None and mode.nfacct_metrics and nfacct is not None:
             self.registry.register(_NfacctCollector(nfacct))
         # Upstream's Go runtime exposes process_* metrics; these are the same names for this process.
         ProcessCollector(registry=self.registry)
@@ -305,6 +306,13 @@ class ProxyMetrics:
     def exposition(self) -> bytes:
         """The registry in Prometheus text format 0.0.4, as upstream's /metrics writes it."""
         return generate_latest(_WithoutCreated(self.registry))
+
+
+def _exposed_name(collector: Counter | Gauge | Histogram) -> str:
+    """The family's name as /metrics shows it (a counter's with its `_total`), as modes list theirs."""
+    family = next(iter(collector.describe()))
+    name: str = family.name
+    return name + "_total" if family.type == "counter" else name
 
 
 class _WithoutCreated:

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kubeproxy.backends.iptables.apply import iptables_tool
+from kubeproxy.backends import registry
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.options import Family
 
 if TYPE_CHECKING:
     import httpx2
@@ -35,13 +34,8 @@ class ApiConnection:
 
 def mode_tools(mode: str, variant: str = "") -> tuple[str, ...]:
     """The programs `mode` runs to program the kernel (IPv4's; IPv6's come from the same packages)."""
-    restore = iptables_tool(Family.IPV4, variant, "-restore")
-    return {
-        "iptables": (restore,),
-        "nftables": ("nft",),
-        "ipvs": ("ipvsadm", "ipset", restore),
-        "userspace": (restore,),
-    }.get(mode, ())
+    found = registry.MODES.get(mode)
+    return found.tools(variant) if found is not None else ()
 
 
 def check_tools(mode: str, variant: str = "", *, which: Callable[[str], str | None] = shutil.which) -> None:

@@ -138,23 +138,16 @@ def _write_config(cfg: ProxyConfig, path: str) -> int:
 
 
 def _cleanup() -> int:
-    from kubeproxy.backends.iptables.proxier import IptablesProxier
-    from kubeproxy.backends.ipvs.proxier import IpvsProxier
-    from kubeproxy.backends.nftables.proxier import NftablesProxier
-    from kubeproxy.backends.userspace.proxier import UserspaceProxier
+    from kubeproxy.backends import registry
+    from kubeproxy.backends.exec import local_run
     from kubeproxy.proxy.options import Family
 
-    try:
-        removed = [item for family in Family for item in IptablesProxier(family=family).cleanup()]
-        removed += NftablesProxier().cleanup()
-        removed += [item for family in Family for item in UserspaceProxier(family=family).cleanup()]
-        removed += [item for family in Family for item in IpvsProxier(family=family).cleanup()]
-    except (OSError, RuntimeError) as exc:
-        log.error(kv("Cleanup failed", err=str(exc)))
-        return 1
-    for item in removed:
+    done = registry.cleanup_all(local_run, list(Family))
+    for item in done.removed:
         log.info(kv("Removed", item=item))
-    return 0
+    for error in done.errors:
+        log.error(kv("Cleanup failed", err=error))
+    return 1 if done.errors else 0
 
 
 def _port_taken(address: str) -> str | None:

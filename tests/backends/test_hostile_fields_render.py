@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubeproxy.backends.base import OfflineOptions
-from kubeproxy.backends.registry import OFFLINE, offline_renderer
+from kubeproxy.backends.registry import MODES, offline_renderer
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.config import ProxyConfig
 
@@ -102,7 +102,7 @@ def _set(objects: list[dict[str, Any]], index: int, path: tuple[Any, ...], value
 
 def render_all(objects: list[dict[str, Any]]) -> dict[str, str]:
     state, _ = build_state(copy.deepcopy(objects))
-    return {mode: offline_renderer(mode)(state, CFG, OfflineOptions()).text for mode in OFFLINE}
+    return {mode: offline_renderer(mode)(state, CFG, OfflineOptions()).text for mode in MODES}
 
 
 def test_the_valid_world_renders_its_addresses_in_every_mode() -> None:

@@ -43,6 +43,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kubeproxy.backends import registry
 from kubeproxy.backends.conntrack.flows import Flow
 from kubeproxy.proxy.changes import Changes
 from kubeproxy.proxy.model import NodeView
@@ -96,8 +97,8 @@ class NodePorts:
     def of(cls, opts: NodeOptions, mode: str) -> NodePorts:
         """The NodePort addresses of this sync's options, as the `mode` renderer uses them."""
         # iptables accepts NodePorts on 127.0.0.0/8 (route_localnet) when localhost NodePorts are
-        # on (opts says so only for IPv4); nftables never does.
-        loopback = mode == "iptables" and opts.localhost_nodeports
+        # on (opts says so only for IPv4); nftables never does: the mode's `loopback_nodeports`.
+        loopback = registry.mode(mode).loopback_nodeports and opts.localhost_nodeports
         return cls(tuple(opts.nodeport_ips), opts.nodeport_match_all, loopback)
 
     def resolve(self, local_routes: Iterable[str] = ()) -> NodePortDestinations:

@@ -62,5 +62,5 @@ def test_proxy_mode_help_lists_every_registered_mode() -> None:
     from kubeproxy.proxy.flags import usage
 
     text = " ".join(usage().split())
-    for mode in registry.BACKENDS:
+    for mode in registry.MODES:
         assert f"'{mode}'" in text.split("--proxy-mode string", 1)[1].split("--", 1)[0]
