@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import subprocess
+from fractions import Fraction
 from typing import Any
 
 from kubeproxy.netfilter import addr as A
@@ -38,6 +39,7 @@ from kubeproxy.netfilter.model import (
     ParseError,
     Rule,
     Ruleset,
+    Statistic,
     Table,
     UnknownTarget,
     Unsupported,
@@ -269,14 +271,82 @@ def _rhs(r: Any, left: Any) -> Any:
     return NConst(conv(r, typ))
 
 
-def _match(m: dict[str, Any]) -> NMatch:
+def _match(m: dict[str, Any]) -> NMatch | Statistic | Unsupported:
     left = expr(m["left"])
     op = m.get("op", "==")
     right = _rhs(m["right"], left)
     if op == "in" and isinstance(right, NConst) and not isinstance(right.value, frozenset):
         # `ct status dnat` / `tcp flags syn`: flag tests; for us membership of one value
         right = NConst(frozenset([right.value]))
+    chance = _random_chance(left, op, right)
+    if chance is not None:
+        return Statistic(chance)
+    why = _untraceable(left)
+    if why is not None:
+        return Unsupported(f"{_fmt_match(m)} ({why})")
     return NMatch(op, left, right, _fmt_match(m))
+
+
+# What the walk (simulate/nft.py) computes for a packet; any other key would read as "no value"
+# and quietly fail the match, where the kernel may match: such a match forks as unknown instead.
+_PAYLOAD_FIELDS = {
+    "ip": {"saddr", "daddr", "protocol"},
+    "ip6": {"saddr", "daddr", "nexthdr"},
+    "icmp": {"type"},
+    "icmpv6": {"type"},
+}
+_PORT_HEADERS = ("th", "tcp", "udp", "sctp", "udplite", "dccp")
+_META_KEYS = {"l4proto", "iifname", "iif", "oifname", "oif", "mark", "nfproto", "protocol", "pkttype"}
+_CT_KEYS = {"state", "status", "mark", "daddr", "saddr", "proto-dst", "proto-src"}
+_FIB_RESULTS = {"type", "oif", "oifname"}
+
+
+def _untraceable(e: Any) -> str | None:
+    """The part of an expression the walk cannot compute, named; None when it can."""
+    t = type(e)
+    if t is NPayload:
+        fields = {"dport", "sport"} if e.proto in _PORT_HEADERS else _PAYLOAD_FIELDS.get(e.proto, set())
+        return None if e.field in fields else f"{e.proto} {e.field} is not traced"
+    if t is NMeta:
+        return None if e.key in _META_KEYS else f"meta {e.key} is not traced"
+    if t is NCt:
+        if e.key not in _CT_KEYS:
+            return f"ct {e.key} is not traced"
+        return "reply-direction tuples are not traced" if e.dir == "reply" else None
+    if t is NFib:
+        return None if e.result in _FIB_RESULTS else f"fib {e.result} is not traced"
+    if t is NBinop:
+        return _untraceable(e.left) or _untraceable(e.right)
+    if t is NConcat:
+        return next((w for w in map(_untraceable, e.items) if w is not None), None)
+    if t is NLookup:
+        return _untraceable(e.key)
+    return None
+
+
+def _random_chance(left: Any, op: str, right: Any) -> Fraction | None:
+    """`meta random [& 2^k-1] OP N`, as nft prints iptables' `-m statistic --mode random`: the
+    chance that a packet matches, or None when the match is something else."""
+    mask = (1 << 32) - 1
+    if isinstance(left, NBinop) and left.op == "&" and isinstance(left.right, NConst):
+        mask, left = left.right.value, left.left
+        if not isinstance(mask, int) or mask < 0 or (mask + 1) & mask:
+            return None  # a mask that is not 2^k-1 keeps its values apart: left to the unknown fork
+    if not (isinstance(left, NMeta) and left.key == "random"):
+        return None
+    n = right.value if isinstance(right, NConst) else right
+    if not isinstance(n, int) or isinstance(n, bool):
+        return None
+    size = mask + 1
+
+    def below(k: int) -> int:  # how many values in [0, size) are < k
+        return min(max(k, 0), size)
+
+    counts = {
+        "<": below(n), "<=": below(n + 1), ">": size - below(n + 1), ">=": size - below(n),
+        "==": below(n + 1) - below(n), "!=": size - (below(n + 1) - below(n)),
+    }
+    return Fraction(counts[op], size) if op in counts else None
 
 
 def _nat(kind: str, d: Any) -> Nat:

@@ -22,7 +22,7 @@ from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node, Route
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
-from tests.netfilter.kernel_bed import assert_kernel_agrees, bed
+from tests.netfilter.kernel_bed import Bed, assert_kernel_agrees, bed
 
 pytestmark = pytest.mark.root
 FIX = Path(__file__).parent / "fixtures"
@@ -36,8 +36,8 @@ SEED_BED = {
 }
 
 
-def _check(b, rules_text: str, proto: str, dst: str, count: int, *, in_iface: str | None, src: str,
-           timeout: float = 1.0) -> list:  # type: ignore[no-untyped-def]
+def _check(b: Bed, rules_text: str, proto: str, dst: str, count: int, *, in_iface: str | None, src: str,
+           timeout: float = 1.0) -> list[object]:
     rs = detect.parse(rules_text)
     res = trace(rs, b.model, make_packet(proto, src, dst, in_iface=in_iface))
     observed = b.send(proto, dst, count, timeout=timeout, from_node=in_iface is None,
@@ -149,6 +149,27 @@ def test_nftables_numgen_vmap_distribution_and_reject() -> None:
     assert_kernel_agrees(res.outcomes, observed)
     got = sorted((o.verdict, float(o.probability)) for o in res.outcomes)
     assert got == [("ACCEPT", 0.25), ("ACCEPT", 0.5), ("REJECT", 0.25)]
+
+
+META_RANDOM = (FIX / "nft_meta_random.nft").read_text()
+
+
+@pytest.mark.parametrize("in_iface", ["eth0", None])
+def test_nft_meta_random_splits_and_a_node_packet_has_no_input_interface(in_iface: str | None) -> None:
+    # `meta random & 2147483647 < N` is how nft prints iptables' statistic match (here a 1/4
+    # chance); a packet the node sends has the empty input interface, so `iifname != "eth0"`
+    # holds for it in the output hook
+    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+        b.load_nft(META_RANDOM)
+        b.serve(b.backend, "udp", ["10.2.0.2:5353", "10.2.0.3:5353"])
+        rs = detect.parse(b.node.run(["nft", "-j", "list", "ruleset"]).stdout)
+        src = b.client_ip if in_iface else "10.1.0.1"
+        res = trace(rs, b.model, make_packet("udp", src, "10.96.0.11:53", in_iface=in_iface))
+        observed = b.send("udp", "10.96.0.11:53", 400, timeout=0.5, from_node=in_iface is None,
+                          src=src if in_iface is None else None)
+    assert_kernel_agrees(res.outcomes, observed)
+    got = sorted((A.fmt_ip(o.dst), float(o.probability)) for o in res.outcomes)
+    assert got == [("10.2.0.2", 0.25), ("10.2.0.3", 0.75)] and not any(o.unknown for o in res.outcomes)
 
 
 # --------------------------------------------------------------------------- issue 19's findings

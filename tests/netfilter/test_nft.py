@@ -11,7 +11,7 @@ import pytest
 
 from kubeproxy.netfilter import detect, nft_json
 from kubeproxy.netfilter.addr import fmt_ip
-from kubeproxy.netfilter.model import ParseError
+from kubeproxy.netfilter.model import ParseError, Ruleset
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
@@ -20,7 +20,7 @@ FIX = Path(__file__).parent / "fixtures"
 NODE = Node.from_flags(ifaces=["eth0=192.168.1.1/24", "eth1=10.180.0.254/16"], routes=["default=eth0@192.168.1.254"])
 
 
-def _rs():  # type: ignore[no-untyped-def]
+def _rs() -> Ruleset:
     return detect.parse((FIX / "kube_proxy_nft.json").read_text())
 
 
@@ -88,3 +88,44 @@ def test_nft_text_is_loaded_in_a_throwaway_namespace() -> None:
     assert rs.table("kube-proxy", "ip") is not None
     with pytest.raises(ParseError, match=r"^line 2: "):
         detect.parse("table ip t {\n  chain c { frobnicate }\n}\n", "nft")
+
+
+def _one_rule(*exprs: object) -> Ruleset:
+    return nft_json.parse(json.dumps({"nftables": [
+        {"table": {"family": "ip", "name": "t"}},
+        {"chain": {"family": "ip", "table": "t", "name": "pre", "type": "nat", "hook": "prerouting",
+                   "prio": -100, "policy": "accept"}},
+        {"rule": {"family": "ip", "table": "t", "chain": "pre", "expr": [
+            *exprs, {"dnat": {"addr": "10.180.0.2"}}]}},
+    ]}))
+
+
+def _random_below(mask: int, op: str, n: int) -> dict[str, object]:
+    return {"match": {"op": op, "left": {"&": [{"meta": {"key": "random"}}, mask]}, "right": n}}
+
+
+@pytest.mark.parametrize(("mask", "op", "n", "chance"), [
+    (0x7FFFFFFF, "<", 0x40000000, Fraction(1, 2)),  # iptables' statistic 0.5, as nft prints it
+    (0x7FFFFFFF, "<", 0, Fraction(0)),
+    (3, "<=", 0, Fraction(1, 4)),
+    (3, ">", 0, Fraction(3, 4)),
+    (3, "!=", 5, Fraction(1)),
+])
+def test_meta_random_is_a_chance_not_a_miss(mask: int, op: str, n: int, chance: Fraction) -> None:
+    res = trace(_one_rule(_random_below(mask, op, n)), NODE, make_packet("udp", "192.168.1.9", "192.168.1.1:53",
+                                                                             in_iface="eth0"))
+    dnat = sum((o.probability for o in res.outcomes if fmt_ip(o.dst) == "10.180.0.2"), Fraction(0))
+    assert dnat == chance and not any(o.unknown for o in res.outcomes)
+
+
+@pytest.mark.parametrize("left", [
+    {"&": [{"meta": {"key": "random"}}, 6]},  # a mask that is not 2^k-1
+    {"meta": {"key": "skuid"}},
+    {"payload": {"protocol": "tcp", "field": "flags"}},
+    {"ct": {"key": "daddr", "dir": "reply"}},
+])
+def test_a_match_the_tracer_cannot_compute_forks_as_unknown(left: dict[str, object]) -> None:
+    rs = _one_rule({"match": {"op": "==", "left": left, "right": 2}})
+    res = trace(rs, NODE, make_packet("tcp", "192.168.1.9", "192.168.1.1:80", in_iface="eth0"))
+    assert sorted(bool(o.unknown) for o in res.outcomes) == [True, True]
+    assert {fmt_ip(o.dst) for o in res.outcomes} == {"10.180.0.2", "192.168.1.1"}

@@ -65,10 +65,12 @@ class NftEvaluator:
             k = e.key
             if k == "l4proto":
                 return b.proto
+            # no device is the empty name to the kernel (a packet the node sends has no input
+            # interface; none has an output one before routing), so `iifname != "x"` matches it
             if k in ("iifname", "iif"):
-                return b.in_iface
+                return b.in_iface or ""
             if k in ("oifname", "oif"):
-                return b.out_iface
+                return b.out_iface or ""
             if k == "mark":
                 return b.mark
             if k == "nfproto":
