@@ -4,7 +4,8 @@ Everything the reflector reads from an answer goes through here, so that a value
 type (a Status `code` that is a list, an object or `1e400`; a list `metadata` that is a string; a
 watch frame that is not an object) is a `WireError` naming where it was found, which the
 reflector retries with back-off like any other error, as client-go does when its typed decoder
-refuses an answer. The objects themselves stay plain JSON here: the cluster model validates them
+refuses an answer. The objects themselves stay plain JSON here (or, for a watch-list's initial events, the typed
+decoder's structs where they fit its schema: `typed_event`): the cluster model validates them
 and rejects a malformed one by name (see `api.py`); only what the reflector needs of each one (its
 kind, name, namespace and resourceVersion) is checked, because a list whose items cannot even be
 keyed is not one an API server sends.
@@ -38,6 +39,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import msgspec
+
+from kubeproxy.cluster.schema import Item
 
 _T = TypeVar("_T")
 
@@ -197,6 +200,28 @@ def frame_of(line: bytes) -> Frame:
     if not isinstance(obj, dict):
         raise WireError(f"the {type_} event's object is not a JSON object")
     return Frame(type_, obj)
+
+
+class TypedEvent(msgspec.Struct, forbid_unknown_fields=True):
+    """A watch line whose object fits the typed decoder's schema (`schema.Item`)."""
+
+    type: str
+    object: Item
+
+
+_TYPED_EVENT = msgspec.json.Decoder(TypedEvent)
+
+
+def typed_event(line: bytes) -> TypedEvent | None:
+    """One watch line as a TypedEvent, or None when it holds anything outside the schema (another
+    field, a value of another type, not JSON): `frame_of` and `object_key` then read it and word
+    what is wrong. So this path only skips work: a line it takes, they take the same way, and the
+    schema bounds its nesting by construction. The caller still checks the type and key fields
+    that `frame_of` and `object_key` check (see `Reflector._typed_initial`)."""
+    try:
+        return _TYPED_EVENT.decode(line)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
 
 
 def retry_after(status_code: int, header: str | None) -> int | None:
