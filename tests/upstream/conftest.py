@@ -14,6 +14,11 @@ from kubeproxy.lab.netns import have_root
 
 @pytest.fixture
 def upstream_binaries() -> Path:
+    return require_upstream_binaries()
+
+
+def require_upstream_binaries() -> Path:
+    """The folder of upstream's binaries, or the calling test skipped (failed in CI) saying why."""
     if not have_root():
         pytest.skip("needs root: network namespaces and netfilter")
     found = upstream_bin()
