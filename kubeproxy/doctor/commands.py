@@ -121,9 +121,6 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
         notes += listed.warnings
         notes.append(f"objects from the {listed.source}")
         state = listed.state
-    else:
-        notes.append("no --manifests or --kubeconfig: service findings (SNAT capacity, foreign DNAT, endpoints) "
-                     "need the objects")
     try:
         extra = Node.from_flags(list(local_ip), list(iface), list(route))
         if live:
@@ -145,6 +142,12 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
             facts.flows = parse_flows(_read(conntrack_path))
     except (ParseError, NodeError, FactError, LiveError) as exc:
         _fail(str(exc))
+    if not (manifests or kubeconfig or master):
+        from kubeproxy.doctor.core import mode_of
+        from kubeproxy.doctor.reconstruct import state_from_rules
+
+        state, told = state_from_rules(ruleset, mode_of(ruleset), cfg.hostname_override)
+        notes += told
     report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source))
     report.notes[:0] = notes
     if as_json:

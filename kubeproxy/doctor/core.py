@@ -9,7 +9,7 @@ from kubeproxy.doctor.conntrack import conntrack_findings
 from kubeproxy.doctor.cost import cost_findings
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding, Report, ordered
-from kubeproxy.doctor.foreign import chain_findings, foreign_rule_findings, jump_findings
+from kubeproxy.doctor.foreign import bypass_findings, chain_findings, foreign_rule_findings, jump_findings
 from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, probe_all
 from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
@@ -128,6 +128,8 @@ def diagnose(inp: DoctorInput) -> Report:
         seen = {(f.kind, f.subject, f.title) for f in findings}
         findings += [f for f in found if (f.kind, f.subject, f.title) not in seen]
     findings += jump_findings(inp.ruleset)
+    if not inp.state.services:
+        findings += bypass_findings(inp.ruleset)
     findings += conntrack_findings(inp.facts)
     findings += cost_findings(inp.ruleset)
     notes += [f"{p.name} {p.frontend}: not traced: {p.error}" for p in probes if p.error]

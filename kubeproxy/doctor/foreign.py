@@ -7,7 +7,8 @@ from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.jumps import ENSURE_ORDER
 from kubeproxy.doctor.findings import Finding
 from kubeproxy.doctor.probe import Probe, hostport, is_dnat, is_drop, ours
-from kubeproxy.netfilter.model import Ruleset
+from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter.model import Nat, Ruleset
 from kubeproxy.proxy.model import NodeView
 
 _SEP = "KUBE-SEP-"
@@ -148,4 +149,34 @@ def chain_findings(ruleset: Ruleset, view: NodeView | None) -> list[Finding]:
                                    ["check that the objects given are the cluster's; a proxy that stopped syncing "
                                     "leaves such chains in place"],
                                    {"table": table.name, "chain": chain.name}))
+    return out
+
+
+def bypass_findings(ruleset: Ruleset) -> list[Finding]:
+    """Without the objects: a DNAT outside the proxy's chains in a nat hook where the proxy's
+    KUBE-SERVICES chain lives (iptables dumps). What it catches never meets the proxy's rules."""
+    if ruleset.source == "nft-json":
+        return []
+    out: list[Finding] = []
+    for table in ruleset.tables:
+        if table.name != "nat" or "KUBE-SERVICES" not in table.chains:
+            continue
+        for chain in table.chains.values():
+            if chain.name.startswith("KUBE-") or chain.name in ("POSTROUTING", "INPUT"):
+                continue
+            for rule in chain.rules:
+                dnat = next((s for s in rule.load() if isinstance(s, Nat) and s.kind == "dnat"), None)
+                if dnat is None:
+                    continue
+                to = (A.fmt_ip(dnat.addr, dnat.v6) if isinstance(dnat.addr, int) else "an address from a map") + (
+                    f":{dnat.port}" if isinstance(dnat.port, int) else "")
+                out.append(Finding(
+                    "warning", "foreign-dnat", _where(table.name, chain.name, rule.line),
+                    f"DNATs to {to} outside the proxy's rules: the flows it catches never meet them (endpoint "
+                    "changes, affinity and traffic policies are bypassed)",
+                    [f"rule: {rule.text}", "judged from the rules alone: give --manifests or --kubeconfig to see "
+                                           "which Services it catches"],
+                    ["remove the rule and let the proxy's rules handle the service, with externalTrafficPolicy: Local "
+                     "if the point of the rule was to keep the client's address (no SNAT)"],
+                    {"table": table.name, "chain": chain.name, "line": rule.line, "rule": rule.text, "dnat_to": [to]}))
     return out

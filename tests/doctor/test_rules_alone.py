@@ -1,0 +1,81 @@
+"""`doctor --rules` without the objects: the Services read back from the proxy's own rules
+(kubeproxy/doctor/reconstruct.py) give the findings the objects would have given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kubeproxy import render as offline
+from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.cluster.state import ClusterState
+from kubeproxy.doctor.core import DoctorInput, diagnose
+from kubeproxy.doctor.facts import NodeFacts
+from kubeproxy.doctor.findings import Report
+from kubeproxy.doctor.reconstruct import from_iptables, state_from_rules
+from kubeproxy.lab import objects as O
+from kubeproxy.netfilter import detect
+from kubeproxy.netfilter.node import Node
+from kubeproxy.proxy.config import validate
+from kubeproxy.proxy.options import Family
+from tests.doctor.helpers import CFG, SEED, SEED_CFG, SEED_IFACES, by_kind, dns_world, state_of, v6_world
+
+
+def _alone(dump: str) -> tuple[Report, list[str]]:
+    rs = detect.parse((SEED / dump).read_text())
+    state, notes = state_from_rules(rs, "iptables")
+    node = Node.from_flags(ifaces=SEED_IFACES)
+    return diagnose(DoctorInput(rs, state, validate(SEED_CFG), node, NodeFacts(), "eth3")), notes
+
+
+def test_seed000_kube_proxy_dump_alone_gives_the_snat_bound() -> None:
+    report, notes = _alone("kube_proxy.iptables-save")
+    (udp,) = [f for f in by_kind(report, "snat-capacity") if f.data["protocol"] == "UDP"]
+    assert udp.subject == "Service default/ares-k29-bindapp:dns-udp-53 (UDP)"
+    # 64,512 ports / 30 s, as with the objects (tests/doctor/test_seed000.py)
+    assert udp.data["bound_per_service"] == pytest.approx(2150.4)
+    assert udp.data["health_fail_per_service"] == pytest.approx(1612.8)
+    assert {x["address"] for x in udp.data["frontends"]} == {"10.24.138.29:53", "10.5.6.29:53", "203.0.113.29:53"}
+    assert [e["address"] for e in udp.data["endpoints"]] == ["10.100.13.3:53"]
+    assert "read back from the proxy's own rules" in notes[0]
+    assert any("KUBE-SEP-UPD7ND2TPNSDBE6L" in n and "has no DNAT rule" in n for n in notes)
+
+
+def test_seed000_manual_dump_alone_names_the_dnat_that_bypasses_the_proxy() -> None:
+    report, notes = _alone("manual_dnat.iptables-save")
+    assert not by_kind(report, "snat-capacity")
+    dnat = by_kind(report, "foreign-dnat")
+    assert [(f.subject, f.data["dnat_to"]) for f in dnat] == [
+        ("nat PREROUTING line 4", ["10.100.13.3:53"]), ("nat PREROUTING line 5", ["10.100.13.3:53"])]
+    assert "no Service rules of the proxy" in notes[0]
+
+
+def _rules(state: ClusterState, family: Family) -> str:
+    return with_jumps(offline.render_iptables(state, validate(CFG), family=family).rendered.text)
+
+
+def _affinity_and_local_world() -> list[dict[str, Any]]:
+    objs = dns_world(etp="Local", pods=3, local_pods=1)
+    web = O.service("web", "10.96.0.80", [O.Port("http", 80, 8080)], affinity_timeout=600,
+                    internal_traffic_policy="Local")
+    lb = O.service("lb", "10.96.0.81", [O.Port("", 443, 8443, node_port=30443)], type="LoadBalancer",
+                   load_balancer_ips=["198.51.100.7"])
+    empty = O.service("empty", "10.96.0.82", [O.Port("x", 81, 81, "UDP")])
+    backends = [O.Backend("10.244.1.20", "node-1"), O.Backend("10.244.2.20", "node-2")]
+    return [*objs, web, lb, empty, O.endpoint_slice("web", backends, [O.Port("http", 80, 8080)]),
+            O.endpoint_slice("lb", backends, [O.Port("", 443, 8443)])]
+
+
+@pytest.mark.parametrize(("world", "family"), [
+    (_affinity_and_local_world, Family.IPV4),
+    (lambda: v6_world(etp="Local"), Family.IPV6),
+    (lambda: v6_world(dual=True), Family.IPV4),
+    (lambda: v6_world(dual=True), Family.IPV6),
+], ids=["v4-affinity-local-lb-empty", "v6-local", "dual-v4", "dual-v6"])
+def test_read_back_objects_render_the_same_rules(world: Any, family: Family) -> None:
+    """The objects read back from a render make that render again: nothing the rules say is lost."""
+    rules = _rules(state_of(world()), family)
+    found = from_iptables(detect.parse(rules), node_name="node-1")
+    assert found.services == len(state_of(world()).services)
+    assert _rules(state_of(found.objects), family) == rules
