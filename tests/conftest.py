@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,7 +20,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def netns():
+def netns() -> Iterator[netns_mod.NetNS]:
     """A fresh network namespace, removed after the test."""
     with netns_mod.netns("kpt") as ns:
         yield ns

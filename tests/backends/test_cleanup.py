@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeproxy.lab.netns import NetNS
 from tests.live.test_live import run_demo_until_sigterm
 
 pytestmark = pytest.mark.root
@@ -35,7 +36,7 @@ NODEPORTS_JUMP = (
 BUILTIN = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")
 
 
-def _snapshot(ns) -> tuple[list[str], list[str]]:
+def _snapshot(ns: NetNS) -> tuple[list[str], list[str]]:
     """iptables rules and user chains (sorted), and nft tables other than iptables-nft's own."""
     lines = ns.run(["iptables-save"]).stdout.splitlines()
     iptables = sorted(
@@ -47,7 +48,7 @@ def _snapshot(ns) -> tuple[list[str], list[str]]:
     return iptables, tables
 
 
-def test_cleanup_removes_both_modes_rules_and_keeps_foreign_ones(netns, tmp_path) -> None:
+def test_cleanup_removes_both_modes_rules_and_keeps_foreign_ones(netns: NetNS, tmp_path: Path) -> None:
     netns.run(["iptables-restore", "--noflush"], input=FOREIGN_IPTABLES)
     netns.run(["nft", "-f", "-"], input=FOREIGN_NFT)
     foreign_iptables, foreign_tables = _snapshot(netns)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -31,7 +32,7 @@ ports: [{port: 80}]
 """
 
 
-def service(spec: dict) -> dict:
+def service(spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "bad", "namespace": "ns"}, "spec": spec}
 
 
@@ -53,7 +54,7 @@ def service(spec: dict) -> dict:
         ({"clusterIP": "10.96.0.2", "ports": [{"port": True}]}, "spec.ports[0].port", "expected an integer"),
     ],
 )
-def test_invalid_service_is_skipped_with_one_warning(spec: dict, field: str, problem: str) -> None:
+def test_invalid_service_is_skipped_with_one_warning(spec: dict[str, Any], field: str, problem: str) -> None:
     good = [r.obj for r in _parse(GOOD)]
     state, warnings = build_state([*good, service(spec)])
     assert len(warnings) == 1
@@ -141,7 +142,7 @@ json_values = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(kind=st.sampled_from(["Service", "EndpointSlice", "Node"]), body=st.dictionaries(st.sampled_from(
     ["metadata", "spec", "status", "endpoints", "ports", "addressType"]), json_values, max_size=4))
-def test_arbitrary_objects_never_raise(kind: str, body: dict) -> None:
+def test_arbitrary_objects_never_raise(kind: str, body: dict[str, Any]) -> None:
     state = ClusterState()
     warning = state.apply({"kind": kind, **body})
     assert warning is None or warning.startswith(f"skipping {kind} ")

@@ -30,7 +30,9 @@ pytestmark = pytest.mark.root
 NS63, NAME63, PORT15 = "n" + "-x" * 31, "s" + "-y" * 31, "p" + "-q" * 7  # the longest valid names
 
 
-def _lb(name: str, ns: str = "evil", *, ports: list[dict[str, Any]] | None = None, eps: int = 1, **spec: Any) -> list[dict]:
+def _lb(
+    name: str, ns: str = "evil", *, ports: list[dict[str, Any]] | None = None, eps: int = 1, **spec: Any
+) -> list[dict[str, Any]]:
     ports = ports or [port("p", 80, nodePort=32100)]
     spec.setdefault("type", "LoadBalancer")
     spec.setdefault("status", {"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}]}})
@@ -40,7 +42,7 @@ def _lb(name: str, ns: str = "evil", *, ports: list[dict[str, Any]] | None = Non
     return objs
 
 
-HOSTILE: dict[str, Callable[[], list[dict]]] = {
+HOSTILE: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "everyone": lambda: _lb("everyone", loadBalancerSourceRanges=["0.0.0.0/0"]),
     "overlapping": lambda: _lb("overlap", loadBalancerSourceRanges=["10.0.0.0/8", "10.1.0.0/16", "10.1.2.3/32"]),
     "contains-node-and-vip": lambda: _lb("mine", loadBalancerSourceRanges=["192.168.0.0/16", "198.51.100.0/24"]),
@@ -69,7 +71,7 @@ HOSTILE: dict[str, Callable[[], list[dict]]] = {
 }  # fmt: skip
 
 
-def _cluster(seed: int) -> list[dict]:
+def _cluster(seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     return [obj for i in range(rng.randrange(3, 9)) for obj in random_service(rng, i)]
 

@@ -11,10 +11,12 @@ import base64
 import hashlib
 import ipaddress
 import itertools
+from typing import Any
 
 import pytest
 
 from kubeproxy.backends.iptables import names
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.objects import Endpoint, _new_endpoint, parse_service
 from kubeproxy.cluster.state import build_state
@@ -24,8 +26,8 @@ from kubeproxy.proxy.options import Family
 
 @pytest.mark.parametrize("flags", list(itertools.product((True, False), repeat=3)))
 def test_endpoint_built_slot_by_slot_equals_the_dataclass(flags: tuple[bool, bool, bool]) -> None:
-    fast = _new_endpoint("10.1.2.3", ("10.1.2.4",), *flags, "node-1", "zone-a")
-    plain = Endpoint("10.1.2.3", ("10.1.2.4",), *flags, node_name="node-1", zone="zone-a")
+    fast = _new_endpoint(AddressText("10.1.2.3"), (AddressText("10.1.2.4"),), *flags, "node-1", "zone-a")
+    plain = Endpoint(AddressText("10.1.2.3"), (AddressText("10.1.2.4"),), *flags, node_name="node-1", zone="zone-a")
     assert fast == plain and repr(fast) == repr(plain) and hash(fast) == hash(plain)
 
 
@@ -47,8 +49,8 @@ def test_base32_of_five_bytes_is_the_prefix_of_the_whole_digest(text: str) -> No
     assert base64.b32encode(digest[:5]).decode() == base64.b32encode(digest).decode()[:8]
 
 
-def _state(family_ips: list[str]) -> list[dict]:
-    objs: list[dict] = []
+def _state(family_ips: list[str]) -> list[dict[str, Any]]:
+    objs: list[dict[str, Any]] = []
     for i, ip in enumerate(family_ips):
         six = ":" in ip
         objs.append({"kind": "Service", "metadata": {"name": f"s{i}", "namespace": "ns"},

@@ -6,6 +6,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -24,7 +25,7 @@ def _server(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-def test_healthy_server_every_query_from_its_own_port():
+def test_healthy_server_every_query_from_its_own_port() -> None:
     with Responder(record_sources=True) as r:
         out = _run("check", "--server", _server(r.address), "--name", "www.lab.test")
         seen = r.sources
@@ -37,7 +38,7 @@ def test_healthy_server_every_query_from_its_own_port():
     assert len({port for _, port in seen}) == 100  # 100 distinct source ports, as the responder saw them
 
 
-def test_outcomes_name_the_ports_the_server_saw():
+def test_outcomes_name_the_ports_the_server_saw() -> None:
     with Responder(record_sources=True) as r:
         result = run_check(r.address, make_query("x.lab.test"), queries=20)
         seen = {port for _, port in r.sources}
@@ -45,7 +46,7 @@ def test_outcomes_name_the_ports_the_server_saw():
     assert {o.source_port for o in result.outcomes} == seen
 
 
-def test_one_in_fifty_dropped_is_unhealthy():
+def test_one_in_fifty_dropped_is_unhealthy() -> None:
     with Responder(drop_every=50) as r:
         out = _run("check", "--server", _server(r.address), "--timeout", "300ms")
         dropped = r.dropped
@@ -61,7 +62,7 @@ def _closed_udp_port() -> int:
         return s.getsockname()[1]
 
 
-def test_closed_port_is_unhealthy():
+def test_closed_port_is_unhealthy() -> None:
     out = _run("check", "--server", f"127.0.0.1:{_closed_udp_port()}", "--timeout", "500ms")
     assert out.exit_code == 1, out.output
     assert "answered    0/100" in out.output
@@ -93,7 +94,7 @@ def _scripted(reply: Callable[[bytes], list[bytes]], *, expect: int, hold: threa
         sock.close()
 
 
-def test_answers_with_another_id_or_question_do_not_count():
+def test_answers_with_another_id_or_question_do_not_count() -> None:
     def wrong(query: bytes) -> list[bytes]:
         good = answer(query, Zone())
         assert good is not None
@@ -109,7 +110,7 @@ def test_answers_with_another_id_or_question_do_not_count():
     assert "mismatched  20 datagrams" in out.output
 
 
-def test_a_stray_datagram_before_the_answer_is_skipped():
+def test_a_stray_datagram_before_the_answer_is_skipped() -> None:
     def stray_then_good(query: bytes) -> list[bytes]:
         good = answer(query, Zone())
         assert good is not None
@@ -121,7 +122,7 @@ def test_a_stray_datagram_before_the_answer_is_skipped():
     assert "answered    10/10" in out.output and "mismatched  10 datagrams" in out.output
 
 
-def test_linger_tells_late_answers_from_lost_ones():
+def test_linger_tells_late_answers_from_lost_ones() -> None:
     # The server holds every answer until the check's wait is over: the seed's epilogue case
     # (an RWT shorter than the server's answer time fails a server that does answer).
     release = threading.Event()
@@ -152,21 +153,21 @@ def test_linger_tells_late_answers_from_lost_ones():
         (["--server", "127.0.0.1", "--queries", "0"], "--queries"),
     ],
 )
-def test_bad_arguments_exit_2_with_a_clear_error(args: list[str], message: str):
+def test_bad_arguments_exit_2_with_a_clear_error(args: list[str], message: str) -> None:
     out = _run("check", *args)
     assert out.exit_code == 2, out.output
     assert message in out.output
     assert "Traceback" not in out.output
 
 
-def test_ipv6_server():
+def test_ipv6_server() -> None:
     with Responder("::1") as r:
         out = _run("check", "--server", f"[::1]:{r.address[1]}", "--queries", "20")
     assert out.exit_code == 0, out.output
     assert "dns check [::1]:" in out.output and "answered    20/20" in out.output
 
 
-def test_without_server_or_nameserver_the_error_says_what_to_give(tmp_path, monkeypatch):
+def test_without_server_or_nameserver_the_error_says_what_to_give(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kubeproxy.lab.dns import commands
 
     monkeypatch.setattr(commands, "RESOLV_CONF", tmp_path / "resolv.conf")  # none: no query is sent anywhere

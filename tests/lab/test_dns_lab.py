@@ -32,7 +32,7 @@ def _invoke(*args: str):
 # ---- without root: arguments, plans and the arithmetic of a report ---------------------------------
 
 
-def test_parse_ramp():
+def test_parse_ramp() -> None:
     assert parse_ramp("1000:3000:500") == (1000, 1500, 2000, 2500, 3000)
     assert parse_ramp("500:500:100") == (500,)
     assert parse_ramp("100:350:100") == (100, 200, 300)
@@ -54,14 +54,14 @@ def test_parse_ramp():
         (["--scenario", "snat", "--duration", "0s"], "longer than 0s"),
     ],
 )
-def test_bad_arguments_are_named_not_tracebacks(args: list[str], message: str):
+def test_bad_arguments_are_named_not_tracebacks(args: list[str], message: str) -> None:
     out = CliRunner().invoke(lab, ["dns", *args])
     assert out.exit_code == 2, out.output
     assert message in out.output
     assert "Traceback" not in out.output
 
 
-def test_plan_bounds():
+def test_plan_bounds() -> None:
     snat = SCENARIOS["snat"]
     assert LabPlan((snat,), (3000.0,), 40).errors() == []
     problems = LabPlan((snat,), (3000.0, 40000.0), 700, udp_timeout=0, pods=9).errors()
@@ -86,7 +86,7 @@ def _result(checks: list[tuple[float, int]], steps: list[tuple[float, float]], d
     return r
 
 
-def test_report_arithmetic():
+def test_report_arithmetic() -> None:
     r = _result(checks=[(0, 100), (1, 100), (2, 100), (3, 100), (4, 99), (5, 0)], steps=[(1000, 0), (2000, 3)])
     assert r.rate == 2000 and r.duration == 6
     assert r.sent == 9000 and r.answered == 8994 and r.lost == 6
@@ -109,13 +109,13 @@ def test_report_arithmetic():
     assert [s["health_checks"] for s in data["steps"]] == [3, 3]
 
 
-def test_no_healthy_rate_when_the_first_step_fails_and_none_without_failures():
+def test_no_healthy_rate_when_the_first_step_fails_and_none_without_failures() -> None:
     assert _result(checks=[(0, 100), (1, 98)], steps=[(3000, 0)]).max_healthy_rate is None
     healthy = _result(checks=[(0, 100), (1, 100), (2, 100)], steps=[(3000, 0)])
     assert healthy.max_healthy_rate == 3000 and healthy.first_failed_check is None
 
 
-def test_named_conf_is_valid_and_authoritative_only(tmp_path: Path):
+def test_named_conf_is_valid_and_authoritative_only(tmp_path: Path) -> None:
     (tmp_path / "zone.db").write_text(zone_text())
     conf = tmp_path / "named.conf"
     conf.write_text(named_conf(tmp_path, "10.244.1.10"))
@@ -133,7 +133,7 @@ def _dig(ns: L.NetNS, server: str, name: str = ANSWER_NAME) -> subprocess.Comple
 
 
 @pytest.mark.root
-def test_bind_answers_its_zone_on_its_address_only(netns: L.NetNS):
+def test_bind_answers_its_zone_on_its_address_only(netns: L.NetNS) -> None:
     netns.run(["ip", "addr", "add", "10.53.0.1/32", "dev", "lo"])
     with BindServer.start(netns, "10.53.0.1") as server:
         answer = _dig(netns, "10.53.0.1")
@@ -149,7 +149,7 @@ def test_bind_answers_its_zone_on_its_address_only(netns: L.NetNS):
 
 
 @pytest.mark.root
-def test_periodic_agent_stops_when_told_and_when_its_lab_goes(netns: L.NetNS):
+def test_periodic_agent_stops_when_told_and_when_its_lab_goes(netns: L.NetNS) -> None:
     argv = [sys.executable, "-m", "kubeproxy.lab.dns.monitor", "conntrack", "--interval", "0.2"]
     start = time.time() + 1.5
     proc = netns.popen([*argv, "--start", str(start)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -186,7 +186,7 @@ def _reply_destinations(world: DnsWorld) -> set[str]:
     ("name", "masqueraded"),
     [("snat", True), ("dnat", False), ("local", False), ("nftables", True), ("nft-ct-timeout", True)],
 )
-def test_scenarios_decide_who_the_pod_answers(name: str, masqueraded: bool):
+def test_scenarios_decide_who_the_pod_answers(name: str, masqueraded: bool) -> None:
     with DnsWorld.build(SCENARIOS[name], udp_timeout=45) as world:
         assert world.udp_timeout() == 45
         assert world.conntrack_count() == 0  # flushed after the readiness queries
@@ -209,7 +209,7 @@ CI_RATE, CI_SECONDS = 3000, 25
 
 
 @pytest.mark.root
-def test_snat_collapses_at_the_snat_port_limit_local_does_not(tmp_path: Path):
+def test_snat_collapses_at_the_snat_port_limit_local_does_not(tmp_path: Path) -> None:
     report, plot = tmp_path / "lab.json", tmp_path / "lab.png"
     out = _invoke("dns", "--scenario", "snat", "--scenario", "local", "--rate", str(CI_RATE), "--duration", f"{CI_SECONDS}s",
                   "--udp-timeout", "30", "--json", str(report), "--plot", str(plot))  # fmt: skip
@@ -238,7 +238,7 @@ def test_snat_collapses_at_the_snat_port_limit_local_does_not(tmp_path: Path):
 
 
 @pytest.mark.root
-def test_a_short_service_udp_timeout_keeps_snat_healthy(tmp_path: Path):
+def test_a_short_service_udp_timeout_keeps_snat_healthy(tmp_path: Path) -> None:
     # The same load that collapses `snat` above, through the nftables mode with the Service's
     # own 5 s UDP timeout: ports come back after 5 s, so the table never fills.
     report = tmp_path / "lab.json"
@@ -255,6 +255,6 @@ def test_a_short_service_udp_timeout_keeps_snat_healthy(tmp_path: Path):
 
 
 @pytest.mark.root
-def test_a_proxy_mode_that_cannot_run_is_reported_before_any_world_is_built():
+def test_a_proxy_mode_that_cannot_run_is_reported_before_any_world_is_built() -> None:
     with pytest.raises(LabError, match=r"--proxy-mode no-such-mode` cannot run here \(exit status 1\)"):
         check_proxy_mode("no-such-mode")

@@ -30,7 +30,7 @@ def _server(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-def test_rate_times_duration_sent_and_all_answered(tmp_path: Path):
+def test_rate_times_duration_sent_and_all_answered(tmp_path: Path) -> None:
     report = tmp_path / "load.json"
     with Responder() as r:
         out = _run("load", "--server", _server(r.address), "--rate", "2000", "--duration", "2s", "--workers", "1",
@@ -58,7 +58,7 @@ def test_rate_times_duration_sent_and_all_answered(tmp_path: Path):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_source_ips_spread_queries_round_robin(workers: int):
+def test_source_ips_spread_queries_round_robin(workers: int) -> None:
     with Responder(record_sources=True) as r:
         out = _run("load", "--server", _server(r.address), "--rate", "600", "--duration", "1s",
                    "--source-ips", "127.0.9.0/29", "--workers", str(workers))  # fmt: skip
@@ -72,7 +72,7 @@ def test_source_ips_spread_queries_round_robin(workers: int):
     assert "6 source addresses from 127.0.9.1" in out.output
 
 
-def test_open_loop_keeps_sending_when_nothing_answers():
+def test_open_loop_keeps_sending_when_nothing_answers() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:  # bound, never read: no answers, no ICMP
         silent.bind(("127.0.0.1", 0))
         out = _run("load", "--server", _server(silent.getsockname()), "--rate", "400", "--duration", "1s",
@@ -85,7 +85,7 @@ def test_open_loop_keeps_sending_when_nothing_answers():
     assert "lost" in out.stderr  # the table went to stderr, JSON alone on stdout
 
 
-def test_lateness_is_reported_not_absorbed():
+def test_lateness_is_reported_not_absorbed() -> None:
     # A schedule whose first 0.3 s are already past: those queries go out at once and count as
     # late; a schedule entirely past counts every query as unsent rather than sending it afterwards.
     query = make_query("www.lab.test")
@@ -99,7 +99,7 @@ def test_lateness_is_reported_not_absorbed():
     assert sum(gone.sent) == 0 and sum(gone.unsent) == 500 and gone.unsent == [500]
 
 
-def test_port_budget_warning():
+def test_port_budget_warning() -> None:
     query = make_query("www.lab.test")
     ports = LoadPlan(("127.0.0.1", 53), query, rate=1, duration=1).port_budget()  # this host's ephemeral range
     rate = ports + 1000
@@ -123,7 +123,7 @@ def test_port_budget_warning():
         (["--rate", "100", "--duration", "1s", "--workers", "0"], "--workers"),
     ],
 )
-def test_bad_arguments_exit_2_with_a_clear_error(args: list[str], message: str):
+def test_bad_arguments_exit_2_with_a_clear_error(args: list[str], message: str) -> None:
     out = _run("load", "--server", "127.0.0.1:5353", *args)
     assert out.exit_code == 2, out.output + out.stderr
     assert message in out.stderr
@@ -131,7 +131,7 @@ def test_bad_arguments_exit_2_with_a_clear_error(args: list[str], message: str):
 
 
 @pytest.mark.root
-def test_in_a_namespace_with_source_addresses_added_to_an_interface(netns: NetNS):
+def test_in_a_namespace_with_source_addresses_added_to_an_interface(netns: NetNS) -> None:
     """The lab's shape: a server address and client addresses added to an interface, real port 53."""
     netns.run(["ip", "addr", "add", "10.53.0.1/32", "dev", "lo"])
     for i in range(1, 15):
@@ -159,7 +159,7 @@ def test_in_a_namespace_with_source_addresses_added_to_an_interface(netns: NetNS
 
 
 @pytest.mark.root
-def test_sender_port_exhaustion_is_counted_and_more_source_addresses_avoid_it(netns: NetNS):
+def test_sender_port_exhaustion_is_counted_and_more_source_addresses_avoid_it(netns: NetNS) -> None:
     """Ten ephemeral ports and a server that never answers: in-flight queries hold every port."""
     netns.run(["sysctl", "-w", "net.ipv4.ip_local_port_range=40000 40009"])
     silent = netns.popen([sys.executable, "-m", "kubeproxy.lab.dns.responder", "--listen", "127.0.0.1:53",
@@ -183,7 +183,7 @@ def test_sender_port_exhaustion_is_counted_and_more_source_addresses_avoid_it(ne
     assert totals["errors"] == 0 and totals["sent"] + totals["unsent"] == 100 and totals["sent"] >= 97
 
 
-def test_progress_lines_show_how_far_the_run_is():
+def test_progress_lines_show_how_far_the_run_is() -> None:
     from kubeproxy.lab.dns.load import run_load
 
     lines: list[str] = []
@@ -195,7 +195,7 @@ def test_progress_lines_show_how_far_the_run_is():
     assert all(line.startswith("\rdns load: ") and line.endswith("s of 2.5 s (200/s)") for line in lines[:-1])
 
 
-def test_check_defaults_to_the_hosts_nameserver(tmp_path: Path):
+def test_check_defaults_to_the_hosts_nameserver(tmp_path: Path) -> None:
     from kubeproxy.lab.dns.commands import system_nameserver
 
     conf = tmp_path / "resolv.conf"

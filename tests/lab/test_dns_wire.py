@@ -16,7 +16,7 @@ from kubeproxy.lab.dns.stats import Summary, format_duration, percentile
 from kubeproxy.lab.dns.wire import WireError, Zone, answer, encode_name, make_query, parse_qtype, response_rcode
 
 
-def test_query_bytes_are_rfc1035():
+def test_query_bytes_are_rfc1035() -> None:
     q = make_query("www.lab.test", "A")
     packet = q.packet(0xBEEF)
     assert packet[:2] == b"\xbe\xef"
@@ -27,7 +27,7 @@ def test_query_bytes_are_rfc1035():
     assert make_query("www.lab.test.", "AAAA").question[-4:] == b"\x00\x1c\x00\x01"
 
 
-def test_answer_in_zone_out_of_zone_and_garbage():
+def test_answer_in_zone_out_of_zone_and_garbage() -> None:
     zone = Zone("lab.test.", "192.0.2.7", ttl=60)
     q = make_query("a.b.LAB.test", "A")
     resp = answer(q.packet(7), zone)
@@ -48,7 +48,7 @@ def test_answer_in_zone_out_of_zone_and_garbage():
     assert answer(q.packet(1)[:-3], zone) is None  # question cut short
 
 
-def test_response_must_match_id_question_and_be_a_response():
+def test_response_must_match_id_question_and_be_a_response() -> None:
     q = make_query("www.lab.test")
     resp = answer(q.packet(0x1234), Zone())
     assert resp is not None
@@ -67,12 +67,12 @@ def test_response_must_match_id_question_and_be_a_response():
     ("name", "message"),
     [("a..b", "empty label"), ("x" * 64 + ".test", "longer than 63"), ("bücher.test", "ASCII"), ("a." * 128, "255")],
 )
-def test_bad_names(name: str, message: str):
+def test_bad_names(name: str, message: str) -> None:
     with pytest.raises(WireError, match=message):
         encode_name(name)
 
 
-def test_qtypes():
+def test_qtypes() -> None:
     assert parse_qtype("a") == 1 and parse_qtype("AAAA") == 28 and parse_qtype("TYPE65") == 65 and parse_qtype("99") == 99
     with pytest.raises(WireError, match="unknown record type 'BOGUS'"):
         parse_qtype("BOGUS")
@@ -83,12 +83,12 @@ def test_qtypes():
     [("10.0.0.10", ("10.0.0.10", 53)), ("10.0.0.10:5353", ("10.0.0.10", 5353)), ("::1", ("::1", 53)),
      ("[fd00::a]:54", ("fd00::a", 54)), (" 127.0.0.1:1 ", ("127.0.0.1", 1))],
 )  # fmt: skip
-def test_parse_server(text: str, expected: tuple[str, int]):
+def test_parse_server(text: str, expected: tuple[str, int]) -> None:
     assert parse_server(text) == expected
 
 
 @pytest.mark.parametrize("text", ["dns.example", "10.0.0.1:0", "10.0.0.1:65536", "10.0.0.1:", "[::1", "[::1]x", "1.2.3.4:ab"])
-def test_parse_server_rejects(text: str):
+def test_parse_server_rejects(text: str) -> None:
     with pytest.raises(AddressError, match=re.escape(repr(text))):
         parse_server(text)
 
@@ -110,7 +110,7 @@ def _absent_network() -> str:
     pytest.skip("every probed 198.18.x.0/30 has a local address")
 
 
-def test_source_addresses_are_hosts_of_the_cidr_and_must_be_local():
+def test_source_addresses_are_hosts_of_the_cidr_and_must_be_local() -> None:
     assert source_addresses("127.0.3.0/29", socket.AF_INET) == tuple(f"127.0.3.{i}" for i in range(1, 7))
     assert source_addresses("127.0.3.9/32", socket.AF_INET) == ("127.0.3.9",)
     absent = _absent_network()
@@ -127,7 +127,7 @@ def test_source_addresses_are_hosts_of_the_cidr_and_must_be_local():
         source_addresses("10.0.0.0/8", socket.AF_INET)
 
 
-def test_percentiles_are_nearest_rank_samples():
+def test_percentiles_are_nearest_rank_samples() -> None:
     values = [float(v) for v in range(1, 101)]
     assert [percentile(values, p) for p in (50, 90, 99, 100)] == [50.0, 90.0, 99.0, 100.0]
     assert percentile([3.0], 99) == 3.0
@@ -138,7 +138,7 @@ def test_percentiles_are_nearest_rank_samples():
 
 
 @pytest.mark.skipif(shutil.which("dig") is None, reason="dig (apt bind9-dnsutils) is not installed")
-def test_dig_reads_our_responder():
+def test_dig_reads_our_responder() -> None:
     with Responder(zone=Zone("lab.test.", "192.0.2.99")) as r:
         host, port = r.address
         out = subprocess.run(

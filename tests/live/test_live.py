@@ -19,17 +19,20 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.lab.apiserver import ApiServer
+from kubeproxy.lab.netns import NetNS
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import connect, load_config
 from tests.paths import DEMO
+from tests.proxy.servers import port_of
 
 pytestmark = pytest.mark.root
 CFG = ProxyConfig(
@@ -41,7 +44,7 @@ CFG = ProxyConfig(
 )
 
 
-def _service(name: str, ip: str, endpoints: list[str]) -> list[dict]:
+def _service(name: str, ip: str, endpoints: list[str]) -> list[dict[str, Any]]:
     return [
         {
             "apiVersion": "v1",
@@ -61,7 +64,7 @@ def _service(name: str, ip: str, endpoints: list[str]) -> list[dict]:
 
 
 def _port(proxy: LiveProxy, name: str) -> int:
-    return proxy.servers[name].sockets[0].getsockname()[1]
+    return port_of(proxy.servers[name])
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -90,7 +93,7 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _rules(netns, mode: str) -> str:
+def _rules(netns: NetNS, mode: str) -> str:
     """The NAT rules the proxy in `mode` programs: iptables-save's nat table, or our nft table."""
     if mode == "nftables":
         return netns.run(["nft", "list", "table", "ip", "kube-proxy"], check=False).stdout
@@ -98,7 +101,7 @@ def _rules(netns, mode: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
 
 
-def _dnats_to(netns, mode: str, ip: str, port: int = 8080) -> bool:
+def _dnats_to(netns: NetNS, mode: str, ip: str, port: int = 8080) -> bool:
     """Whether the rules DNAT some service to `ip:port` (nftables keeps it as a map element `ip . port`)."""
     return (f"{ip} . {port}" if mode == "nftables" else f"{ip}:{port}") in _rules(netns, mode)
 
@@ -130,7 +133,9 @@ def server():
         yield api
 
 
-def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(netns, server, tmp_path, mode) -> None:
+def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(
+    netns: NetNS, server: ApiServer, tmp_path: Path, mode: str
+) -> None:
     async def body(proxy: LiveProxy) -> None:
         assert _dnats_to(netns, mode, "10.244.1.3", 53)  # the demo's bind pod
         for obj in _service("fresh", "10.96.7.7", ["10.244.1.77"]):
@@ -190,7 +195,7 @@ def _is_ipv4_apply(argv: list[str], stdin: str) -> bool:
     return argv[0].startswith("iptables") and argv[0].endswith("-restore")
 
 
-def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns, server, tmp_path, mode) -> None:
+def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:
     failures = {"left": 0}
 
     def flaky(argv, **kwargs):
@@ -215,7 +220,9 @@ def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns, server, tmp_p
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body, run_cmd=flaky))
 
 
-def test_malformed_object_is_skipped_by_name_and_others_still_sync(netns, server, tmp_path, mode, caplog) -> None:
+def test_malformed_object_is_skipped_by_name_and_others_still_sync(
+    netns: NetNS, server: ApiServer, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING)
 
     async def body(proxy: LiveProxy) -> None:
@@ -236,7 +243,7 @@ _WIPES = {
 }
 
 
-def test_rules_wiped_behind_its_back_are_restored(netns, server, tmp_path, mode) -> None:
+def test_rules_wiped_behind_its_back_are_restored(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:
     async def body(proxy: LiveProxy) -> None:
         calls = _record_syncs(proxy)
         before = _rules(netns, mode)
@@ -250,7 +257,7 @@ def test_rules_wiped_behind_its_back_are_restored(netns, server, tmp_path, mode)
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))
 
 
-def run_demo_until_sigterm(ns, workdir: Path, mode: str) -> tuple[int, str]:
+def run_demo_until_sigterm(ns: NetNS, workdir: Path, mode: str) -> tuple[int, str]:
     """`kubeproxy run --manifests` of the demo in `ns` until its first sync, then SIGTERM: its exit
     status and what it logged after the sync."""
     manifests = workdir / f"manifests-{mode}"
@@ -271,13 +278,13 @@ def run_demo_until_sigterm(ns, workdir: Path, mode: str) -> tuple[int, str]:
     return proc.wait(timeout=20), rest
 
 
-def test_sigterm_exits_cleanly_and_leaves_the_rules(netns, tmp_path, mode) -> None:
+def test_sigterm_exits_cleanly_and_leaves_the_rules(netns: NetNS, tmp_path: Path, mode: str) -> None:
     status, log = run_demo_until_sigterm(netns, tmp_path, mode)
     assert status == 0, log
     assert _dnats_to(netns, mode, "10.244.1.3", 53)
 
 
-def test_node_being_deleted_fails_healthz_but_not_livez(netns, server, tmp_path, mode) -> None:
+def test_node_being_deleted_fails_healthz_but_not_livez(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:
     async def body(proxy: LiveProxy) -> None:
         base = f"http://127.0.0.1:{_port(proxy, 'healthz')}"
         node = server.get("Node", "", "node-1")

@@ -69,7 +69,7 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _run(mode: str, node: FakeNode, initial: list[dict], body: Callable[[LiveProxy, Source], Awaitable[None]]) -> None:
+def _run(mode: str, node: FakeNode, initial: list[dict[str, Any]], body: Callable[[LiveProxy, Source], Awaitable[None]]) -> None:
     async def main() -> None:
         proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=_refusing(node))
         source = Source(proxy, initial)

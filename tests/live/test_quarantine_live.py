@@ -13,9 +13,12 @@ import asyncio
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kubeproxy.lab.apiserver import ApiServer
+from kubeproxy.lab.netns import NetNS
 from kubeproxy.live import LiveProxy
 from tests.live import test_live
 from tests.live.test_live import _dnats_to, _get, _port, _rules, _service, _until, _with_proxy
@@ -26,7 +29,7 @@ pytestmark = pytest.mark.root
 REFUSED = "10.244.66.66"  # an endpoint address whose rules the wrapped kernel tools refuse
 
 
-def _refusing(netns):
+def _refusing(netns: NetNS):
     def run(argv, *, input=None, check=True, timeout=60):
         if input and REFUSED in input and (argv[0] == "nft" or "-restore" in argv[0]):
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: Error: Could not process rule (injected, {REFUSED})")
@@ -35,12 +38,14 @@ def _refusing(netns):
     return run
 
 
-def _healthz(proxy: LiveProxy) -> tuple[int, dict]:
+def _healthz(proxy: LiveProxy) -> tuple[int, dict[str, Any]]:
     status, body = _get(f"http://127.0.0.1:{_port(proxy, 'healthz')}/healthz")
     return status, json.loads(body)
 
 
-def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(netns, server, tmp_path: Path, mode: str) -> None:
+def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(
+    netns: NetNS, server: ApiServer, tmp_path: Path, mode: str
+) -> None:
     async def body(proxy: LiveProxy) -> None:
         # A Service the kernel takes, then a version of it that it refuses: the old rules stay.
         for obj in _service("moody", "10.96.6.1", ["10.244.1.61"]):
@@ -88,7 +93,7 @@ def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(netns, ser
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body, run_cmd=_refusing(netns)))
 
 
-def _lb(name: str, cluster_ip: str, lb_ip: str, ranges: list[str], endpoints: list[str], **meta: str) -> list[dict]:
+def _lb(name: str, cluster_ip: str, lb_ip: str, ranges: list[str], endpoints: list[str], **meta: str) -> list[dict[str, Any]]:
     svc, slice_ = _service(name, cluster_ip, endpoints)
     svc["metadata"].update(meta)
     slice_["metadata"].update(meta)
@@ -107,7 +112,9 @@ HOSTILE_BUT_VALID = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_BUT_VALID))
-def test_valid_objects_that_used_to_take_the_node_down(netns, server, tmp_path: Path, mode: str, case: str) -> None:
+def test_valid_objects_that_used_to_take_the_node_down(
+    netns: NetNS, server: ApiServer, tmp_path: Path, mode: str, case: str
+) -> None:
     """Issue 11, items 1 and 2: each is programmed like any other Service, with no failed sync."""
     ranges, _ = HOSTILE_BUT_VALID[case]
     long_ns, long_name = "n" * 63, "s" * 63  # the longest names: the comment would exceed nft's 128 bytes

@@ -415,7 +415,7 @@ def run(entry: Entry, count: int = 3) -> DumpResult:
             # how many markers it will print: one per listening socket, one for a sniffer
             watchers.append((where, child, len(argv) - 2 if argv[0] == "listen" else 1))
         # every packet its own flow: a distinct source port per packet
-        batches: dict[str, list[list[object]]] = {"client": [], "pod": [], "node": []}
+        batches: dict[str, list[list[str | int]]] = {"client": [], "pod": [], "node": []}
         owner: list[tuple[int, str, int]] = []
         sport = 41000
         for k, (pr, _exp, _u) in enumerate(predictions):
@@ -431,7 +431,7 @@ def run(entry: Entry, count: int = 3) -> DumpResult:
                 answers_by[who] = json.loads(ns.run([*WIRE, "send", json.dumps(batch)], timeout=60).stdout)
         # a marker from the node to each watcher, sent after every probe: once a watcher has
         # printed it, it has printed everything that arrived before (its output is in order)
-        markers: list[list[object]] = [["udp", p.node_ip, MARK_PORT, client_ip, MARK_PORT],
+        markers: list[list[str | int]] = [["udp", p.node_ip, MARK_PORT, client_ip, MARK_PORT],
                                        ["udp", back_ip, MARK_PORT, pod_src, MARK_PORT]]
         for proto, specs in local.items():
             for spec in sorted(specs):
@@ -449,7 +449,7 @@ def run(entry: Entry, count: int = 3) -> DumpResult:
         index = {(who, i): b for who, i, b in flat}
         for k, who, idx in owner:
             b = index[(who, idx)]
-            hit = seen.get((str(b[0]), int(b[2])))  # type: ignore[call-overload]
+            hit = seen.get((str(b[0]), int(b[2])))
             if hit is not None:
                 obs: object = hit
             else:
@@ -457,9 +457,9 @@ def run(entry: Entry, count: int = 3) -> DumpResult:
                 obs = "refused" if ans == "refused" else "timeout"
             observed.setdefault(k, []).append(obs)
         for k, (pr, exp, unk) in enumerate(predictions):
-            got = observed.get(k, [])
-            ok = all(o in exp for o in got) and (len(exp) != 1 or len(got) == count)
-            res.probes.append(ProbeResult(pr, ok, exp, got, unk))
+            outcomes = observed.get(k, [])
+            ok = all(o in exp for o in outcomes) and (len(exp) != 1 or len(outcomes) == count)
+            res.probes.append(ProbeResult(pr, ok, exp, outcomes, unk))
     return res
 
 

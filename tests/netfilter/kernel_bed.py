@@ -57,8 +57,8 @@ class Bed:
         argv = [*PROBE, "send", "--proto", proto, "--dst", dst, "--count", str(count), "--timeout", str(timeout)]
         if src:
             argv += ["--src", src]
-        out = ns.run(argv, timeout=60 + count * timeout).stdout
-        return json.loads(out)
+        outcomes: list[object] = json.loads(ns.run(argv, timeout=60 + count * timeout).stdout)
+        return outcomes
 
 
 @contextmanager

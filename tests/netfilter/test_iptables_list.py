@@ -9,7 +9,7 @@ import pytest
 
 from kubeproxy.netfilter import detect, iptables_list
 from kubeproxy.netfilter.addr import fmt_ip
-from kubeproxy.netfilter.model import AddrType, Jump, Mark, Nat, ParseError, Port, SetMark, Statistic
+from kubeproxy.netfilter.model import AddrType, Jump, Mark, Nat, ParseError, Port, Ruleset, SetMark, Statistic
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
@@ -23,9 +23,9 @@ def test_seed001_numeric_listing() -> None:
     nat = rs.table("nat")
     assert nat is not None and nat.chains["PREROUTING"].hook == "prerouting"
     svc = nat.chains["KUBE-SVC-M42ZCW2EYUCRBVAF"].rules
-    assert svc[0].steps[0] == Statistic(Fraction(round(0.14286000002 * 2**31), 2**31))
-    assert nat.chains["KUBE-MARK-MASQ"].rules[0].steps == [SetMark(~0x4000 & 0xFFFFFFFF, 0x4000)]
-    sep = nat.chains["KUBE-SEP-BVMKBOC4GGNJ3567"].rules[1].steps
+    assert svc[0].load()[0] == Statistic(Fraction(round(0.14286000002 * 2**31), 2**31))
+    assert nat.chains["KUBE-MARK-MASQ"].rules[0].load() == [SetMark(~0x4000 & 0xFFFFFFFF, 0x4000)]
+    sep = nat.chains["KUBE-SEP-BVMKBOC4GGNJ3567"].rules[1].load()
     assert sep[-1] == Nat("dnat", (172 << 24) | (31 << 16) | (9 << 8) | 52, 80)
     assert any("not in the listing" in n for n in rs.notes)
 
@@ -51,10 +51,10 @@ def test_seed001_trace_reaches_the_listed_endpoint_or_stops_at_unlisted_chains()
     assert {(o.verdict, fmt_ip(o.dst)) for o in outs} == {("ACCEPT", "172.31.9.52")}
 
 
-def _unlisted(rs) -> set[str]:  # type: ignore[no-untyped-def]
+def _unlisted(rs: Ruleset) -> set[str]:
     nat = rs.table("nat")
-    return {r.steps[-1].chain for c in nat.chains.values() for r in c.rules
-            if isinstance(r.steps[-1], Jump) and r.steps[-1].chain not in nat.chains}
+    return {r.load()[-1].chain for c in nat.chains.values() for r in c.rules
+            if isinstance(r.load()[-1], Jump) and r.load()[-1].chain not in nat.chains}
 
 
 def test_seed002_names_instead_of_numbers() -> None:
@@ -62,17 +62,19 @@ def test_seed002_names_instead_of_numbers() -> None:
     nat = rs.table("nat")
     assert nat is not None
     rows = nat.chains["KUBE-SERVICES"].rules
-    assert Port("dport", ((443, 443),)) in rows[0].steps  # dpt:https
-    assert Port("dport", ((53, 53),)) in rows[6].steps  # dpt:domain
-    assert rows[-1].steps[0] == AddrType(dst_types=frozenset({"LOCAL"}))
+    assert Port("dport", ((443, 443),)) in rows[0].load()  # dpt:https
+    assert Port("dport", ((53, 53),)) in rows[6].load()  # dpt:domain
+    assert rows[-1].load()[0] == AddrType(dst_types=frozenset({"LOCAL"}))
     # the chain listed twice is kept once
     assert len(nat.chains["KUBE-SEP-V7KWRXXOBQHQVWAT"].rules) == 2
 
 
 def test_seed004_verbose_listing_with_a_wrapped_row() -> None:
     rs = detect.parse((FIX / "seed004_nat_verbose.iptables-list").read_text())
-    post = rs.table("nat").chains["KUBE-POSTROUTING"].rules  # type: ignore[union-attr]
-    assert len(post) == 1 and post[0].steps == [Mark(0x4000, 0x4000), Nat("masquerade")]
+    nat = rs.table("nat")
+    assert nat is not None
+    post = nat.chains["KUBE-POSTROUTING"].rules
+    assert len(post) == 1 and post[0].load() == [Mark(0x4000, 0x4000), Nat("masquerade")]
     node = Node.from_flags(ifaces=["eth0=192.168.0.10/24"])
     res = trace(rs, node, make_packet("tcp", "192.168.0.50", "192.168.0.10:30915", in_iface="eth0"))
     assert sum(o.probability for o in res.outcomes) == 1

@@ -39,25 +39,27 @@ def test_seed000_kube_proxy_dump_parses_into_tables_and_chains() -> None:
     assert len(nat.chains["KUBE-SERVICES"].rules) == 19
     ext = nat.chains["KUBE-SERVICES"].rules[5]
     assert ext.comment == "default/ares-k29-bindapp:dns-udp-53 external IP"
-    assert any(isinstance(s, PhysDev) and s.is_in and s.is_in_neg for s in ext.steps)
-    assert any(isinstance(s, AddrType) and s.src_types == {"LOCAL"} and s.src_neg for s in ext.steps)
-    assert ext.steps[-1] == Jump("KUBE-SVC-357LDXEIX7XFORLA")
-    assert nat.chains["KUBE-MARK-MASQ"].rules[0].steps == [SetMark(~0x4000 & 0xFFFFFFFF, 0x4000)]
+    assert any(isinstance(s, PhysDev) and s.is_in and s.is_in_neg for s in ext.load())
+    assert any(isinstance(s, AddrType) and s.src_types == {"LOCAL"} and s.src_neg for s in ext.load())
+    assert ext.load()[-1] == Jump("KUBE-SVC-357LDXEIX7XFORLA")
+    assert nat.chains["KUBE-MARK-MASQ"].rules[0].load() == [SetMark(~0x4000 & 0xFFFFFFFF, 0x4000)]
     svc = nat.chains["KUBE-SVC-NPX46M4PTMTKRN6Y"].rules[0]
-    assert isinstance(svc.steps[0], Recent) and svc.steps[0].name == "KUBE-SEP-UPD7ND2TPNSDBE6L"
+    assert isinstance(svc.load()[0], Recent) and svc.load()[0].name == "KUBE-SEP-UPD7ND2TPNSDBE6L"
     fw = flt.chains["KUBE-FIREWALL"].rules[0]
-    assert fw.steps == [Mark(0x8000, 0x8000), Verdict("DROP")]
+    assert fw.load() == [Mark(0x8000, 0x8000), Verdict("DROP")]
 
 
 def test_hand_edited_dump_with_rules_before_declarations() -> None:
     rs = iptables_save.parse((FIX / "seed000_manual_dnat.iptables-save").read_text())
-    pre = rs.table("nat").chains["PREROUTING"]  # type: ignore[union-attr]
+    nat = rs.table("nat")
+    assert nat is not None
+    pre = nat.chains["PREROUTING"]
     assert [r.line for r in pre.rules] == [4, 5]
-    first = pre.rules[0].steps
+    first = pre.rules[0].load()
     assert first[0] == Iface("in", "eth3")
     assert Proto(17) in first and Port("dport", ((53, 53),)) in first
     assert first[-1] == Nat("dnat", (10 << 24) | (100 << 16) | (13 << 8) | 3, 53)
-    post = rs.table("nat").chains["POSTROUTING"].rules[0].steps  # type: ignore[union-attr]
+    post = nat.chains["POSTROUTING"].rules[0].load()
     assert post[1] == Iface("out", "docker0", neg=True)
 
 
@@ -77,15 +79,15 @@ COMMIT
     rs = iptables_save.parse(text)
     nat = rs.table("nat")
     assert nat is not None
-    r = nat.chains["PREROUTING"].rules[0].steps
+    r = nat.chains["PREROUTING"].rules[0].load()
     assert r[0] == Addr("src", 10 << 24, 0xFF000000, neg=True)
     assert Port("dport", ((53, 53),), neg=True) in r
     svc = nat.chains["KUBE-SVC-X"].rules
-    assert svc[0].steps == [Iface("in", "eth", prefix=True), Verdict("RETURN")]
-    st = svc[1].steps[0]
+    assert svc[0].load() == [Iface("in", "eth", prefix=True), Verdict("RETURN")]
+    st = svc[1].load()[0]
     assert isinstance(st, Statistic) and st.probability == Fraction(round(0.33333333349 * 2**31), 2**31)
-    assert svc[2].steps == [Statistic(Fraction(1, 4), "nth"), Jump("KUBE-SEP-A", goto=True)]
-    assert svc[3].steps == [UnknownTarget("KUBE-MISSING")]
+    assert svc[2].load() == [Statistic(Fraction(1, 4), "nth"), Jump("KUBE-SEP-A", goto=True)]
+    assert svc[3].load() == [UnknownTarget("KUBE-MISSING")]
 
 
 @pytest.mark.parametrize(
@@ -110,7 +112,9 @@ def test_errors_name_line_and_text(text: str, line: int, reason: str) -> None:
 def test_lazy_parse_reports_a_bad_rule_when_it_is_reached() -> None:
     text = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -s 10.0.0.0/8 -j ACCEPT\n-A INPUT -m nosuch -j DROP\nCOMMIT\n"
     rs = iptables_save.parse(text, lazy=True)
-    rules = rs.table("filter").chains["INPUT"].rules  # type: ignore[union-attr]
+    flt = rs.table("filter")
+    assert flt is not None
+    rules = flt.chains["INPUT"].rules
     assert rules[0].load()[-1] == Verdict("ACCEPT")
     with pytest.raises(ParseError, match=r"^line 4: -A INPUT -m nosuch -j DROP: unknown match module"):
         rs.validate()

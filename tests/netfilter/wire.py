@@ -75,19 +75,19 @@ def listen(proto: str, specs: list[str]) -> None:
                   flush=True)
 
 
-def send(probes: list[list[object]], wait: float = 0.6) -> None:
+def send(probes: list[list[str | int]], wait: float = 0.6) -> None:
     socks: list[socket.socket | None] = []
     result: list[str] = []
     for proto, src, sport, dst, dport in probes:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM)
         s.setblocking(False)
         try:
-            s.bind((str(src), int(sport)))  # type: ignore[arg-type]
+            s.bind((str(src), int(sport)))
             if proto == "udp":
-                s.connect((str(dst), int(dport)))  # type: ignore[arg-type]
+                s.connect((str(dst), int(dport)))
                 s.send(b"probe")
             else:
-                err = s.connect_ex((str(dst), int(dport)))  # type: ignore[arg-type]
+                err = s.connect_ex((str(dst), int(dport)))
                 if err not in (0, errno.EINPROGRESS):
                     raise OSError(err, "connect")
         except OSError as e:
@@ -120,9 +120,9 @@ def send(probes: list[list[object]], wait: float = 0.6) -> None:
                 result[i] = f"error: {errno.errorcode.get(err, err)}"
             s.close()
             socks[i] = None
-    for s in socks:
-        if s is not None:
-            s.close()
+    for left in socks:
+        if left is not None:
+            left.close()
     print(json.dumps(result), flush=True)
 
 

@@ -8,20 +8,25 @@ from kubeproxy.cluster.state import ClusterState
 from kubeproxy.lab import objects
 from kubeproxy.proxy.changes import Changes, ChangeTracker, StaleEndpoint
 from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
+from kubeproxy.proxy.options import Family
 
 NODE = "node-a"
 
 
-def service(name: str, ip: str, *, proto: str = "UDP", port: int = 53, ns: str = "ns", labels: dict | None = None) -> dict:
+def service(
+    name: str, ip: str, *, proto: str = "UDP", port: int = 53, ns: str = "ns", labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     return objects.service(name, ip, [objects.Port("p", port, 5353, proto)], namespace=ns, labels=labels or {})
 
 
-def endpoint_slice(name: str, svc: str, ips: list[str], *, proto: str = "UDP", serving: bool = True, ns: str = "ns") -> dict:
+def endpoint_slice(
+    name: str, svc: str, ips: list[str], *, proto: str = "UDP", serving: bool = True, ns: str = "ns"
+) -> dict[str, Any]:
     backends = [objects.Backend(ip, "", ready=serving, serving=serving) for ip in ips]
     return objects.endpoint_slice(svc, backends, [objects.Port("p", 53, 5353, proto)], namespace=ns, name=name)
 
 
-def node(labels: dict[str, str]) -> dict:
+def node(labels: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": labels}}
 
 
@@ -34,7 +39,7 @@ class Harness:
         assert self.tracker.apply(self.state, obj, deleted=deleted) is None
 
     def view(self) -> NodeView:
-        return build_view(self.state.services.values(), self.state.slices.values(), "IPv4", NODE)
+        return build_view(self.state.services.values(), self.state.slices.values(), Family.IPV4, NODE)
 
     def take(self) -> Changes:
         return self.tracker.take(self.view())

@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -104,7 +105,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ({"detect_local_mode": "BridgeInterface"}, "needs --pod-bridge-interface"),
     ],
 )
-def test_invalid_flags(flags: dict, message: str) -> None:
+def test_invalid_flags(flags: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_config(**flags)
 
@@ -139,7 +140,7 @@ def test_defaults_match_upstream() -> None:
     assert cfg.healthz_bind_address == "0.0.0.0:10256" and cfg.metrics_bind_address == "127.0.0.1:10249"
 
 
-def test_zero_sync_periods_in_a_file_mean_the_defaults(tmp_path) -> None:
+def test_zero_sync_periods_in_a_file_mean_the_defaults(tmp_path: Path) -> None:
     # kubeadm writes `0s` for "unset"; upstream's defaulting turns it into 30s / 1s.
     path = tmp_path / "kubeadm.yaml"
     path.write_text(

@@ -25,6 +25,7 @@ from kubeproxy.proxy.health import (
 )
 from kubeproxy.proxy.http import Response, parse_bind, routes, serve
 from kubeproxy.proxy.metrics import ProxyMetrics
+from tests.proxy.servers import port_of
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 TIMEOUT = 10.0
@@ -76,14 +77,12 @@ async def raw(port: int, data: bytes) -> bytes:
     return answer
 
 
-def port_of(server: asyncio.AbstractServer) -> int:
-    return server.sockets[0].getsockname()[1]
-
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def refused(port: int) -> bool:
@@ -180,7 +179,7 @@ def test_node_going_away_fails_healthz_but_not_livez() -> None:
                 ({"taints": ["other", TO_BE_DELETED_TAINT]}, False),
                 ({}, True),
             ):
-                health.sync_node(**node)  # type: ignore[arg-type]
+                health.sync_node(**node)
                 status, doc = await get_json(port, "/healthz")
                 assert (status, doc["nodeEligible"], doc["healthy"]) == (200 if eligible else 503, eligible, True), node
                 status, doc = await get_json(port, "/livez")

@@ -17,17 +17,15 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz
-from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, HttpServer, Limits, Response, serve
+from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, Limits, Response, serve
 from kubeproxy.proxy.metrics import ProxyMetrics
 from tests.paths import REPO as ROOT
+from tests.proxy.servers import port_of
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(test(), 30))
 
-
-def port_of(server: HttpServer) -> int:
-    return server.sockets[0].getsockname()[1]
 
 
 def _ok(method: str, path: str, headers: object) -> Response:
@@ -53,6 +51,15 @@ async def closed_by_server(conn: Conn, timeout: float = 10) -> str:
         writer.close()
     assert data == b"", data
     return "eof"
+
+
+async def unread(port: int, client_port: int) -> int:
+    """Bytes the kernel holds, not yet read, on the server's side of a connection to `port`."""
+    ss = await asyncio.to_thread(
+        subprocess.run, ["ss", "-Htn", f"sport = :{port} and dport = :{client_port}"],
+        capture_output=True, text=True, check=True,
+    )
+    return int(ss.stdout.split()[1]) if ss.stdout.strip() else 0  # ESTAB <Recv-Q> <Send-Q> ...
 
 
 async def request(port: int, path: str = "/") -> bytes:
@@ -177,14 +184,23 @@ def test_a_server_whose_slots_are_all_busy_stops_accepting_until_one_frees() -> 
             first = [asyncio.create_task(request(port)) for _ in range(2)]
             async with entered:
                 await entered.wait_for(lambda: inside == 2)
-            third = asyncio.create_task(request(port))  # waits in the kernel's backlog
-            async with entered:
-                # Nothing can happen here if the bound holds: the wait must time out.
-                with pytest.raises(TimeoutError):
-                    await asyncio.wait_for(entered.wait_for(lambda: inside == 3), 0.5)
-            assert server.active == 2
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+            writer.write(head)
+            client_port = writer.get_extra_info("sockname")[1]
+            # The third's request has reached the server's side of the connection (in the kernel's
+            # accept queue, or accepted and held until a slot frees); a server serving it instead
+            # reads it and lets it in, and the wait ends either way.
+            while inside < 3 and await unread(port, client_port) < len(head):
+                await asyncio.sleep(0.01)
+            # The request is readable: a connection the loop watched would be read within a turn
+            # of the loop. Turns, not time: after them it must still be unread and not inside.
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert (inside, server.active, await unread(port, client_port)) == (2, 2, len(head))
             release.set()
-            answers = await asyncio.gather(*first, third)
+            answers = [*await asyncio.gather(*first), await asyncio.wait_for(reader.read(), 10)]
+            writer.close()
             assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers), answers
             assert most == 2
         finally:

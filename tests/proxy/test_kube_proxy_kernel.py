@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.config import ConntrackConfig
 from kubeproxy.proxy.sysctls import conntrack_max
 from tests.paths import DEMO
@@ -28,7 +29,7 @@ PER_NETNS = (
 )
 
 
-def read(ns, name: str) -> int:
+def read(ns: NetNS, name: str) -> int:
     return int(ns.run(["cat", str(NETFILTER / name)]).stdout)
 
 
@@ -42,7 +43,7 @@ def test_conntrack_conversion_as_upstream() -> None:
     assert conntrack_max(ConntrackConfig(max_per_core=0, min=131072), cpus=8) == 0
 
 
-def test_flags_set_the_per_namespace_sysctls(netns) -> None:
+def test_flags_set_the_per_namespace_sysctls(netns: NetNS) -> None:
     before = host_values()
     ns_before = {name: read(netns, name) for name in PER_NETNS}
     global_max = before["nf_conntrack_max"]
@@ -64,7 +65,7 @@ def test_flags_set_the_per_namespace_sysctls(netns) -> None:
     assert host_values() == before
 
 
-def test_config_file_fields_and_the_global_maximum(netns, tmp_path: Path) -> None:
+def test_config_file_fields_and_the_global_maximum(netns: NetNS, tmp_path: Path) -> None:
     before = host_values()
     config = tmp_path / "config.conf"
     config.write_text(
@@ -83,7 +84,7 @@ def test_config_file_fields_and_the_global_maximum(netns, tmp_path: Path) -> Non
     assert host_values() == before
 
 
-def test_read_only_proc_sys_is_a_warning_not_a_failure(netns) -> None:
+def test_read_only_proc_sys_is_a_warning_not_a_failure(netns: NetNS) -> None:
     established = read(netns, "nf_conntrack_tcp_timeout_established")
     command = (
         "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "
@@ -95,7 +96,7 @@ def test_read_only_proc_sys_is_a_warning_not_a_failure(netns) -> None:
     assert read(netns, "nf_conntrack_tcp_timeout_established") == established
 
 
-def test_cleanup_flag_removes_our_rules_and_exits(netns) -> None:
+def test_cleanup_flag_removes_our_rules_and_exits(netns: NetNS) -> None:
     netns.run(["iptables", "-t", "nat", "-N", "KUBE-SERVICES"])
     # Our jump exactly as the proxy installs it (upstream's comment included).
     netns.run(["iptables", "-t", "nat", "-A", "OUTPUT", "-m", "comment", "--comment", "kubernetes service portals",
@@ -108,7 +109,7 @@ def test_cleanup_flag_removes_our_rules_and_exits(netns) -> None:
     assert '"Removed"' in proc.stderr
 
 
-def test_a_changed_config_file_ends_the_proxy(netns, tmp_path: Path) -> None:
+def test_a_changed_config_file_ends_the_proxy(netns: NetNS, tmp_path: Path) -> None:
     """Upstream exits when --config changes (the kubelet updates a ConfigMap volume in place), so
     that the pod restarts with the new configuration."""
     (tmp_path / "m").mkdir()

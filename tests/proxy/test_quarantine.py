@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ def test_nothing_fails() -> None:
     assert isolate([], passes) == []
 
 
-def _cluster(web_ips: list[str]) -> list[dict]:
+def _cluster(web_ips: list[str]) -> list[dict[str, Any]]:
     return [
         service("ns", "web", "172.30.0.1", port("http", 80)),
         slice_("ns", "web", [endpoint(ip) for ip in web_ips], ("http", 80, "TCP")),

@@ -258,7 +258,11 @@ def test_loop_clock_drives_the_runner_for_real() -> None:
         # and the cancel below could then come before the sync it is meant to see.
         while len(runs) < 2:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)  # time for a wrong third sync (two requests not coalesced) to show
+        # The second sync answered both later requests: nothing is left pending, so no third
+        # sync is due before max_interval (the coalescing in time: the fake-clock tests).
+        schedule = runner._schedule
+        assert schedule is not None and not schedule.pending and schedule.retry_at == math.inf
+        assert schedule.next_due(schedule.last_start) == schedule.last_start + 60
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -146,7 +146,7 @@ def apply_step(state: ClusterState, tracker: ChangeTracker, kind: str, obj: Mapp
     tracker.apply(state, copy.deepcopy(obj), deleted=kind == "delete")
 
 
-def fresh_view(state: ClusterState, family: str, node_name: str) -> NodeView:
+def fresh_view(state: ClusterState, family: Family, node_name: str) -> NodeView:
     return build_view(state.services.values(), state.slices.values(), family, node_name)
 
 
@@ -253,8 +253,8 @@ def test_update_recomputes_only_touched_services_and_keeps_the_rest() -> None:
     tracker.take(first)
 
     tracker.apply(state, slice_obj("s1-1", "s1", ["10.1.0.1", "10.1.0.3"]))
-    assert tracker.pending() == {("a", "s1")}
-    assert tracker.pending() == {("a", "s1")}  # a peek: nothing consumed
+    assert tracker.pending() == frozenset({("a", "s1")})
+    assert tracker.pending() == frozenset({("a", "s1")})  # a peek: nothing consumed
     second = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
     assert second == fresh_view(state, Family.IPV4, "n1")
     s1, s2 = (n for n in sorted(second.services) if n.name in ("s1", "s2"))

@@ -34,7 +34,8 @@ class RawWatch:
         line = self.response.readline()
         if not line:
             raise EOFError("watch stream ended")
-        return json.loads(line)
+        event: dict[str, Any] = json.loads(line)
+        return event
 
     def close(self) -> None:
         self.conn.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kubeproxy.lab import objects
@@ -11,7 +13,7 @@ from tests.sources.conftest import RawWatch, request
 pytestmark = pytest.mark.timeout(30)
 
 
-def svc(name: str, port: int = 80, ns: str = "default", **labels: str) -> dict:
+def svc(name: str, port: int = 80, ns: str = "default", **labels: str) -> dict[str, Any]:
     return objects.service(name, "", [objects.Port("", port, port)], namespace=ns, labels=labels)
 
 
@@ -35,8 +37,10 @@ def test_create_get_list_delete_with_status_objects(apiserver: ApiServer) -> Non
     assert code == 200 and listed["kind"] == "ServiceList"
     assert [o["metadata"]["name"] for o in listed["items"]] == ["web"]
     assert listed["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
-    code, status = request(apiserver, "DELETE", "/api/v1/namespaces/default/services/web")
-    assert code == 200 and status["status"] == "Success"
+    # A Service's DELETE answers with the object as deleted, as upstream's service registry does.
+    code, deleted = request(apiserver, "DELETE", "/api/v1/namespaces/default/services/web")
+    assert code == 200 and (deleted["kind"], deleted["metadata"]["name"]) == ("Service", "web")
+    assert int(deleted["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
     code, status = request(apiserver, "GET", "/api/v1/namespaces/default/services/web")
     assert (code, status["reason"], status["message"]) == (404, "NotFound", 'services "web" not found')
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from kubeproxy.backends.exec import local_run
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
@@ -31,7 +32,7 @@ def _ask(conn: socket.socket) -> str:
     return conn.recv(100).decode().strip()
 
 
-def graceful_termination(proxier: IpvsProxier, opts: NodeOptions, web: dict) -> dict:
+def graceful_termination(proxier: IpvsProxier, opts: NodeOptions, web: dict[str, Any]) -> dict[str, Any]:
     """A long-lived connection to a removed endpoint keeps working; new ones go to the other pod."""
     servers = []
     for pod, ip in PODS.items():

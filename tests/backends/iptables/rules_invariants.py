@@ -57,7 +57,7 @@ def check_invariants(text: str) -> None:
 
 def _check_equal_shares(chain: str, rules: list[str]) -> None:
     """Following the statistic rules in order must give every endpoint the same share."""
-    dispatch = [r for r in rules if _jump(r, ) and _jump(r).startswith("KUBE-SEP-") and "--rcheck" not in r]
+    dispatch = [r for r in rules if (_jump(r) or "").startswith("KUBE-SEP-") and "--rcheck" not in r]
     remaining = Fraction(1)
     shares = []
     for i, rule in enumerate(dispatch):

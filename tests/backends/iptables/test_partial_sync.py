@@ -25,6 +25,7 @@ from kubeproxy.backends.iptables.render import (
 )
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.model import EndpointInfo, NodeView, build_view
 from kubeproxy.proxy.options import NFACCT_COUNTERS, NodeOptions
@@ -240,7 +241,7 @@ class NetnsKernel:
 
 
 @pytest.mark.root
-def test_repeated_syncs_in_kernel(netns) -> None:
+def test_repeated_syncs_in_kernel(netns: NetNS) -> None:
     from kubeproxy.backends.iptables.apply import RestoreError
 
     counters = ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)

@@ -15,6 +15,7 @@ from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
+from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
@@ -42,11 +43,11 @@ def _demo(counters: set[str]):
     return offline.render_iptables(loaded.state, CFG, nfacct_counters=counters)
 
 
-def _save(ns) -> str:
+def _save(ns: NetNS) -> str:
     return "\n".join(line for line in ns.run(["iptables-save"]).stdout.splitlines() if not line.startswith("#"))
 
 
-def _rules(ns, table: str, chain: str) -> list[str]:
+def _rules(ns: NetNS, table: str, chain: str) -> list[str]:
     return ns.run(["iptables", "-w", "-t", table, "-S", chain]).stdout.splitlines()[1:]
 
 
@@ -66,7 +67,7 @@ class FakeNamespace:
 
 
 @pytest.fixture(params=["fake", pytest.param("kernel", marks=pytest.mark.root)])
-def node(request):
+def node(request: pytest.FixtureRequest):
     ns = request.getfixturevalue("netns") if request.param == "kernel" else FakeNamespace()
     ns.run(["iptables-restore", "--noflush"], input=FOREIGN)
     counters = ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
@@ -195,7 +196,7 @@ def test_cleanup_keeps_shared_chain_someone_else_uses(node) -> None:
     assert _rules(ns, "nat", "KUBE-MARK-MASQ") == ["-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"]
 
 
-def _structure(ns) -> dict[str, dict[str, list[str]]]:
+def _structure(ns: NetNS) -> dict[str, dict[str, list[str]]]:
     """Per table and chain, the targets of its rules in order: what the kernel keeps of our text
     whatever order iptables-save prints the matches in."""
     out: dict[str, dict[str, list[str]]] = {}
@@ -212,7 +213,7 @@ def _structure(ns) -> dict[str, dict[str, list[str]]]:
 
 
 @pytest.mark.root
-def test_the_fake_and_the_kernel_end_in_the_same_tables(netns) -> None:
+def test_the_fake_and_the_kernel_end_in_the_same_tables(netns: NetNS) -> None:
     """The same syncs on both end with the same chains, each with the same rules (by target) in order."""
     fake = FakeNamespace()
     seen = []

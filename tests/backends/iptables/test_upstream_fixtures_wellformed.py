@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -60,9 +61,9 @@ _DELETE = re.compile(r"^-X (.*)$")
 _WORD = re.compile(r'(?:^|\s)("[^"]*"|[^"]\S*)')
 
 
-def parse_dump(text: str) -> list[dict]:
+def parse_dump(text: str) -> list[dict[str, Any]]:
     """Tables as dicts: {name, chains: [{name, decl, rules, deleted}]}, in input order."""
-    tables: list[dict] = []
+    tables: list[dict[str, Any]] = []
     table = None
     state = "table"
     for raw in text.strip("\n").split("\n"):
@@ -186,7 +187,7 @@ def consistency_errors(text: str) -> list[str]:
 # --- the checks ---
 
 
-def test_there_are_fixtures():
+def test_there_are_fixtures() -> None:
     names = {d.name for d in fixture_dirs()}
     assert "test_overall_iptables_rules" in names
     assert sum(1 for d in fixture_dirs() if (d / "expected.rules").exists()) >= 11
@@ -194,7 +195,7 @@ def test_there_are_fixtures():
 
 
 @pytest.mark.parametrize("d", fixture_dirs(), ids=lambda d: d.name)
-def test_objects(d: Path):
+def test_objects(d: Path) -> None:
     docs = [doc for doc in yaml.safe_load_all((d / "objects.yaml").read_text()) if doc is not None]
     seen = set()
     for obj in docs:
@@ -222,7 +223,7 @@ def test_objects(d: Path):
 
 
 @pytest.mark.parametrize("d", fixture_dirs(), ids=lambda d: d.name)
-def test_options(d: Path):
+def test_options(d: Path) -> None:
     opts = yaml.safe_load((d / "options.yaml").read_text())
     assert set(opts) == OPTION_KEYS
     assert opts["ip_family"] in {"IPv4", "IPv6"}
@@ -237,7 +238,7 @@ def test_options(d: Path):
 
 
 @pytest.mark.parametrize("d", fixture_dirs(), ids=lambda d: d.name)
-def test_source_and_contents(d: Path):
+def test_source_and_contents(d: Path) -> None:
     source = (d / "SOURCE").read_text()
     assert source.endswith("\n") and source.count("\n") == 1
     assert source.startswith("Test")
@@ -255,12 +256,12 @@ def check_flows(path: Path):
 
 
 @pytest.mark.parametrize("d", [d for d in fixture_dirs() if (d / "flows.yaml").exists()], ids=lambda d: d.name)
-def test_flows(d: Path):
+def test_flows(d: Path) -> None:
     check_flows(d / "flows.yaml")
 
 
 @pytest.mark.parametrize("d", [d for d in fixture_dirs() if (d / "expected.rules").exists()], ids=lambda d: d.name)
-def test_expected_rules(d: Path):
+def test_expected_rules(d: Path) -> None:
     text = (d / "expected.rules").read_text()
     assert text.startswith("*filter\n")
     assert text.endswith("COMMIT\n")
@@ -280,7 +281,7 @@ def test_expected_rules(d: Path):
 
 
 @pytest.mark.parametrize("d", [d for d in fixture_dirs() if (d / "expected_chains.yaml").exists()], ids=lambda d: d.name)
-def test_expected_chains(d: Path):
+def test_expected_chains(d: Path) -> None:
     chains = yaml.safe_load((d / "expected_chains.yaml").read_text())
     for c in chains:
         assert set(c) == {"table", "chain", "rules"}
@@ -289,12 +290,12 @@ def test_expected_chains(d: Path):
 
 
 @pytest.mark.parametrize("d", tracer_dirs(), ids=lambda d: d.name)
-def test_tracer_only(d: Path):
+def test_tracer_only(d: Path) -> None:
     parse_dump((d / "input.rules").read_text())
     check_flows(d / "flows.yaml")
 
 
-def test_normalise_orders_like_upstream():
+def test_normalise_orders_like_upstream() -> None:
     shuffled = (
         "*nat\n:KUBE-SVC-B - [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:POSTROUTING - [0:0]\n"
         '-A KUBE-SERVICES -m comment --comment "x; must be the last rule" -j KUBE-NODEPORTS\n'

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -41,7 +42,7 @@ def _endpoint(text: str) -> tuple[str, str]:
     return host.strip("[]"), port
 
 
-def _trace(rules: Path, flow: dict, options: dict) -> list[dict]:
+def _trace(rules: Path, flow: dict[str, Any], options: dict[str, Any]) -> list[dict[str, Any]]:
     node_ip = options["node_ip"]
     local = {node_ip, *FAKE_LOCAL_IPS, "::1"}
     where = ["--from-host"] if flow["source_ip"] in local or flow["source_ip"].startswith("127.") else ["--in-iface", "eth0"]
@@ -59,7 +60,7 @@ def _trace(rules: Path, flow: dict, options: dict) -> list[dict]:
 
 
 @pytest.mark.parametrize(("case", "index", "flow"), FLOWS)
-def test_upstream_flow(tmp_path: Path, case: str, index: int, flow: dict) -> None:
+def test_upstream_flow(tmp_path: Path, case: str, index: int, flow: dict[str, Any]) -> None:
     options = yaml.safe_load((FIXTURES / case / "options.yaml").read_text())
     rules = tmp_path / "rules"
     rules.write_text(with_jumps(render_fixture(FIXTURES / case)))

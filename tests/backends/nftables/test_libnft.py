@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from kubeproxy.backends.libnft import TRIM_AFTER_BYTES, LibNft, LibNftError, for
 from kubeproxy.backends.nftables.apply import NftApplier
 from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.render import render
+from kubeproxy.lab.netns import NetNS
 from tests.backends.nftables.helpers import endpoint, options, port, service, slice_, view
 
 
@@ -23,7 +25,7 @@ def test_a_runner_that_names_no_namespace_keeps_the_nft_process() -> None:
     assert for_runner(lambda argv, **kw: local_run(argv, **kw)) is None
 
 
-def test_a_namespace_that_cannot_be_entered_is_an_error_not_the_host(tmp_path) -> None:
+def test_a_namespace_that_cannot_be_entered_is_an_error_not_the_host(tmp_path: Path) -> None:
     with pytest.raises(LibNftError):
         LibNft.open(str(tmp_path / "no-such-namespace"))
 
@@ -76,7 +78,7 @@ def _contents(fake: FakeNft) -> Any:
 
 
 @pytest.mark.root
-def test_transactions_land_in_the_namespace_and_errors_come_back(netns) -> None:
+def test_transactions_land_in_the_namespace_and_errors_come_back(netns: NetNS) -> None:
     lib = for_runner(netns.run)
     assert lib is not None, "libnftables1 comes with the nftables package scripts/setup installs"
     try:
@@ -95,7 +97,7 @@ def test_transactions_land_in_the_namespace_and_errors_come_back(netns) -> None:
 
 
 @pytest.mark.root
-def test_a_large_transaction_hands_its_memory_back_and_a_small_one_does_not_pay(netns) -> None:
+def test_a_large_transaction_hands_its_memory_back_and_a_small_one_does_not_pay(netns: NetNS) -> None:
     lib = for_runner(netns.run)
     assert lib is not None
     try:

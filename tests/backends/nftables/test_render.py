@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ def rules(r: NftRendering, chain: str) -> list[str]:
     return [x.body() for x in r.chains[chain].rules]
 
 
-def web(*eps: dict, **spec: object) -> list[dict]:
+def web(*eps: dict[str, Any], **spec: object) -> list[dict[str, Any]]:
     return [
         service("ns1", "web", "172.30.0.41", port("http", 80), **spec),
         slice_("ns1", "web", eps, ("http", 80, "TCP")),
@@ -240,7 +241,9 @@ def test_load_balancer_source_ranges() -> None:
 @pytest.mark.parametrize(
     ("ranges", "expected"),
     [
-        (["0.0.0.0/0"], {"0.0.0.0/0"}),  # the node's IP is in it, and so is the VIP: one interval
+        # The node's IP is in 128/1, so the VIP (in 0/1) is added: one interval. (0.0.0.0/0 itself
+        # means no firewall at all: tests/proxy/test_source_ranges.py.)
+        (["128.0.0.0/1", "0.0.0.0/1"], {"0.0.0.0/0"}),
         (["10.0.0.0/8", "10.1.0.0/16"], {"10.0.0.0/8"}),
         (["203.0.113.0/25", "203.0.113.128/25"], {"203.0.113.0/24"}),
         (["203.0.113.7/32", "203.0.113.7/32"], {"203.0.113.7/32"}),
