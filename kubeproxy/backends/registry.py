@@ -72,11 +72,14 @@ class Mode:
     observers: Callable[[Lanes], ModeObservers] | None = None
     # ProxyMetrics's mode-specific families this mode exposes, by name.
     metrics: tuple[str, ...] = ()
+    failure_metric: str = ""  # of `metrics`: the counter its backend's `record_failure` counts in
     nfacct_metrics: bool = False  # the nfacct-backed packet counters (read at scrape time)
     # NodePorts answer on 127.0.0.0/8 when localhost NodePorts are on (route_localnet): stale
     # conntrack flows to those addresses are the mode's too.
     loopback_nodeports: bool = False
     fake_tools: tuple[Callable[[], FakeTool], ...] = field(default=())  # beyond FakeNode's own
+    # Commands that list what the mode programs, for a person or a test to read it back.
+    listings: tuple[tuple[str, ...], ...] = ()
 
 
 # -- the four modes
@@ -173,6 +176,8 @@ def _userspace_observers(lanes: Lanes) -> ModeObservers:
 
 
 RESTORE_FAILURES = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+PARTIAL_RESTORE_FAILURES = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
+IPTABLES_LISTINGS = (("iptables-save",), ("ip6tables-save",))
 
 MODES: dict[str, Mode] = {
     "iptables": Mode(
@@ -186,12 +191,14 @@ MODES: dict[str, Mode] = {
             "kubeproxy_sync_full_proxy_rules_duration_seconds",
             "kubeproxy_sync_partial_proxy_rules_duration_seconds",
             RESTORE_FAILURES,
-            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+            PARTIAL_RESTORE_FAILURES,
             "kubeproxy_sync_proxy_rules_iptables_total",
             "kubeproxy_sync_proxy_rules_iptables_last",
         ),
+        failure_metric=RESTORE_FAILURES,
         nfacct_metrics=True,
         loopback_nodeports=True,
+        listings=IPTABLES_LISTINGS,
     ),
     "nftables": Mode(
         "nftables",
@@ -205,6 +212,8 @@ MODES: dict[str, Mode] = {
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
             "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
         ),
+        failure_metric="kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        listings=(("nft", "list", "ruleset"),),
     ),
     "ipvs": Mode(
         "ipvs",
@@ -215,6 +224,8 @@ MODES: dict[str, Mode] = {
         ipv6_probe=_ip6tables_probe,
         validate=_ipvs_validate,
         metrics=(RESTORE_FAILURES,),
+        failure_metric=RESTORE_FAILURES,
+        listings=(("ipvsadm-save", "-n"), ("ipset", "save"), *IPTABLES_LISTINGS),
     ),
     "userspace": Mode(
         "userspace",
@@ -225,6 +236,9 @@ MODES: dict[str, Mode] = {
         ipv6_probe=_ip6tables_probe,
         upstream_dual_stack=False,  # not upstream's mode: the families the node's addresses name
         observers=_userspace_observers,
+        metrics=(RESTORE_FAILURES, PARTIAL_RESTORE_FAILURES),
+        failure_metric=RESTORE_FAILURES,
+        listings=IPTABLES_LISTINGS,
     ),
 }
 

@@ -104,6 +104,10 @@ class FakeIptables:
                 elif name not in BUILTIN[table_name]:
                     del table[name]
             return ""
+        if verb == "-S" and not chain:  # the whole table: policies, then chains, then rules
+            heads = [f"-P {c} ACCEPT" for c in table if c in BUILTIN[table_name]]
+            heads += [f"-N {c}" for c in table if c not in BUILTIN[table_name]]
+            return "\n".join([*heads, *(rule for rules in table.values() for rule in rules)]) + "\n"
         if verb == "-S":
             if chain not in table:
                 raise Refused(f"chain `{chain}' in table `{table_name}' is incompatible or does not exist")

@@ -105,6 +105,8 @@ class FakeNft:
             return ""
         if args[:1] == ["list"] and as_json:
             return self._list_json(args[1:])
+        if args[:2] == ["list", "ruleset"]:
+            return self._list_text(args[2] if len(args) > 2 else None)
         raise Refused(f"the fake does not know `nft {' '.join(args)}`")
 
     def _statement(self, tables: dict[tuple[str, str], _Table], line: str) -> None:
@@ -235,6 +237,26 @@ class FakeNft:
                 raise Refused(f"Could not process rule: No such file or directory (counter {name})")
 
     # ------------------------------------------------------------------ listings
+    def _list_text(self, family: str | None) -> str:
+        """`list ruleset [FAMILY]` in nft's layout (declarations, set elements, chains' rules),
+        not byte for byte: what a test reads is which tables, elements and rules there are."""
+        out: list[str] = []
+        for (fam, name), table in self.tables.items():
+            if family is not None and fam != family:
+                continue
+            out += [f"table {fam} {name} {{", *([f"\t{table.declaration}"] if table.declaration else [])]
+            for set_name, s in table.sets.items():
+                out += [f"\t{s.kind} {set_name} {{", f"\t\t{s.declaration}"]
+                if s.elements:
+                    shown = (k if v is None else f"{k} : {v}" for k, v in s.elements.items())
+                    out.append(f"\t\telements = {{ {', '.join(shown)} }}")
+                out.append("\t}")
+            for chain_name, chain in table.chains.items():
+                out += [f"\tchain {chain_name} {{", *(f"\t\t{line}" for line in [chain.declaration, *chain.rules] if line)]
+                out.append("\t}")
+            out.append("}")
+        return "\n".join(out) + "\n" if out else ""
+
     def _list_json(self, args: list[str]) -> str:
         if args[0] == "ruleset":  # `list ruleset FAMILY`: each table of the family, as `list table` lists it
             tables = [json.loads(self._list_json(["table", f, t]))["nftables"][1:] for f, t in self.tables if f == args[1]]

@@ -1,0 +1,186 @@
+"""A fifth mode is one registry entry and its own code: a toy mode, all of it in this file, runs
+through the CLI's mode list and `render`, the configuration's checks, the backend contract on
+the fake node, `kubeproxy cleanup` and the live proxy, without a line changed anywhere else.
+
+The toy programs a tool of its own, `toyctl`, whose fake this file brings (the mode's
+`fake_tools`): `toyctl load` takes one `IP:PORT/PROTO -> ENDPOINTS` line per Service port,
+`toyctl show` lists them, `toyctl flush` removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+from click.testing import CliRunner
+
+from kubeproxy.backends import registry
+from kubeproxy.backends.base import OfflineOptions, OfflineText, SyncError
+from kubeproxy.backends.exec import Runner
+from kubeproxy.backends.fake_node import FakeNode
+from kubeproxy.cluster.state import ClusterState
+from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.sources.events import WatchEvent
+from tests.backends.test_contract import contract
+from tests.paths import DEMO
+
+TOOL = "toyctl"
+
+
+@dataclass
+class FakeToyctl:
+    lines: list[str] = field(default_factory=list)
+
+    def handles(self, argv: Sequence[str]) -> bool:
+        return argv[0] == TOOL
+
+    def run(
+        self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        out = ""
+        if argv[1] == "load":
+            self.lines = (input or "").splitlines()
+        elif argv[1] == "show":
+            out = "".join(f"{line}\n" for line in self.lines)
+        elif argv[1] == "flush":
+            out, self.lines = f"{len(self.lines)}\n", []
+        return subprocess.CompletedProcess(list(argv), 0, out, "")
+
+
+def toy_lines(view: NodeView) -> str:
+    return "".join(
+        f"{svc.cluster_ip}:{svc.port}/{svc.protocol} -> {','.join(f'{e.ip}:{e.port}' for e in view.endpoints.get(name, ()))}\n"
+        for name, svc in sorted(view.services.items())
+    )
+
+
+@dataclass(frozen=True)
+class ToyReport:
+    full: bool
+    no_local_endpoints_internal: int = 0
+    no_local_endpoints_external: int = 0
+    rule_counts: Mapping[str, int] = field(default_factory=dict)
+    written_rule_counts: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ToyBackend:
+    run: Runner
+    family: Family = Family.IPV4
+    nfacct_counters: tuple[str, ...] = ()
+
+    def prepare(self) -> None:
+        pass
+
+    def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> ToyReport:
+        proc = self.run([TOOL, "load"], input=toy_lines(view), check=False)
+        if proc.returncode != 0:
+            raise SyncError(f"{TOOL} load: {proc.stderr}")
+        return ToyReport(full=changed_services is None)
+
+    def check(self, view: NodeView, opts: NodeOptions) -> str | None:
+        return None
+
+    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+        metrics.restore_failures_total.inc()
+
+    def cleanup(self) -> list[str]:
+        return toy_cleanup(self.run, self.family)
+
+
+def toy_cleanup(run: Runner, family: Family) -> list[str]:
+    count = int(run([TOOL, "flush"]).stdout or 0)
+    return [f"{count} toy rules"] if count else []
+
+
+def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:
+    return OfflineText("".join(f"toy {key[0]}/{key[1]}\n" for key in sorted(state.services)))
+
+
+TOY = registry.Mode(
+    "toy",
+    lambda run, sync_period, variant, cfg: ToyBackend(run),
+    __name__,  # this module's render_text
+    toy_cleanup,
+    tools=lambda variant: (TOOL,),
+    upstream_dual_stack=False,
+    metrics=(registry.RESTORE_FAILURES,),
+    failure_metric=registry.RESTORE_FAILURES,
+    fake_tools=(FakeToyctl,),
+    listings=((TOOL, "show"),),
+)
+
+
+@pytest.fixture(autouse=True)
+def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.MODES, "toy", TOY)
+
+
+def test_the_toy_is_a_mode_of_the_cli_and_the_configuration() -> None:
+    from kubeproxy.cli import main
+    from kubeproxy.proxy.flags import usage
+
+    assert validate(ProxyConfig(mode="toy")).mode == "toy"
+    assert "'toy'" in usage()
+    result = CliRunner().invoke(main, ["render", "--proxy-mode", "toy", "--manifests", str(DEMO)])
+    assert result.exit_code == 0, result.output
+    assert "toy default/" in result.output
+    refused = CliRunner().invoke(main, ["render", "--proxy-mode", "toys", "--manifests", str(DEMO)])
+    assert refused.exit_code != 0 and "'toy'" in refused.output
+
+
+def test_the_toy_keeps_the_backend_contract_on_the_fake_node() -> None:
+    contract("toy", FakeNode().run)
+
+
+def test_kubeproxy_cleanup_removes_the_toys_rules_with_every_other_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubeproxy.backends import exec as kexec
+    from kubeproxy.cli import main
+
+    node = FakeNode()
+    node.run([TOOL, "load"], input="10.96.0.1:443/TCP -> 192.168.0.2:6443\n")
+    monkeypatch.setattr(kexec, "local_run", node.run)  # the CLI's node is the fake one
+    result = CliRunner().invoke(main, ["cleanup"])
+    assert result.exit_code == 0, result.output
+    assert "removed 1 toy rules" in result.output
+    assert node.run([TOOL, "show"]).stdout == ""
+
+
+def test_the_live_proxy_runs_the_toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubeproxy.live import LiveProxy
+    from tests.live.test_live import _service
+
+    node = FakeNode()
+    cfg = ProxyConfig(
+        mode="toy", cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, healthz_bind_address="", metrics_bind_address=""
+    )
+    proxy = LiveProxy(cfg, "node-1", run_cmd=node.run)
+
+    @dataclass
+    class Source:
+        connected: bool = True
+
+        async def run(self) -> None:
+            for obj in _service("web", "10.96.7.7", ["10.244.1.5"]):
+                proxy.on_event(WatchEvent("ADDED", obj["kind"], obj))
+            await asyncio.Event().wait()
+
+        async def wait_synced(self) -> None:
+            pass
+
+    async def main() -> None:
+        task = asyncio.create_task(proxy.serve(Source()))
+        try:
+            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert node.run([TOOL, "show"]).stdout.startswith("10.96.7.7:")
