@@ -161,12 +161,14 @@ def role_named(dump: str, node_name: str, pods_by_ip: Mapping[str, str], drop: S
         return f"-j {chain}" if named is None else f"-j LOCAL-ENDPOINT({named})"
 
     def local_rule(rule: str) -> str:
-        # The rule's comment names the endpoint's address too ("ns/svc:port -> ip:port").
+        # The rule's comment names the endpoint's address too ("ns/svc:port -> ip:port"), and
+        # session affinity's `-m recent --name` the endpoint's chain.
         for match in _SEP_JUMP.finditer(rule):
             endpoint = seps.get(match.group(1), "")
             named = role(match)
             if endpoint and named.startswith("-j LOCAL-ENDPOINT("):
                 rule = rule.replace(f"-> {endpoint}", "-> " + named.removeprefix("-j "))
+                rule = rule.replace(f"--name {match.group(1)} ", "--name " + named.removeprefix("-j ") + " ")
         return _SEP_JUMP.sub(role, rule)
 
     def dropped(rule: str) -> str:

@@ -5,6 +5,9 @@
                    ├── node-b  192.168.30.12  pods 10.244.2.0/24   ours (.venv/bin/kube-proxy)
                    └── node-c  192.168.30.13  pods 10.244.3.0/24   no proxy: remote pods for both
 
+The cluster is dual-stack: every node also has fd00:30::1N and pods fd00:10:244:N::/64, the
+Service ranges are 10.96.0.0/12 and fd00:10:96::/112, and every pod has an address of each family.
+
 Every box is a network namespace, removed with its processes when the block ends. The lab kubelet
 (lab/kubelet.py) registers the three Nodes and reports each pod (a namespace wired to its node,
 running the probe server) with its IP and readiness; upstream's EndpointSlice controller makes the
@@ -40,8 +43,10 @@ from kubeproxy.proxy.options import NFACCT_COUNTERS
 
 UNDERLAY = ipaddress.ip_network("192.168.30.0/24")
 CONTROL_IP = "192.168.30.2"
-CLUSTER_CIDR = "10.244.0.0/16"
-SERVICE_CIDR = "10.96.0.0/12"
+UNDERLAY6 = ipaddress.ip_network("fd00:30::/64")
+CLUSTER_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
+CLUSTER_CIDR = ",".join(CLUSTER_CIDRS)
+SERVICE_CIDR = "10.96.0.0/12,fd00:10:96::/112"
 ZONE = "zone-a"
 UPSTREAM_NODE = "node-a"
 OURS_NODE = "node-b"
@@ -49,7 +54,10 @@ POD_HOST_NODE = "node-c"
 POD_PORT = 8080
 METRICS_BIND = "127.0.0.1:10249"
 RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "00-rbac.yaml"
-_NODE_SYSCTLS = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=2", "net.ipv4.conf.default.rp_filter=2"]
+_NODE_SYSCTLS = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=2", "net.ipv4.conf.default.rp_filter=2",
+                 "net.ipv6.conf.all.forwarding=1"]  # fmt: skip
+# Pods declare these container ports, so Services may name any of them as their targetPort.
+POD_PORTS = (("http", POD_PORT, "TCP"), ("dns", 5353, "UDP"), ("sctp", 9132, "SCTP"))
 _FIRST_POD_HOST = 10
 
 
@@ -59,6 +67,8 @@ class BedNode:
     ip: str
     pod_cidr: str
     ns: L.NetNS
+    ip6: str = ""
+    pod_cidr6: str = ""
     proxy: subprocess.Popen[str] | None = None
     next_host: int = _FIRST_POD_HOST
 
@@ -66,7 +76,7 @@ class BedNode:
 @dataclass
 class BedPod:
     info: PodInfo
-    ns: L.NetNS
+    ns: L.NetNS | None  # None: a pod the API knows of with nothing running (rules need no packets)
 
 
 @dataclass
@@ -98,30 +108,41 @@ class SideBySide:
             bed = cls(workdir, cp, LabKubelet(cp.api), switch, mode=mode, _stack=stack)
             for index, name in enumerate((UPSTREAM_NODE, OURS_NODE, POD_HOST_NODE), start=1):
                 ns = stack.enter_context(L.netns(f"kpsbn{index}"))
-                node = BedNode(name, str(UNDERLAY[10 + index]), f"10.244.{index}.0/24", ns)
+                node = BedNode(name, str(UNDERLAY[10 + index]), f"10.244.{index}.0/24", ns,
+                               str(UNDERLAY6[0x10 + index]), f"fd00:10:244:{index}::/64")  # fmt: skip
                 bed.nodes[name] = node
                 _attach(switch, ns, f"{node.ip}/{UNDERLAY.prefixlen}", index)
+                L.ip_batch(ns, [f"addr add {node.ip6}/{UNDERLAY6.prefixlen} dev eth0 nodad"])
                 ns.run(["sysctl", "-qw", *_NODE_SYSCTLS])
-                bed.kubelet.register_node(NodeInfo(name, (node.ip,), (node.pod_cidr,), ZONE))
+                bed.kubelet.register_node(NodeInfo(name, (node.ip, node.ip6), (node.pod_cidr, node.pod_cidr6), ZONE))
             for node in bed.nodes.values():
-                routes = [f"route add {n.pod_cidr} via {n.ip}" for n in bed.nodes.values() if n is not node]
-                L.ip_batch(node.ns, routes)
+                others = [n for n in bed.nodes.values() if n is not node]
+                routes = [f"route add {n.pod_cidr} via {n.ip}" for n in others]
+                L.ip_batch(node.ns, routes + [f"route add {n.pod_cidr6} via {n.ip6}" for n in others])
             cp.run_kubectl("apply", "-f", str(RBAC_MANIFEST))
             stack.callback(bed.stop_proxies)
             yield bed
 
     # ---- pods ---------------------------------------------------------------------------------
 
-    def add_pod(self, name: str, node_name: str, labels: Mapping[str, str], *, ready: bool = True) -> BedPod:
-        """A pod namespace on `node_name` running the probe on POD_PORT, reported through the API."""
+    def add_pod(self, name: str, node_name: str, labels: Mapping[str, str], *, ready: bool = True, wired: bool = True) -> BedPod:
+        """A pod on `node_name` with an address of each family, reported through the API; `wired`,
+        a namespace running the probe on POD_PORT (IPv4)."""
         node = self.nodes[node_name]
         ip = str(ipaddress.ip_network(node.pod_cidr)[node.next_host])
+        ip6 = str(ipaddress.ip_network(node.pod_cidr6)[node.next_host])
         node.next_host += 1
+        info = PodInfo(name, node_name, (ip, ip6), dict(labels), POD_PORTS)
+        if not wired:
+            self.pods[name] = BedPod(info, None)
+            self.changed_at = time.time()
+            self.kubelet.report_pod(info, ready=ready)
+            return self.pods[name]
         ns = L.create("kpsbpod")
-        pod = BedPod(PodInfo(name, node_name, (ip,), dict(labels), (("http", POD_PORT, "TCP"),)), ns)
+        pod = BedPod(info, ns)
         self.pods[name] = pod
         self._stack.callback(ns.delete)
-        wire_pod(node.ns, ns, pod_interface(ns, name), ip)
+        wire_pod(node.ns, ns, pod_interface(ns, name), ip, ip6)
         child = ns.popen([*PROBE, "serve", "--proto", "tcp", "--listen", f"{ip}:{POD_PORT}"], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL)  # fmt: skip
         await_ready(f"the probe in pod {name}", child, timeout=15)
@@ -145,7 +166,8 @@ class SideBySide:
     def finish_termination(self, name: str) -> None:
         self.changed_at = time.time()
         pod = self.pods.pop(name)
-        pod.ns.delete()
+        if pod.ns is not None:
+            pod.ns.delete()
         self.kubelet.finish_termination(pod.info)
 
     def pods_by_ip(self) -> dict[str, str]:
@@ -227,12 +249,12 @@ class SideBySide:
                 found[family] = float(value)
         return found
 
-    def synced_since_change(self, node_name: str, families: Sequence[str]) -> bool:
-        """Whether the node's proxy synced IPv4 (the family of every change the bed makes: its
-        nodes and pods are IPv4) since the last change, and every one of `families` at least
-        once. Upstream syncs a family only when something of that family changed."""
+    def synced_since_change(self, node_name: str, families: Sequence[str], changed: Collection[str] = ("IPv4",)) -> bool:
+        """Whether the node's proxy synced every family of `changed` (those the last change
+        touched) since that change, and every one of `families` at least once. Upstream syncs
+        a family only when something of that family changed."""
         syncs = self.last_syncs(node_name)
-        return syncs.get("IPv4", 0.0) >= self.changed_at and all(syncs.get(f, 0.0) > 0 for f in families)
+        return all(syncs.get(f, 0.0) >= self.changed_at for f in changed) and all(syncs.get(f, 0.0) > 0 for f in families)
 
     def dump(self, node_name: str) -> dict[str, str]:
         """`iptables-save` and `ip6tables-save` of the node, by family."""
@@ -267,12 +289,14 @@ class SideBySide:
         families: Sequence[str] = ("IPv4", "IPv6"),
         drop: Sequence[str] = (),
         node_local: Collection[str] = (),
+        changed: Collection[str] = ("IPv4",),
         timeout: float = 30,
     ) -> list[str]:
         """After a change: until the slices hold `expected`, both proxies have synced since, and
         their rules are equal (role-named); returns the differences left at the deadline.
         `node_local` names the Services (internalTrafficPolicy Local, no external traffic) whose
-        endpoints a node programs only when they are its own pods."""
+        endpoints a node programs only when they are its own pods; `changed`, the families the
+        change touched (each proxy must have synced them since)."""
         deadline = time.monotonic() + timeout
         while not self.slices_settled(expected):
             self.check_alive()
@@ -294,10 +318,10 @@ class SideBySide:
         dumps: dict[str, dict[str, str]] = {}
         while True:
             self.check_alive()
-            if all(self.synced_since_change(n, families) for n in (UPSTREAM_NODE, OURS_NODE)):
+            if all(self.synced_since_change(n, families, changed) for n in (UPSTREAM_NODE, OURS_NODE)):
                 dumps = {n: self.dump(n) for n in (UPSTREAM_NODE, OURS_NODE)}
                 # Equal rules that miss a ready endpoint or keep a gone one are equally stale, not converged.
-                fresh = all(ready(n) <= _destinations(d["IPv4"]) <= present for n, d in dumps.items())
+                fresh = all(ready(n) <= _destinations(d["IPv4"]) | _destinations(d["IPv6"]) <= present for n, d in dumps.items())
                 diffs = self.differences(dumps, families=families, drop=drop)
                 if fresh and not diffs:
                     return []
@@ -326,9 +350,9 @@ class SideBySide:
 
 def _destinations(dump: str) -> set[str]:
     """The pod addresses the dump DNATs to (the `kubernetes` Service's endpoint is no pod)."""
-    pods = ipaddress.ip_network(CLUSTER_CIDR)
+    pods = [ipaddress.ip_network(cidr) for cidr in CLUSTER_CIDRS]
     ips = {endpoint.rsplit(":", 1)[0].strip("[]") for endpoint in rules_compare.endpoint_chains(dump).values()}
-    return {ip for ip in ips if ipaddress.ip_address(ip) in pods}
+    return {ip for ip in ips if any(ipaddress.ip_address(ip) in cidr for cidr in pods)}
 
 
 def _attach(switch: L.NetNS, ns: L.NetNS, cidr: str, index: int) -> None:

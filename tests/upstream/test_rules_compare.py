@@ -61,3 +61,24 @@ def test_an_endpoint_chain_a_cluster_chain_jumps_to_keeps_its_name() -> None:
     cluster = '-A KUBE-SVC-L -m comment --comment "default/lweb:http -> 10.244.1.10:8080" -j KUBE-SEP-AAAA'
     dump = _itp_local("10.244.1.10", "KUBE-SEP-AAAA").replace("COMMIT", f":KUBE-SVC-L - [0:0]\n{cluster}\nCOMMIT")
     assert "KUBE-SEP-AAAA" in dict(rc.role_named(dump, "node-a", PODS)["nat"].rules)
+
+
+def _affinity_local(own_ip: str, sep: str, other: str) -> str:
+    """A local chain with session affinity to the node's own pod, whose chain the cluster chain reaches too."""
+    recent = f"-m recent --rcheck --seconds 60 --reap --name {sep} --mask 255.255.255.255 --rsource"
+    return nat(
+        ("KUBE-SVC-L", [f'-A KUBE-SVC-L -m comment --comment "default/lweb:http -> {own_ip}:8080" -j {sep}',
+                        f'-A KUBE-SVC-L -m comment --comment "default/lweb:http -> {other}:8080" -j KUBE-SEP-OTHER']),
+        ("KUBE-SVL-L", [f'-A KUBE-SVL-L -m comment --comment "default/lweb:http -> {own_ip}:8080" {recent} -j {sep}',
+                        f'-A KUBE-SVL-L -m comment --comment "default/lweb:http -> {own_ip}:8080" -j {sep}']),
+        (sep, [f'-A {sep} -p tcp -m comment --comment "default/lweb:http" -m tcp -j DNAT --to-destination {own_ip}:8080']),
+    )  # fmt: skip
+
+
+def test_the_affinity_match_of_a_local_chain_names_the_nodes_own_endpoint_by_role() -> None:
+    a = _affinity_local("10.244.1.10", "KUBE-SEP-AAAA", "10.244.2.10")
+    b = _affinity_local("10.244.2.10", "KUBE-SEP-BBBB", "10.244.1.10")
+    local = dict(rc.role_named(a, "node-a", PODS)["nat"].rules)["KUBE-SVL-L"]
+    assert "--name LOCAL-ENDPOINT(lweb-<node>:8080) " in local[0]
+    # The local chains are equal; the cluster chains, which name every endpoint's chain as it is, are not.
+    assert [d.split(":")[0] for d in compare(a, b) if " KUBE-" in d.split(":")[0]] == ["nat KUBE-SVC-L"]

@@ -1,10 +1,12 @@
 """Upstream's kube-proxy (node-a) and ours (node-b) in iptables mode against upstream's control
-plane: after every step of a scenario, each node's `iptables-save` equal to the other's, the
-node's own endpoints named by role (kubeproxy/lab/side_by_side.py, lab/rules_compare.py)."""
+plane: after every step of a scenario, each node's `iptables-save` and `ip6tables-save` equal to
+the other's, the node's own endpoints named by role (kubeproxy/lab/side_by_side.py,
+lab/rules_compare.py). One scenario has IPv4 Services only, one every IP family policy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,12 @@ from kubeproxy.lab.side_by_side import OURS_NODE, POD_HOST_NODE, UPSTREAM_NODE, 
 pytestmark = pytest.mark.root
 
 Expected = dict[str, set[tuple[str, bool, bool, bool]]]
+FAMILIES = ("IPv4", "IPv6")
 
 
 @dataclass
 class PodState:
-    ip: str
+    ips: tuple[str, ...]  # IPv4, IPv6
     app: str
     ready: bool = True
     terminating: bool = False
@@ -30,23 +33,31 @@ class Scenario:
     bed: SideBySide
     pods: dict[str, PodState]
     selectors: dict[str, str]  # Service name -> the app its selector picks
+    families: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Service name -> its ipFamilies (IPv4 if absent)
+    node_local: tuple[str, ...] = ("lweb-itp",)
 
     def add(self, name: str, node: str, app: str) -> None:
         pod = self.bed.add_pod(name, node, {"app": app})
-        self.pods[name] = PodState(pod.info.ips[0], app)
+        self.pods[name] = PodState(pod.info.ips, app)
 
     def add_mirrored(self, base: str, app: str) -> None:
         for node in (UPSTREAM_NODE, OURS_NODE):
             self.add(f"{base}-{node}", node, app)
 
     def expected(self) -> Expected:
-        return {
-            service: {(p.ip, p.ready and not p.terminating, p.ready, p.terminating) for p in self.pods.values() if p.app == app}
-            for service, app in self.selectors.items()
-        }
+        out: Expected = {}
+        for service, app in self.selectors.items():
+            indexes = [FAMILIES.index(f) for f in self.families.get(service, ("IPv4",))]
+            out[service] = {
+                (p.ips[i], p.ready and not p.terminating, p.ready, p.terminating)
+                for p in self.pods.values()
+                if p.app == app
+                for i in indexes
+            }
+        return out
 
-    def check(self, step: str) -> None:
-        diffs = self.bed.await_step(self.expected(), families=("IPv4", "IPv6"), node_local=("lweb-itp",))
+    def check(self, step: str, changed: Collection[str] = ("IPv4",)) -> None:
+        diffs = self.bed.await_step(self.expected(), families=FAMILIES, node_local=self.node_local, changed=changed)
         assert not diffs, f"after {step}:\n" + "\n".join(diffs)
 
 
@@ -114,3 +125,74 @@ def test_iptables_rules_equal_to_upstream_at_every_step(upstream_binaries: Path)
         bed.delete("service", "lweb-local")
         del s.selectors["lweb-local"]
         s.check("the Local LoadBalancer deleted")
+
+
+def _dual_stack_services() -> list[objects.JSON]:
+    http = [objects.Port("http", 80, 8080)]
+    v6 = {"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv6"]}
+
+    def dual(policy: str, ips: list[str], app: str, families: tuple[str, ...] = ("IPv4", "IPv6")) -> dict[str, object]:
+        return {"ipFamilyPolicy": policy, "ipFamilies": list(families), "clusterIPs": ips, "selector": {"app": app}}
+
+    def port(node_port: int) -> list[objects.Port]:
+        return [objects.Port("http", 80, 8080, node_port=node_port)]
+
+    return [
+        objects.service("six", "fd00:10:96::10", http, affinity_timeout=600, spec={**v6, "selector": {"app": "six"}}),
+        objects.service("six-lb", "fd00:10:96::11", port(30111), type="LoadBalancer", load_balancer_ips=["2001:db8:1::11"],
+                        source_ranges=["2001:db8:2::/64"], external_ips=["2001:db8:3::11"],
+                        spec={**v6, "selector": {"app": "six"}}),
+        objects.service("prefer", "10.96.1.20", port(30120), type="NodePort",
+                        spec=dual("PreferDualStack", ["10.96.1.20", "fd00:10:96::20"], "dual")),
+        objects.service("prefer-six-first", "fd00:10:96::21", http,
+                        spec=dual("PreferDualStack", ["fd00:10:96::21", "10.96.1.21"], "dual", ("IPv6", "IPv4"))),
+        objects.service("require-lb", "10.96.1.22", port(30122), type="LoadBalancer",
+                        load_balancer_ips=["203.0.113.22", "2001:db8:1::22"], external_traffic_policy="Local",
+                        health_check_node_port=32122, spec=dual("RequireDualStack", ["10.96.1.22", "fd00:10:96::22"], "ldual")),
+        objects.service("require-itp", "10.96.1.23", http, internal_traffic_policy="Local", affinity_timeout=60,
+                        spec=dual("RequireDualStack", ["10.96.1.23", "fd00:10:96::23"], "ldual")),
+    ]  # fmt: skip
+
+
+def test_dual_stack_rules_equal_to_upstream_at_every_step(upstream_binaries: Path) -> None:
+    both = ("IPv4", "IPv6")
+    with SideBySide.build(upstream_binaries) as bed:
+        selectors = {"six": "six", "six-lb": "six", "prefer": "dual", "prefer-six-first": "dual", "require-lb": "ldual",
+                     "require-itp": "ldual"}  # fmt: skip
+        families = {"six": ("IPv6",), "six-lb": ("IPv6",), "prefer": both, "prefer-six-first": both, "require-lb": both,
+                    "require-itp": both}  # fmt: skip
+        s = Scenario(bed, {}, selectors, families, node_local=("require-itp",))
+        s.add("six-0", POD_HOST_NODE, "six")
+        s.add_mirrored("six-1", "six")
+        s.add("dual-0", POD_HOST_NODE, "dual")
+        s.add("dual-1", POD_HOST_NODE, "dual")
+        s.add_mirrored("ldual-0", "ldual")
+        s.add("ldual-remote", POD_HOST_NODE, "ldual")
+        bed.apply(*_dual_stack_services())
+        bed.start_proxies()
+        s.check("the first sync", both)
+
+        s.add("six-2", POD_HOST_NODE, "six")
+        s.check("an IPv6 pod added", ("IPv6",))
+        s.add_mirrored("ldual-1", "ldual")
+        s.check("a local dual-stack pod added on each node", both)
+
+        bed.set_ready("dual-0", False)
+        s.pods["dual-0"].ready = False
+        s.check("a dual-stack pod turned not ready", both)
+
+        for node in (UPSTREAM_NODE, OURS_NODE):
+            bed.start_termination(f"ldual-0-{node}")
+            s.pods[f"ldual-0-{node}"].terminating = True
+        s.check("a local dual-stack pod terminating on each node", both)
+        for node in (UPSTREAM_NODE, OURS_NODE):
+            bed.finish_termination(f"ldual-0-{node}")
+            del s.pods[f"ldual-0-{node}"]
+        s.check("terminated pods gone", both)
+
+        bed.delete("service", "six-lb")
+        del s.selectors["six-lb"]
+        s.check("an IPv6 LoadBalancer deleted", ("IPv6",))
+        bed.delete("service", "require-lb")
+        del s.selectors["require-lb"]
+        s.check("a RequireDualStack LoadBalancer deleted", both)
