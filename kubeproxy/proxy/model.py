@@ -184,6 +184,10 @@ def ports_of_service(svc: Service, family: Family) -> dict[ServicePortName, Serv
     external_ips = tuple(ip for ip in svc.external_ips if ip.version == version) if svc.external_ips else ()
     ranges = svc.load_balancer_source_ranges
     source_ranges = tuple(c for c in ranges if c.version == version) if ranges else ()
+    if any(c.prefixlen == 0 for c in source_ranges):
+        # A range of the whole family allows any source: no firewall, as none were given
+        # (upstream's newBaseServiceInfo, pkg/proxy/serviceport.go, IsZeroCIDR).
+        source_ranges = ()
     health_check_node_port = svc.health_check_node_port if needs_health_check else 0
     affinity = svc.session_affinity == "ClientIP"
     internal_local = svc.internal_traffic_policy == "Local"
