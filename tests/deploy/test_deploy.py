@@ -73,12 +73,14 @@ def objects() -> dict[str, JSON]:
 
 
 def container(ds: JSON) -> JSON:
+    only: JSON
     (only,) = ds["spec"]["template"]["spec"]["containers"]
     return only
 
 
 def config_text(objects: dict[str, JSON]) -> str:
-    return objects["ConfigMap"]["data"]["config.conf"]
+    text: str = objects["ConfigMap"]["data"]["config.conf"]
+    return text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,7 +622,8 @@ def containerfile_instructions() -> list[tuple[str, str]]:
 def _containerfile_entrypoint() -> list[str]:
     entrypoints = [args for keyword, args in containerfile_instructions() if keyword == "ENTRYPOINT"]
     assert len(entrypoints) == 1
-    return json.loads(entrypoints[0])  # exec form: a JSON array, no shell in between
+    argv: list[str] = json.loads(entrypoints[0])  # exec form: a JSON array, no shell in between
+    return argv
 
 
 def apt_packages() -> set[str]:

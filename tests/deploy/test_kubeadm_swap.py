@@ -39,6 +39,7 @@ def kubeadm_objects() -> dict[str, JSON]:
 
 
 def container(ds: JSON) -> JSON:
+    c: JSON
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     return c
 
@@ -139,8 +140,11 @@ def test_kubeadm_daemonset_command_runs_the_node(tmp_path: Path) -> None:
             got = cluster.request("tcp", cluster.client, dst, count=10)
             assert {r["dst"].split(":")[0] for r in got if isinstance(r, dict)} <= {b.ip for b in cluster.backends("a", "b")}
             assert all(isinstance(r, dict) for r in got), got
-        text = poll("the start-up line", lambda: "Starting kubeproxy" in cluster.proxy_log() and cluster.proxy_log(),
-                    timeout=15)
+        def started() -> str | None:
+            log = cluster.proxy_log()
+            return log if "Starting kubeproxy" in log else None
+
+        text = poll("the start-up line", started, timeout=15)
         line = next(line for line in text.splitlines() if "Starting kubeproxy" in line)
         assert f'node="{NODE_NAME}"' in line and 'nodeFrom="--hostname-override"' in line
         assert f'nodeIPs="{NODE_IP}"' in line and 'clusterCIDR="10.244.0.0/16"' in line

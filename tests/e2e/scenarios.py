@@ -269,17 +269,17 @@ def health_check_node_port(c: MiniCluster, load: Load) -> None:
     assert answer_eventually(c, url, 200, weight=2).json()["localEndpoints"] == 2
     load(shop("r"))
     # only node-2 serves: this node must be taken out of the pool
-    got = answer_eventually(c, url, 503, weight=0)
-    assert got.json()["localEndpoints"] == 0, got
+    health = answer_eventually(c, url, 503, weight=0)
+    assert health.json()["localEndpoints"] == 0, health
     # and what the health check says is what the rules do: outside traffic is dropped here
-    got = c.request("tcp", c.client, f"{LB_IP}:80", count=2, timeout=0.5)
+    probes = c.request("tcp", c.client, f"{LB_IP}:80", count=2, timeout=0.5)
     if c.proxy_mode == "ipvs":
         # Upstream's IPVS mode (kubernetes#97081) sends it on to the remote endpoints, un-masqueraded
         # (so that pods here still reach the service): on a real node-2 the reply carries the pod's
         # address and the client discards it. This bed's node-1 routes r itself, so the reply returns.
-        assert destinations(got) == at(c, "r") and source_ips(got) == {CLIENT_IP}, got
+        assert destinations(probes) == at(c, "r") and source_ips(probes) == {CLIENT_IP}, probes
     else:
-        assert got == ["timeout"] * 2, got
+        assert probes == ["timeout"] * 2, probes
 
 
 def healthz_from_the_client(c: MiniCluster, load: Load) -> None:

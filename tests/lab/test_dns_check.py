@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from kubeproxy.lab.dns.check import run_check
 from kubeproxy.lab.dns.commands import dns
@@ -17,7 +17,7 @@ from kubeproxy.lab.dns.responder import Responder
 from kubeproxy.lab.dns.wire import Zone, answer, make_query
 
 
-def _run(*args: str):
+def _run(*args: str) -> Result:
     return CliRunner().invoke(dns, list(args), catch_exceptions=False)
 
 
@@ -59,7 +59,8 @@ def test_one_in_fifty_dropped_is_unhealthy() -> None:
 def _closed_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def test_closed_port_is_unhealthy() -> None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.cluster import CLIENT_IP, NODE_IP
@@ -25,7 +25,7 @@ from kubeproxy.lab.dns.scenarios import SCENARIOS
 from kubeproxy.lab.dns.world import EXTERNAL_IP, SNAT_PORTS, DnsWorld, LabError, check_proxy_mode
 
 
-def _invoke(*args: str):
+def _invoke(*args: str) -> Result:
     return CliRunner().invoke(lab, list(args), catch_exceptions=False)
 
 

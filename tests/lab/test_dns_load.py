@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from kubeproxy.lab.dns.commands import dns
 from kubeproxy.lab.dns.load import LoadPlan, run_schedule
@@ -22,7 +22,7 @@ from kubeproxy.lab.dns.wire import make_query
 from kubeproxy.lab.netns import NetNS
 
 
-def _run(*args: str):
+def _run(*args: str) -> Result:
     return CliRunner().invoke(dns, list(args), catch_exceptions=False)
 
 

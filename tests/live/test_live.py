@@ -16,13 +16,14 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
@@ -107,7 +108,8 @@ def _dnats_to(netns: NetNS, mode: str, ip: str, port: int = 8080) -> bool:
 
 
 async def _with_proxy(
-    netns, server: ApiServer, tmp_path: Path, mode: str, body: Callable[[LiveProxy], Awaitable[None]], run_cmd=None
+    netns: NetNS, server: ApiServer, tmp_path: Path, mode: str, body: Callable[[LiveProxy], Awaitable[None]],
+    run_cmd: Runner | None = None,
 ) -> None:
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
     proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=run_cmd or netns.run)
@@ -126,7 +128,7 @@ async def _with_proxy(
 
 
 @pytest.fixture
-def server():
+def server() -> Iterator[ApiServer]:
     with ApiServer() as api:
         for raw in load_manifests([DEMO]):
             api.apply(raw.obj)
@@ -187,7 +189,7 @@ def _record_syncs(proxy: LiveProxy) -> list[tuple[bool, bool]]:
     return calls
 
 
-def _is_ipv4_apply(argv: list[str], stdin: str) -> bool:
+def _is_ipv4_apply(argv: Sequence[str], stdin: str) -> bool:
     """An IPv4 rules apply: the proxy runs an IPv6 lane too (as upstream, whatever the node's
     addresses), and a failure injected there would be that lane's."""
     if argv[:3] == ["nft", "-f", "-"]:
@@ -198,7 +200,7 @@ def _is_ipv4_apply(argv: list[str], stdin: str) -> bool:
 def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:
     failures = {"left": 0}
 
-    def flaky(argv, **kwargs):
+    def flaky(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         if failures["left"] and _is_ipv4_apply(argv, kwargs.get("input") or ""):
             failures["left"] -= 1
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: line 7 failed (injected)")

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kubeproxy.backends.exec import Runner
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.live import LiveProxy
@@ -29,8 +31,10 @@ pytestmark = pytest.mark.root
 REFUSED = "10.244.66.66"  # an endpoint address whose rules the wrapped kernel tools refuse
 
 
-def _refusing(netns: NetNS):
-    def run(argv, *, input=None, check=True, timeout=60):
+def _refusing(netns: NetNS) -> Runner:
+    def run(
+        argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         if input and REFUSED in input and (argv[0] == "nft" or "-restore" in argv[0]):
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: Error: Could not process rule (injected, {REFUSED})")
         return netns.run(argv, input=input, check=check, timeout=timeout)
@@ -103,7 +107,7 @@ def _lb(name: str, cluster_ip: str, lb_ip: str, ranges: list[str], endpoints: li
     return [svc, slice_]
 
 
-HOSTILE_BUT_VALID = {
+HOSTILE_BUT_VALID: dict[str, tuple[list[str], dict[str, Any]]] = {
     "everyone": (["0.0.0.0/0"], {}),
     "overlapping": (["10.0.0.0/8", "10.1.0.0/16"], {}),
     "contains-the-node": (["192.168.0.0/16", "203.0.113.0/24"], {}),

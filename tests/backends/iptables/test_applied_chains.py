@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kubeproxy import render as offline
+from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.iptables.applied import AppliedChains
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
@@ -24,6 +27,7 @@ from kubeproxy.lab import netns as netns_mod
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS
+from kubeproxy.render import NodeRendering
 
 DEMO = Path(__file__).parents[3] / "kubeproxy" / "examples" / "demo.yaml"
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
@@ -45,11 +49,11 @@ COMMIT
 class FakeNamespace:
     fake: FakeIptables = dataclasses.field(default_factory=FakeIptables)
 
-    def run(self, argv, **kwargs):  # type: ignore[no-untyped-def]
+    def run(self, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.fake.run(argv, **kwargs)
 
 
-def _demo(counters: set[str]):  # type: ignore[no-untyped-def]
+def _demo(counters: set[str]) -> NodeRendering:
     return offline.render_iptables(offline.load([DEMO]).state, CFG, nfacct_counters=counters)
 
 
@@ -66,7 +70,7 @@ def _fewer_endpoints(view: NodeView, service: tuple[str, str]) -> NodeView:
     return NodeView(dict(view.services), eps)
 
 
-def _tables(run, variant: str) -> dict[str, dict[str, list[str]]]:
+def _tables(run: Runner, variant: str) -> dict[str, dict[str, list[str]]]:
     """Per table, each chain's rules in order (iptables-save, counters and comments dropped)."""
     out: dict[str, dict[str, list[str]]] = {}
     for table in ("nat", "filter"):
@@ -91,7 +95,7 @@ def _steps(view: NodeView) -> list[tuple[str, NodeView, frozenset[tuple[str, str
     ]
 
 
-def _run_sequence(make_node, variant: str) -> None:
+def _run_sequence(make_node: Callable[[], Runner], variant: str) -> None:
     run = make_node()
     counters = ensure_nfacct_counters(NFACCT_COUNTERS, run)
     demo = _demo(counters)
@@ -116,7 +120,7 @@ def _run_sequence(make_node, variant: str) -> None:
 
 
 def test_partial_syncs_equal_a_full_render_on_the_fake() -> None:
-    def make() -> object:
+    def make() -> Runner:
         node = FakeNamespace()
         node.run(["iptables-restore", "--noflush"], input=FOREIGN)
         return node.run
@@ -131,7 +135,7 @@ def test_partial_syncs_equal_a_full_render_in_the_kernel(variant: str) -> None:
         pool = iter([ns, ref_ns])
         made: list[netns_mod.NetNS] = []
 
-        def make() -> object:
+        def make() -> Runner:
             # The first call is the node under test; every later one a reference node, reset.
             node = next(pool, None) or made[-1]
             if node is ref_ns and made.count(ref_ns):
@@ -151,7 +155,7 @@ def test_a_failed_restore_makes_the_next_partial_sync_write_everything() -> None
     restores: list[str] = []
     fail = [False]
 
-    def run(argv, **kwargs):  # type: ignore[no-untyped-def]
+    def run(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         if argv[0].endswith("-restore"):
             restores.append(kwargs.get("input") or "")
             if fail[0]:

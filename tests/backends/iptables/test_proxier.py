@@ -7,6 +7,9 @@ kernel in a namespace (root), which keeps the fake honest.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -19,6 +22,7 @@ from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
+from kubeproxy.render import NodeRendering
 from tests.paths import DEMO
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
@@ -38,16 +42,16 @@ COMMIT
 """
 
 
-def _demo(counters: set[str]):
+def _demo(counters: set[str]) -> NodeRendering:
     loaded = offline.load([DEMO])
     return offline.render_iptables(loaded.state, CFG, nfacct_counters=counters)
 
 
-def _save(ns: NetNS) -> str:
+def _save(ns: Namespace) -> str:
     return "\n".join(line for line in ns.run(["iptables-save"]).stdout.splitlines() if not line.startswith("#"))
 
 
-def _rules(ns: NetNS, table: str, chain: str) -> list[str]:
+def _rules(ns: Namespace, table: str, chain: str) -> list[str]:
     return ns.run(["iptables", "-w", "-t", table, "-S", chain]).stdout.splitlines()[1:]
 
 
@@ -62,13 +66,17 @@ class FakeNamespace:
 
     fake: FakeIptables = dataclasses.field(default_factory=FakeIptables)
 
-    def run(self, argv, **kwargs):
+    def run(self, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.fake.run(argv, **kwargs)
 
 
+Namespace = NetNS | FakeNamespace
+ProxierNode = tuple[Namespace, IptablesProxier, NodeRendering]  # the namespace, its proxier, the demo
+
+
 @pytest.fixture(params=["fake", pytest.param("kernel", marks=pytest.mark.root)])
-def node(request: pytest.FixtureRequest):
-    ns = request.getfixturevalue("netns") if request.param == "kernel" else FakeNamespace()
+def node(request: pytest.FixtureRequest) -> ProxierNode:
+    ns: Namespace = request.getfixturevalue("netns") if request.param == "kernel" else FakeNamespace()
     ns.run(["iptables-restore", "--noflush"], input=FOREIGN)
     counters = ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
     proxier = IptablesProxier(run=ns.run)
@@ -76,7 +84,7 @@ def node(request: pytest.FixtureRequest):
     return ns, proxier, _demo(counters)
 
 
-def test_full_sync_adds_each_jump_once_and_keeps_foreign_rules(node) -> None:
+def test_full_sync_adds_each_jump_once_and_keeps_foreign_rules(node: ProxierNode) -> None:
     ns, proxier, demo = node
     first = proxier.sync(demo.view, demo.options, None)
     assert first.full and first.jumps_added == len(jumps.ENSURE_ORDER)
@@ -91,7 +99,7 @@ def test_full_sync_adds_each_jump_once_and_keeps_foreign_rules(node) -> None:
     assert _rules(ns, "filter", "OTHER-FILTER") == ["-A OTHER-FILTER -s 198.51.100.0/24 -j DROP"]
 
 
-def test_kubelets_firewall_chain_and_jumps_in_ipv6_too(node) -> None:
+def test_kubelets_firewall_chain_and_jumps_in_ipv6_too(node: ProxierNode) -> None:
     """Upstream ensures KUBE-FIREWALL and its INPUT/OUTPUT jumps in every family before a full
     sync (iptablesKubeletJumpChains), though only IPv4 with localhost NodePorts fills it; a rule
     someone else put in it stays."""
@@ -110,7 +118,7 @@ def test_kubelets_firewall_chain_and_jumps_in_ipv6_too(node) -> None:
     assert proxier.sync(v6.view, v6.options, None).jumps_added == 0
 
 
-def test_kubelets_firewall_chain_is_created_when_missing(node) -> None:
+def test_kubelets_firewall_chain_is_created_when_missing(node: ProxierNode) -> None:
     ns, _, _ = node
     loaded = offline.load([DEMO])
     v6 = offline.render_iptables(loaded.state, CFG, nfacct_counters=(), family=Family.IPV6)
@@ -121,7 +129,7 @@ def test_kubelets_firewall_chain_is_created_when_missing(node) -> None:
     assert ":KUBE-FIREWALL - [0:0]" in saved and "-A INPUT -j KUBE-FIREWALL" in saved
 
 
-def test_partial_sync_rewrites_only_changed_services(node) -> None:
+def test_partial_sync_rewrites_only_changed_services(node: ProxierNode) -> None:
     ns, proxier, demo = node
     proxier.sync(demo.view, demo.options, None)
     # Someone edits a service chain behind our back; a partial sync for another service keeps
@@ -138,7 +146,7 @@ def test_partial_sync_rewrites_only_changed_services(node) -> None:
     assert f"-A {chain} -j RETURN" not in _rules(ns, "nat", chain)
 
 
-def test_flushed_tables_bring_a_full_sync_through_the_canary(node) -> None:
+def test_flushed_tables_bring_a_full_sync_through_the_canary(node: ProxierNode) -> None:
     ns, proxier, demo = node
     proxier.sync(demo.view, demo.options, None)
     before = _save(ns)
@@ -153,7 +161,7 @@ def test_flushed_tables_bring_a_full_sync_through_the_canary(node) -> None:
     assert sorted(_save(ns).splitlines()) == sorted(before.splitlines())
 
 
-def test_removed_service_chains_are_deleted(node) -> None:
+def test_removed_service_chains_are_deleted(node: ProxierNode) -> None:
     ns, proxier, demo = node
     proxier.sync(demo.view, demo.options, None)
     smaller = _drop_service(demo.view, "default", "session")
@@ -164,7 +172,7 @@ def test_removed_service_chains_are_deleted(node) -> None:
         assert f":{chain} " not in nat
 
 
-def test_failed_restore_raises_and_leaves_the_rules(node) -> None:
+def test_failed_restore_raises_and_leaves_the_rules(node: ProxierNode) -> None:
     ns, proxier, demo = node
     proxier.sync(demo.view, demo.options, None)
     before = _save(ns)
@@ -174,7 +182,7 @@ def test_failed_restore_raises_and_leaves_the_rules(node) -> None:
     assert _save(ns) == before
 
 
-def test_cleanup_removes_ours_and_nothing_else(node) -> None:
+def test_cleanup_removes_ours_and_nothing_else(node: ProxierNode) -> None:
     ns, proxier, demo = node
     pristine = _save(ns)
     proxier.sync(demo.view, demo.options, None)
@@ -187,7 +195,7 @@ def test_cleanup_removes_ours_and_nothing_else(node) -> None:
     )
 
 
-def test_cleanup_keeps_shared_chain_someone_else_uses(node) -> None:
+def test_cleanup_keeps_shared_chain_someone_else_uses(node: ProxierNode) -> None:
     ns, proxier, demo = node
     proxier.sync(demo.view, demo.options, None)
     # kubelet-style hostport rule using KUBE-MARK-MASQ
@@ -196,7 +204,7 @@ def test_cleanup_keeps_shared_chain_someone_else_uses(node) -> None:
     assert _rules(ns, "nat", "KUBE-MARK-MASQ") == ["-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"]
 
 
-def _structure(ns: NetNS) -> dict[str, dict[str, list[str]]]:
+def _structure(ns: Namespace) -> dict[str, dict[str, list[str]]]:
     """Per table and chain, the targets of its rules in order: what the kernel keeps of our text
     whatever order iptables-save prints the matches in."""
     out: dict[str, dict[str, list[str]]] = {}
