@@ -600,12 +600,12 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
 
     f.elem(CLUSTER_IPS, cip)
     if has_internal and internal_target:
-        f.elem(SERVICE_IPS, f"{cip} . {proto} . {port}", internal_target)
+        f.elem(SERVICE_IPS, f"{cip} . {proto} . {port}", internal_target, spn_str)
     else:
         f.elem(NO_ENDPOINT_SERVICES, f"{cip} . {proto} . {port}", internal_verdict, spn_str)
     for ip in svc.external_ips:
         if uses_external and external_target:
-            f.elem(SERVICE_IPS, f"{ip} . {proto} . {port}", external_target[0])
+            f.elem(SERVICE_IPS, f"{ip} . {proto} . {port}", external_target[0], spn_str)
         if not has_external:
             f.elem(NO_ENDPOINT_SERVICES, f"{ip} . {proto} . {port}", external_verdict, spn_str)
     uses_firewall = bool(svc.load_balancer_vips) and bool(svc.load_balancer_source_ranges)
@@ -613,9 +613,9 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
     firewall = naming.firewall_chain(spn) if uses_firewall else ""
     for ip in svc.load_balancer_vips:
         if uses_external and external_target:
-            f.elem(SERVICE_IPS, f"{ip} . {proto} . {port}", external_target[0])
+            f.elem(SERVICE_IPS, f"{ip} . {proto} . {port}", external_target[0], spn_str)
         if uses_firewall:
-            f.elem(FIREWALL_IPS, f"{ip} . {proto} . {port}", f"goto {firewall}")
+            f.elem(FIREWALL_IPS, f"{ip} . {proto} . {port}", f"goto {firewall}", spn_str)
     if not has_external:
         for ip in svc.load_balancer_vips:
             f.elem(NO_ENDPOINT_SERVICES, f"{ip} . {proto} . {port}", external_verdict, spn_str)
@@ -628,7 +628,7 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
         if svc.protocol in opts.localhost_nodeport_rejects:
             f.elem(LOCALHOST_NODEPORT_REJECTS, f"{proto} . {svc.node_port}", f"goto {localhost_reject_chain(proto)}")
         if uses_external and external_target:
-            f.elem(SERVICE_NODEPORTS, f"{proto} . {svc.node_port}", external_target[1])
+            f.elem(SERVICE_NODEPORTS, f"{proto} . {svc.node_port}", external_target[1], spn_str)
         if not has_external:
             f.elem(NO_ENDPOINT_NODEPORTS, f"{proto} . {svc.node_port}", external_verdict, spn_str)
 
@@ -665,6 +665,7 @@ def _selectors(
 ) -> tuple[str | None, tuple[str, str] | None]:
     """Shared-selector dispatch. Returns (internal verdict, (external verdict, NodePort verdict))."""
     proto, port = svc.protocol.lower(), svc.port
+    spn_str = str(svc.name)
     hairpin: set[str] = set()
     every_endpoint_may_hairpin = uses_external and svc.external_policy_local
 
@@ -682,7 +683,11 @@ def _selectors(
             values = targets[id(eps)] = [f"{ep.ip} . {ep.port}" for ep in eps]
             hairpin.update(ep.ip for ep in eps if ep.is_local or every_endpoint_may_hairpin)
         keys.extend([f"{key} . {i}" for i in range(n)])
-        packed.extend(values)  # a map element without a comment is packed as its value
+        # The first element of a block names the Service (so a grep for it finds the block's key);
+        # the others go without, packed as their bare values: a comment on each of 100k
+        # elements at 10k Services would cost an object and its text apiece.
+        packed.append(pack(values[0], spn_str))
+        packed.extend(values[1:])
         return name
 
     internal_target = None

@@ -13,7 +13,7 @@ def test_demo_renders() -> None:
     out = render_nftables(loaded.state, ProxyConfig(cluster_cidr=("10.244.0.0/16",)))
     text = out.rendering.text()
     assert text.startswith("add table ip kube-proxy")
-    assert "10.96.10.10 . tcp . 80 : goto cluster-endpoints-2" in text
+    assert '10.96.10.10 . tcp . 80 comment "default/web:http" : goto cluster-endpoints-2' in text
     assert out.rendering.warnings == ()
 
 

@@ -101,15 +101,16 @@ def test_elements_match_upstream() -> None:
         assert ours[name] == theirs[name], name
     for name in ("service-ips", "service-nodeports", "firewall-ips"):
         assert ours[name].keys() == theirs[name].keys(), name
-    # svc5 (ClientIP affinity) keeps upstream's per-service chains: the same targets
+    # svc5 (ClientIP affinity) keeps upstream's per-service chains: the same targets; ours name
+    # the Service in a comment (upstream's name it only through the chain they go to)
     for name, key in (("service-ips", "172.30.0.45 . tcp . 80"), ("service-ips", "5.6.7.8 . tcp . 80"),
                       ("service-nodeports", "tcp . 3002")):  # fmt: skip
-        assert ours[name][key] == theirs[name][key]
+        assert ours[name][key] == (theirs[name][key][0], "ns5/svc5:p80")
     # the others go to shared selectors and external chains
-    assert ours["service-ips"]["172.30.0.44 . tcp . 80"] == ("goto cluster-endpoints-2", None)
-    assert ours["service-ips"]["192.168.99.22 . tcp . 80"] == ("goto external-local-1-0", None)
+    assert ours["service-ips"]["172.30.0.44 . tcp . 80"] == ("goto cluster-endpoints-2", "ns4/svc4:p80")
+    assert ours["service-ips"]["192.168.99.22 . tcp . 80"] == ("goto external-local-1-0", "ns2/svc2:p80")
     # loadBalancerSourceRanges: upstream's per-service firewall chain, by the same name
-    assert ours["firewall-ips"]["5.6.7.8 . tcp . 80"] == theirs["firewall-ips"]["5.6.7.8 . tcp . 80"]
+    assert ours["firewall-ips"]["5.6.7.8 . tcp . 80"] == (theirs["firewall-ips"]["5.6.7.8 . tcp . 80"][0], "ns5/svc5:p80")
 
 
 def test_chain_names_are_upstreams() -> None:
