@@ -146,7 +146,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
         from kubeproxy.doctor.core import mode_of
         from kubeproxy.doctor.reconstruct import state_from_rules
 
-        state, told = state_from_rules(ruleset, mode_of(ruleset), cfg.hostname_override)
+        state, told = state_from_rules(ruleset, mode_of(ruleset), cfg.hostname_override, node, in_iface or "eth0")
         notes += told
     report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source))
     report.notes[:0] = notes

@@ -1,5 +1,5 @@
 """What the proxy was told, read back from its own rules: Services and EndpointSlices rebuilt from
-an iptables-mode dump, for `doctor --rules` without the objects.
+an iptables- or nftables-mode dump, for `doctor --rules` without the objects.
 
 Upstream's iptables proxier comments every per-Service rule with `namespace/name:port` and what
 the rule is for (`cluster IP`, `external IP`, `loadbalancer IP`, `health check node port`, `has no
@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubeproxy.cluster.state import ClusterState, build_state
+from kubeproxy.doctor.probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.model import Addr, Jump, Nat, Port, Proto, Rule, Ruleset, Table
+from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.packet import Packet
+from kubeproxy.netfilter.simulate import Simulator
 
 # The node the rules were taken from: local endpoints (those of a KUBE-SVL chain) are placed on it.
 RULES_NODE = "node-of-the-rules"
@@ -250,6 +254,10 @@ def from_iptables(ruleset: Ruleset, node_name: str = RULES_NODE) -> Reconstructe
                 port = dnat.port if isinstance(dnat.port, int) else rec.port
                 was_local = rec.endpoints.get(address, (0, False))[1]
                 rec.endpoints[address] = (port, local or was_local)
+    return _objects(recs, notes, node_name)
+
+
+def _objects(recs: dict[tuple[str, str, str], _PortRec], notes: list[str], node_name: str) -> Reconstructed:
     by_service: dict[tuple[str, str], dict[str, _PortRec]] = {}
     for (ns, name, pname), rec in recs.items():
         if rec.port or rec.cluster_ips:
@@ -266,12 +274,82 @@ def from_iptables(ruleset: Ruleset, node_name: str = RULES_NODE) -> Reconstructe
     return Reconstructed(objects, list(dict.fromkeys(notes)), len(by_service))
 
 
-def state_from_rules(ruleset: Ruleset, mode: str, node_name: str = "") -> tuple[ClusterState, list[str]]:
+# nftables mode: a chain named for a service port (upstream's `service-HASH-ns/name/tcp/http`,
+# `external-...`, ours for affinity) or an element comment `ns/name:port` (ours; upstream's on
+# no-endpoint elements) says whose an element is.
+_NFT_CHAIN = re.compile(r"^[a-z]+-[A-Z0-9]{8}-(?P<ns>[^/]+)/(?P<name>[^/]+)/(?P<proto>tcp|udp|sctp)/(?P<port>[^/_]*)$")
+_NFT_PROTOCOLS = {"tcp": "TCP", "udp": "UDP", "sctp": "SCTP"}
+
+
+def _nft_owner(comment: str | None, verdict: Any) -> tuple[str, str, str] | None:
+    m = _PURPOSE.match(comment or "")
+    if m is not None and not m["what"]:
+        return m["ns"], m["name"], m["port"] or ""
+    target = verdict.chain if isinstance(verdict, Jump) else ""
+    c = _NFT_CHAIN.match(target)
+    return (c["ns"], c["name"], c["port"]) if c is not None else None
+
+
+def from_nftables(ruleset: Ruleset, node: Node, in_iface: str, node_name: str = RULES_NODE) -> Reconstructed:
+    """The Services of an nftables-mode proxy's `kube-proxy` tables: their addresses and ports
+    from the elements that name them, their endpoints from where a new flow to each address is
+    DNATed (the tracer), those reached from outside only when the policy is Local taken as local."""
+    recs: dict[tuple[str, str, str], _PortRec] = {}
+    for table in ruleset.tables:
+        if table.name != "kube-proxy":
+            continue
+        v6 = table.family == "ip6"
+        cluster_ips = table.sets.get("cluster-ips")
+        for set_name in ("service-ips", "no-endpoint-services", "service-nodeports", "no-endpoint-nodeports"):
+            nset = table.sets.get(set_name)
+            if nset is None:
+                continue
+            for key, verdict in nset.mapping.items():
+                owner = _nft_owner(nset.comments.get(key), verdict)
+                if owner is None or not isinstance(key, tuple):
+                    continue
+                rec = recs.setdefault(owner, _PortRec())
+                if len(key) == 3:
+                    ip, proto, port = key
+                    rec.protocol, rec.port = _PROTOCOLS.get(proto, ""), port
+                    text = A.fmt_ip(ip, v6)
+                    if cluster_ips is not None and ip in cluster_ips.elements:
+                        _add(rec.cluster_ips, text)
+                    else:
+                        _add(rec.external_ips, text)
+                elif len(key) == 2:
+                    proto, rec.node_port = key
+                    rec.protocol = _PROTOCOLS.get(proto, "")
+    sim = Simulator(ruleset, node)
+    src4, _ = A.parse_ip(OUTSIDE_SOURCE)
+    src6, _ = A.parse_ip(OUTSIDE_SOURCE6)
+    for rec in recs.values():
+        proto = PROTOS.get(rec.protocol or "TCP", 6)
+        reached: dict[bool, set[tuple[str, int]]] = {False: set(), True: set()}
+        for external, ips in ((False, rec.cluster_ips), (True, rec.external_ips)):
+            for ip in ips:
+                v6 = ":" in ip
+                pkt = Packet(proto, src6 if v6 else src4, A.parse_ip(ip)[0], OUTSIDE_SPORT, rec.port, in_iface, v6=v6)
+                for o in sim.trace(pkt).outcomes:
+                    if o.dnat is not None:
+                        reached[external].add((A.fmt_ip(o.dnat[0], v6), o.dnat[1] or rec.port))
+        local_only = bool(reached[True]) and bool(reached[False]) and reached[True] < reached[False]
+        rec.external_local = local_only
+        for address, port in reached[False] | reached[True]:
+            rec.endpoints[address] = (port, local_only and (address, port) in reached[True])
+    return _objects(recs, [], node_name)
+
+
+def state_from_rules(ruleset: Ruleset, mode: str, node_name: str = "", node: Node | None = None,
+                     in_iface: str = "eth0") -> tuple[ClusterState, list[str]]:
     """The cluster state the rules show, through the same gate as manifests, and what was said."""
-    if mode != "iptables":
+    if mode not in ("iptables", "nftables"):
         return ClusterState(), [f"no --manifests or --kubeconfig: reading the Services back from {mode} rules is not "
                                 "supported: service findings (SNAT capacity, foreign DNAT, endpoints) need the objects"]
-    found = from_iptables(ruleset, node_name or RULES_NODE)
+    if mode == "nftables":
+        found = from_nftables(ruleset, node or Node(), in_iface, node_name or RULES_NODE)
+    else:
+        found = from_iptables(ruleset, node_name or RULES_NODE)
     if not found.services:
         return ClusterState(), ["no --manifests or --kubeconfig, and no Service rules of the proxy in the dump: "
                                 "service findings (SNAT capacity, foreign DNAT, endpoints) need the objects"]

@@ -423,6 +423,7 @@ class NSet:
     intervals: list[tuple[Any, Any]] = field(default_factory=list)
     mapping: dict[Any, Any] = field(default_factory=dict)
     interval_mapping: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    comments: dict[Any, str] = field(default_factory=dict)  # element comments, by key
 
 
 @dataclass(slots=True)

@@ -180,6 +180,18 @@ def _data(v: Any, typ: Any) -> Any:
     return conv(v, typ)
 
 
+def _comments(elems: list[Any], key_t: Any, is_map: bool) -> dict[Any, str]:
+    """Element comments by key (the proxy's name the Service an element is for)."""
+    out: dict[Any, str] = {}
+    for el in elems:
+        head = el[0] if is_map else el
+        if isinstance(head, dict) and isinstance(head.get("elem"), dict) and head["elem"].get("comment"):
+            key = head["elem"]["val"]
+            if _interval(key, key_t) is None:
+                out[conv(key, key_t)] = str(head["elem"]["comment"])
+    return out
+
+
 def _fill(container: dict[Any, Any] | NSetLit | NSet, elems: list[Any], key_t: Any, data_t: Any,
           is_map: bool) -> Any:
     values: set[Any] = set()
@@ -586,6 +598,7 @@ def parse_objects(objs: list[Any]) -> Ruleset:
                 s = NSet(body["name"], key_t if isinstance(key_t, tuple) else (key_t,), kind == "map", data_t)
                 values, intervals, mapping, imapping = _fill(s, body.get("elem", []), key_t, data_t, kind == "map")
                 s.elements, s.intervals, s.mapping, s.interval_mapping = values, intervals, mapping, imapping
+                s.comments = _comments(body.get("elem", []), key_t, kind == "map")
                 t.sets[s.name] = s
             elif kind == "rule":
                 pending_rules.append((n, body))

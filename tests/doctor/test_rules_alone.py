@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from kubeproxy.cluster.state import ClusterState
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Report
-from kubeproxy.doctor.reconstruct import from_iptables, state_from_rules
+from kubeproxy.doctor.reconstruct import from_iptables, from_nftables, state_from_rules
 from kubeproxy.lab import objects as O
 from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node
@@ -79,3 +80,34 @@ def test_read_back_objects_render_the_same_rules(world: Any, family: Family) -> 
     found = from_iptables(detect.parse(rules), node_name="node-1")
     assert found.services == len(state_of(world()).services)
     assert _rules(state_of(found.objects), family) == rules
+
+
+WORLD_NFT = SEED.parent / "doctor" / "world_nft.json"  # `nft -j list ruleset` of our render of the world above
+WORLD_NODE = Node.from_flags(ifaces=["eth0=192.168.0.2/24", "cni0=10.244.1.1/24"],
+                             routes=["10.244.0.0/16=cni0", "default=eth0@192.168.0.1"])
+
+
+def _findings(report: Report) -> list[tuple[str, str, str]]:
+    return sorted((f.severity, f.kind, f.subject) for f in report.findings)
+
+
+def test_nftables_dump_alone_gives_the_findings_the_objects_give() -> None:
+    rs = detect.parse(WORLD_NFT.read_text())
+    cfg = validate(CFG)
+    with_objects = diagnose(DoctorInput(rs, state_of(_affinity_and_local_world()), cfg, WORLD_NODE, NodeFacts(), "eth0"))
+    state, notes = state_from_rules(rs, "nftables", "node-1", WORLD_NODE, "eth0")
+    alone = diagnose(DoctorInput(rs, state, cfg, WORLD_NODE, NodeFacts(), "eth0"))
+    assert _findings(alone) == _findings(with_objects)
+    assert len(state.services) == 4 and "read back from the proxy's own rules" in notes[0]
+    assert any(f.kind == "snat-capacity" and f.subject == "Service default/dns:dns (UDP)" for f in alone.findings)
+
+
+def test_upstreams_nftables_layout_is_read_by_its_chain_names() -> None:
+    rs = detect.parse((Path(__file__).parents[1] / "netfilter" / "fixtures" / "kube_proxy_nft.json").read_text())
+    node = Node.from_flags(ifaces=["eth0=192.168.1.1/24", "eth1=10.180.0.254/16"], routes=["default=eth0@192.168.1.254"])
+    found = from_nftables(rs, node, "eth0")
+    (svc,) = [o for o in found.objects if o["kind"] == "Service"]
+    assert (svc["metadata"]["name"], svc["spec"]["clusterIP"], svc["spec"]["ports"]) == (
+        "svc1", "10.96.0.10", [{"protocol": "UDP", "port": 53, "name": "p53"}])
+    (eps,) = [o for o in found.objects if o["kind"] == "EndpointSlice"]
+    assert [e["addresses"] for e in eps["endpoints"]] == [["10.180.0.1"], ["10.180.0.2"]]
