@@ -202,8 +202,10 @@ class SideBySide:
                 "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", METRICS_BIND,
                 "--healthz-bind-address", "0.0.0.0:10256", "--conntrack-max-per-core", "0", "-v", "2"]  # fmt: skip
 
-    def start_proxies(self) -> None:
-        kubeconfig = self.cp.token_kubeconfig(self.workdir / "kubeproxy.kubeconfig", "kube-system", "kubeproxy")
+    def start_proxies(self, kubeconfig: Path | None = None) -> None:
+        """Both proxies, reaching the server with `kubeconfig` (else one made now with a
+        TokenRequest token); started again after stop_proxies(), their logs start afresh."""
+        kubeconfig = kubeconfig or self.cp.token_kubeconfig(self.workdir / "kubeproxy.kubeconfig", "kube-system", "kubeproxy")
         ours = str(Path(sys.executable).parent / "kube-proxy")
         self.changed_at = time.time()
         for node_name, binary in ((UPSTREAM_NODE, str(self.cp.bin_dir / "kube-proxy")), (OURS_NODE, ours)):
@@ -214,7 +216,7 @@ class SideBySide:
             # with EBUSY (pkg/proxy/util/nfacct: Ensure → ErrObjectAlreadyExists), and that
             # family's rules go without their nfacct matches for the life of the process.
             for counter in NFACCT_COUNTERS:
-                node.ns.run(["nfacct", "add", counter])
+                node.ns.run(["nfacct", "add", counter], check=False)  # fails when an earlier start made it
             with open(self.workdir / f"proxy-{node_name}.log", "w") as log:
                 node.proxy = node.ns.popen(self.proxy_argv(binary, node_name, kubeconfig), stdout=log, stderr=subprocess.STDOUT)
 

@@ -652,7 +652,9 @@ class Reflector:
                     raise
                 self._initial = None
                 self._watch_list_refused = e.code in (400, 422)
-                log.info("%s: no watch-list (%s), listing instead", self.spec, e)
+                # In a failing state (a 403 that lasts) the list's own error is what gets said.
+                level = logging.DEBUG if self._failure is not None else logging.INFO
+                log.log(level, "%s: no watch-list (%s), listing instead", self.spec, e)
                 return False
             if self._initial is not None:
                 self._initial = None

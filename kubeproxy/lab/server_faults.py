@@ -1,0 +1,451 @@
+"""Faults of the real API server, given to upstream's kube-proxy and ours side by side
+(lab/side_by_side.py): for each, whether a node's rules lost a Service or an endpoint while the
+server was away, how long each proxy took to take in a change once the fault ended, what shows
+that the fault really happened, and what differs between the two nodes' rules afterwards.
+
+    with FaultBed.build(upstream_bin()) as faults:
+        result = faults.run("etcd-compacted")     # a FaultResult
+
+The faults (`FAULTS`), each cutting the proxies' watches by restarting kube-apiserver where the
+fault alone would leave an established watch untouched (RBAC, APF and authentication are
+checked when a request starts, not on a watch already streaming):
+
+- apiserver-restart: stopped and started again; a Service and its pod are added right after;
+- etcd-compacted: stopped, etcd compacted at its newest revision through its HTTP/JSON
+  gateway, started again (its watch cache starts past the proxies' resourceVersions): 410;
+- apf-429: a FlowSchema for the proxies' ServiceAccount sends them to a PriorityLevel with no
+  seats and no queues, so every request is answered 429 with Retry-After; then removed;
+- rbac-denied: the proxies' ClusterRole loses endpointslices; then restored;
+- token-rotated: the ServiceAccount deleted and made again (its old tokens no longer
+  authenticate: 401), then a new TokenRequest token written over the proxies' token file;
+- watch-list-off / watch-list-on: kube-apiserver with --feature-gates=WatchList=false, then
+  without it, both proxies started again against each (lists, then streamed lists).
+
+Times are measured from the end of the fault (or the proxies' start) to the first sample of the
+node's iptables-save that holds the change; samples are taken every SAMPLE_INTERVAL seconds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubeproxy.lab import objects, rules_compare
+from kubeproxy.lab.cluster import HTTP_GET, ClusterError
+from kubeproxy.lab.control_plane import kubeconfig
+from kubeproxy.lab.side_by_side import (
+    CLUSTER_CIDR,
+    METRICS_BIND,
+    OURS_NODE,
+    POD_HOST_NODE,
+    RBAC_MANIFEST,
+    UPSTREAM_NODE,
+    SideBySide,
+)
+
+FAULTS = (
+    "apiserver-restart",
+    "etcd-compacted",
+    "apf-429",
+    "rbac-denied",
+    "token-rotated",
+    "watch-list-off",
+    "watch-list-on",
+)
+PROXY_NODES = (UPSTREAM_NODE, OURS_NODE)
+SERVICE_ACCOUNT = ("kube-system", "kubeproxy")
+FORBIDDEN_SLICES = r"endpointslices\S* is forbidden"  # a 403's message for them, in either proxy's log
+OWN_SERVICE = "default/kubernetes:https"  # the API server's own Service
+STARVED = "kubeproxy-starved"  # the FlowSchema and PriorityLevelConfiguration of apf-429
+SAMPLE_INTERVAL = 0.1
+CONVERGE_TIMEOUT = 150.0
+EVIDENCE_TIMEOUT = 60.0
+
+Expected = dict[str, set[tuple[str, bool, bool, bool]]]
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # wall-clock time the dump was taken
+    services: frozenset[str]  # namespace/name:port of the Services KUBE-SERVICES sends somewhere
+    destinations: frozenset[str]  # pod addresses the rules DNAT to
+
+
+def sample_of(dump: str, at: float) -> Sample:
+    nat = dict(rules_compare.parse(dump).get("nat", rules_compare.Table("nat", (), ())).rules)
+    services = {rules_compare.rule_service(rule) for rule in nat.get("KUBE-SERVICES", ())}
+    pods = [ipaddress.ip_network(cidr) for cidr in CLUSTER_CIDR.split(",")]
+    ips = {ep.rsplit(":", 1)[0].strip("[]") for ep in rules_compare.endpoint_chains(dump).values()}
+    return Sample(
+        at,
+        frozenset(s for s in services if s),
+        frozenset(ip for ip in ips if any(ipaddress.ip_address(ip) in net for net in pods)),
+    )
+
+
+@dataclass
+class RuleWatch:
+    """Samples both proxy nodes' IPv4 rules in a thread until stopped: what each held over time."""
+
+    bed: SideBySide
+    samples: dict[str, list[Sample]] = field(default_factory=lambda: {n: [] for n in PROXY_NODES})
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for node in PROXY_NODES:
+                at = time.time()
+                proc = self.bed.nodes[node].ns.run(["iptables-save", "-t", "nat"], check=False)
+                if proc.returncode != 0:
+                    self.errors.append(f"{node}: iptables-save: {proc.stderr.strip()}")
+                    continue
+                with self._changed:
+                    self.samples[node].append(sample_of(proc.stdout, at))
+                    self._changed.notify_all()
+            self._stop.wait(SAMPLE_INTERVAL)
+
+    @contextmanager
+    def running(self) -> Iterator[RuleWatch]:
+        thread = threading.Thread(target=self._run, name="rule-watch", daemon=True)
+        thread.start()
+        try:
+            self.await_first()
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(10)
+
+    def await_first(self) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: all(self.samples.values()), timeout=30):
+                raise ClusterError(f"no iptables-save sample of both nodes in 30 s: {self.errors[-3:]}")
+
+    def lost(self) -> list[str]:
+        """Every sample that misses a Service or a pod address the node's first sample had. The
+        `kubernetes` Service is left out: a stopping kube-apiserver takes its own address out of
+        that Service's endpoints, so both proxies rightly drop it until the server is back."""
+        out: list[str] = []
+        for node, samples in self.samples.items():
+            first = samples[0]
+            kept = first.services - {OWN_SERVICE}
+            for sample in samples[1:]:
+                gone = sorted(kept - sample.services) + sorted(first.destinations - sample.destinations)
+                if gone:
+                    out.append(f"{node} at +{sample.at - first.at:.1f} s lacked {', '.join(gone)}")
+        return out
+
+    def await_holding(self, service: str, ip: str, since: float, timeout: float) -> dict[str, float | None]:
+        """Per node: seconds from `since` to its first sample holding `service` with a DNAT to
+        `ip` (None if none did within `timeout`)."""
+
+        def found() -> dict[str, float | None]:
+            return {
+                node: next(
+                    (s.at - since for s in samples if s.at >= since and service in s.services and ip in s.destinations), None
+                )
+                for node, samples in self.samples.items()
+            }
+
+        with self._changed:
+            self._changed.wait_for(lambda: all(v is not None for v in found().values()), timeout=timeout)
+            return found()
+
+
+@dataclass
+class FaultResult:
+    name: str
+    seconds: dict[str, float | None]  # node -> seconds to take in the change (None: not within the timeout)
+    lost: list[str]  # samples during the fault that missed a Service or endpoint the node had
+    differences: list[str]  # between the two nodes' rules at the end ([]: equal to upstream's)
+    evidence: list[str]  # what shows the fault happened (log lines, answers)
+    counts: dict[str, int] = field(default_factory=dict)  # what a fault counted (requests, log lines)
+
+
+@dataclass
+class FaultBed:
+    bed: SideBySide
+    token_file: Path
+    proxy_kubeconfig: Path
+    selectors: dict[str, str] = field(default_factory=dict)  # Service -> the app its selector picks
+    pods: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod -> (ip, app)
+    counts: dict[str, int] = field(default_factory=dict)  # of the fault running
+    _next_ip: int = 100
+
+    @classmethod
+    @contextmanager
+    def build(cls, bin_dir: Path) -> Iterator[FaultBed]:
+        with SideBySide.build(bin_dir) as bed:
+            token_file = bed.workdir / "kubeproxy.token"
+            config = bed.workdir / "kubeproxy-tokenfile.kubeconfig"
+            config.write_text(kubeconfig(bed.cp.server, bed.cp.pki.data("ca.crt"), {"tokenFile": str(token_file)}))
+            faults = cls(bed, token_file, config)
+            faults.write_token()
+            for name in ("web-0", "web-1"):
+                faults.add_pod(name, "web")
+            bed.apply(objects.service("web", "10.96.0.10", [objects.Port("http", 80, 8080)], spec={"selector": {"app": "web"}}))
+            faults.selectors["web"] = "web"
+            bed.start_proxies(faults.proxy_kubeconfig)
+            diffs = faults.converged()
+            if diffs:
+                raise ClusterError("the proxies' first syncs differ:\n" + "\n".join(diffs))
+            yield faults
+
+    # ---- the cluster's state ------------------------------------------------------------------
+
+    def add_pod(self, name: str, app: str) -> str:
+        pod = self.bed.add_pod(name, POD_HOST_NODE, {"app": app})
+        self.pods[name] = (pod.info.ips[0], app)
+        return pod.info.ips[0]
+
+    def add_service(self, name: str) -> tuple[str, str]:
+        """A Service `name` and one pod of it (on the node without a proxy): the change a fault
+        is followed by. Returns (the Service's port as rules name it, the pod's address)."""
+        ip = self.add_pod(f"{name}-0", name)
+        self._next_ip += 1
+        cluster_ip = f"10.96.1.{self._next_ip}"
+        self.bed.apply(objects.service(name, cluster_ip, [objects.Port("http", 80, 8080)], spec={"selector": {"app": name}}))
+        self.selectors[name] = name
+        return f"default/{name}:http", ip
+
+    def expected(self) -> Expected:
+        return {svc: {(ip, True, True, False) for ip, a in self.pods.values() if a == app} for svc, app in self.selectors.items()}
+
+    def converged(self) -> list[str]:
+        return self.bed.await_step(self.expected(), families=("IPv4", "IPv6"), timeout=CONVERGE_TIMEOUT)
+
+    def write_token(self) -> str:
+        """A new TokenRequest token for the proxies' ServiceAccount, put in place of the token
+        file at once (written beside it, then renamed, as the kubelet's projected volume does)."""
+        namespace, name = SERVICE_ACCOUNT
+        token = self.bed.cp.run_kubectl("create", "token", name, "-n", namespace, "--duration", "2h").stdout.strip()
+        partial = self.token_file.with_suffix(".new")
+        partial.write_text(token)
+        os.replace(partial, self.token_file)
+        return token
+
+    # ---- what shows a fault ------------------------------------------------------------------
+
+    def metrics(self, node: str) -> str:
+        url = f"http://{METRICS_BIND}/metrics"
+        proc = self.bed.nodes[node].ns.run([sys.executable, "-c", HTTP_GET, url, "2"], check=False)
+        return str(json.loads(proc.stdout)["body"]) if proc.returncode == 0 else ""
+
+    def requests_answered(self, node: str, code: int) -> int:
+        """The proxy's rest_client_requests_total with that status code (client-go's metric)."""
+        pattern = re.compile(r'^rest_client_requests_total\{[^}]*code="' + str(code) + r'"[^}]*\} (\S+)$', re.M)
+        return sum(int(float(v)) for v in pattern.findall(self.metrics(node)))
+
+    def ours_log_since(self, offset: int) -> str:
+        return self.bed.proxy_log(OURS_NODE)[offset:]
+
+    def await_log(self, offset: int, pattern: str, what: str) -> str:
+        """The first line of ours's log after `offset` that matches `pattern`, awaited."""
+        deadline = time.monotonic() + EVIDENCE_TIMEOUT
+        regex = re.compile(pattern)
+        while True:
+            line = next((ln for ln in self.ours_log_since(offset).splitlines() if regex.search(ln)), None)
+            if line is not None:
+                return line
+            if time.monotonic() >= deadline:
+                tail = "\n".join(self.ours_log_since(offset).splitlines()[-15:])
+                raise ClusterError(f"ours never logged {what} ({pattern!r}) in {EVIDENCE_TIMEOUT:g} s; its log:\n{tail}")
+            time.sleep(0.1)
+
+    def await_metric(self, node: str, code: int, at_least: int) -> int:
+        deadline = time.monotonic() + EVIDENCE_TIMEOUT
+        while (count := self.requests_answered(node, code)) < at_least:
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"{node}'s proxy was answered {code} {count} times, not {at_least}, in {EVIDENCE_TIMEOUT:g} s")
+            time.sleep(0.2)
+        return count
+
+    # ---- the faults ---------------------------------------------------------------------------
+
+    def run(self, name: str) -> FaultResult:
+        """Give both proxies the fault `name` (one of FAULTS) and measure them through it."""
+        fault: Callable[[int, list[str]], tuple[float, str, str]] = getattr(self, "_" + name.replace("-", "_"))
+        offset = len(self.bed.proxy_log(OURS_NODE))
+        evidence: list[str] = []
+        self.counts = {}
+        watch = RuleWatch(self.bed)
+        with watch.running():
+            since, service, ip = fault(offset, evidence)
+            seconds = watch.await_holding(service, ip, since, CONVERGE_TIMEOUT)
+        differences = self.converged()
+        return FaultResult(name, seconds, watch.lost(), differences, evidence, self.counts)
+
+    def _apiserver_restart(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
+        self.bed.cp.restart_apiserver()
+        since = time.time()
+        service, ip = self.add_service("after-restart")
+        evidence.append(self.await_log(offset, r"restarted from resourceVersion|streamed|listed", "a resumed watch"))
+        return since, service, ip
+
+    def _etcd_compacted(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
+        cp = self.bed.cp
+        cp.stop_apiserver()
+        revision = cp.etcd_revision()
+        cp.compact_etcd(revision)
+        evidence.append(f"etcd compacted at revision {revision}")
+        cp.start_apiserver()
+        since = time.time()
+        service, ip = self.add_service("after-compaction")
+        evidence.append(self.await_log(offset, r"is gone \(410\)", "a 410"))
+        return since, service, ip
+
+    def _apf_429(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
+        cp = self.bed.cp
+        namespace, name = SERVICE_ACCOUNT
+        cp.run_kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": _starved(namespace, name)})
+        )
+        # A level without seats still runs a request when none of its own is running
+        # (queueset.go canAccommodateSeatsLocked), so the level is kept busy: requests of the
+        # same ServiceAccount that each wait ~3 s for a resourceVersion the server never reaches.
+        assert cp.ns is not None
+        hog = cp.ns.popen([sys.executable, "-c", _HOG, cp.server, str(cp.pki.path("ca.crt")), str(self.token_file), "6"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            cp.restart_apiserver()
+            service, ip = self.add_service("after-apf")
+            evidence.append(self.await_log(offset, r"429.*retryAfter=", "a 429 with Retry-After"))
+            evidence.append(f"{UPSTREAM_NODE}: {self.await_metric(UPSTREAM_NODE, 429, 1)} requests answered 429")
+            since = time.time()
+            cp.run_kubectl("delete", "flowschema", STARVED, "--wait=false")
+            cp.run_kubectl("delete", "prioritylevelconfiguration", STARVED, "--wait=false")
+        finally:
+            hog.kill()
+            hog.wait()
+        return since, service, ip
+
+    def _rbac_denied(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
+        cp = self.bed.cp
+        cp.run_kubectl("apply", "-f", "-", input=json.dumps(_role_without(RBAC_MANIFEST, "endpointslices")))
+        cp.restart_apiserver()
+        service, ip = self.add_service("after-rbac")
+        evidence.append(self.await_log(offset, r"EndpointSlice.*forbidden", "a 403 naming endpointslices"))
+        denied = self.await_metric(OURS_NODE, 403, 3)
+        said = [ln for ln in self.ours_log_since(offset).splitlines() if re.search(r"EndpointSlice.*forbidden", ln)]
+        upstream_said = re.findall(FORBIDDEN_SLICES, self.bed.proxy_log(UPSTREAM_NODE))
+        self.counts |= {"ours 403 answers": denied, "ours 403 log lines": len(said),
+                        "upstream 403 answers": self.requests_answered(UPSTREAM_NODE, 403),
+                        "upstream 403 log lines": len(upstream_said)}  # fmt: skip
+        since = time.time()
+        cp.run_kubectl("apply", "-f", str(RBAC_MANIFEST))
+        return since, service, ip
+
+    def _token_rotated(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
+        cp = self.bed.cp
+        namespace, name = SERVICE_ACCOUNT
+        old = self.token_file.read_text().strip()
+        cp.run_kubectl("delete", "serviceaccount", name, "-n", namespace)
+        cp.run_kubectl("create", "serviceaccount", name, "-n", namespace)
+        cp.restart_apiserver()  # ends the watches the old token opened (and the server's token cache)
+        evidence.append(f"the old token: {self._whoami(old)}")
+        service, ip = self.add_service("after-token")
+        evidence.append(self.await_log(offset, r"401", "a 401"))
+        since = time.time()
+        self.write_token()
+        return since, service, ip
+
+    def _whoami(self, token: str) -> str:
+        config = self.bed.workdir / "probe-token.kubeconfig"
+        config.write_text(kubeconfig(self.bed.cp.server, self.bed.cp.pki.data("ca.crt"), {"token": token}))
+        argv = [str(self.bed.cp.bin_dir / "kubectl"), "--kubeconfig", str(config), "get", "--raw", "/api"]
+        ns = self.bed.cp.ns
+        proc = subprocess.run(ns.argv(argv) if ns else argv, capture_output=True, text=True, timeout=30, check=False)
+        return proc.stdout.strip()[:80] if proc.returncode == 0 else proc.stderr.strip().splitlines()[-1][:200]
+
+    def _watch_list_off(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
+        return self._restarted_both(["--feature-gates=WatchList=false"], "after-list", r"no watch-list \(", evidence)
+
+    def _watch_list_on(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
+        return self._restarted_both([], "after-stream", r"streamed \d+ ", evidence)
+
+    def _restarted_both(self, flags: list[str], name: str, pattern: str, evidence: list[str]) -> tuple[float, str, str]:
+        """kube-apiserver with `flags`, a change, then both proxies started afresh against it."""
+        self.bed.cp.restart_apiserver(flags)
+        self.bed.stop_proxies()
+        service, ip = self.add_service(name)
+        # The time counts from the proxies' start, not from the controller manager's catching up.
+        deadline = time.monotonic() + CONVERGE_TIMEOUT
+        while not self.bed.slices_settled(self.expected()):
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"the EndpointSlices did not reach {self.expected()} in {CONVERGE_TIMEOUT:g} s")
+            time.sleep(0.1)
+        since = time.time()
+        self.bed.start_proxies(self.proxy_kubeconfig)
+        evidence.append(self.await_log(0, pattern, f"how it got the state ({pattern})"))
+        return since, service, ip
+
+
+# Threads that keep requests in flight against the server at argv[1] (CA file argv[2], bearer
+# token file argv[3], argv[4] threads): each asks for a list at a resourceVersion far ahead,
+# which the server holds for its freshness wait (3 s) before it answers 504.
+_HOG = """
+import http.client, ssl, sys, threading, urllib.parse
+url = urllib.parse.urlsplit(sys.argv[1])
+context = ssl.create_default_context(cafile=sys.argv[2])
+token = open(sys.argv[3]).read().strip()
+def hog():
+    while True:
+        try:
+            conn = http.client.HTTPSConnection(url.hostname, url.port, context=context, timeout=30)
+            conn.request("GET", "/api/v1/services?resourceVersion=999999999&resourceVersionMatch=NotOlderThan",
+                         headers={"Authorization": "Bearer " + token})
+            conn.getresponse().read()
+            conn.close()
+        except OSError:
+            pass
+threads = [threading.Thread(target=hog) for _ in range(int(sys.argv[4]))]
+for t in threads:
+    t.start()
+"""
+
+
+def _starved(namespace: str, name: str) -> list[dict[str, Any]]:
+    """A PriorityLevel with no seats and no queue (every request rejected: 429 with Retry-After)
+    and a FlowSchema that sends the ServiceAccount's requests there, ahead of the bootstrap
+    schemas (kube-system-service-accounts is at 900)."""
+    api = "flowcontrol.apiserver.k8s.io/v1"
+    limited = {
+        "nominalConcurrencyShares": 0,
+        "lendablePercent": 0,
+        "borrowingLimitPercent": 0,
+        "limitResponse": {"type": "Reject"},
+    }
+    subject = {"kind": "ServiceAccount", "serviceAccount": {"name": name, "namespace": namespace}}
+    rules = {
+        "subjects": [subject],
+        "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": True, "namespaces": ["*"]}],
+        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+    }
+    return [
+        {"apiVersion": api, "kind": "PriorityLevelConfiguration", "metadata": {"name": STARVED},
+         "spec": {"type": "Limited", "limited": limited}},
+        {"apiVersion": api, "kind": "FlowSchema", "metadata": {"name": STARVED},
+         "spec": {"priorityLevelConfiguration": {"name": STARVED}, "matchingPrecedence": 50,
+                  "distinguisherMethod": {"type": "ByUser"}, "rules": [rules]}},
+    ]  # fmt: skip
+
+
+def _role_without(manifest: Path, resource: str) -> dict[str, Any]:
+    """The manifest's ClusterRole with every rule naming `resource` gone."""
+    role = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "ClusterRole")
+    role["rules"] = [r for r in role["rules"] if resource not in r.get("resources", [])]
+    return dict(role)
