@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubeproxy.cli import main
-from kubeproxy.cluster.manifests import load_manifests
+from kubeproxy.cluster.manifests import RawObject, load_manifests, parse_documents
 from kubeproxy.cluster.state import ClusterState, build_state
 
 GOOD = """
@@ -63,7 +63,7 @@ def test_invalid_service_is_skipped_with_one_warning(spec: dict[str, Any], field
 
 
 def test_invalid_slice_and_missing_metadata() -> None:
-    objs = [
+    objs: list[dict[str, Any]] = [
         {"kind": "EndpointSlice", "metadata": {"name": "s", "namespace": "ns"}, "addressType": "IPv4"},
         {"kind": "Service", "spec": {}},
         {
@@ -89,9 +89,7 @@ def test_bad_update_keeps_previous_version() -> None:
     assert ("ns", "bad") not in state.services
 
 
-def _parse(text: str):
-    from kubeproxy.cluster.manifests import parse_documents
-
+def _parse(text: str) -> list[RawObject]:
     return list(parse_documents(text, "inline.yaml"))
 
 

@@ -14,6 +14,7 @@ import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_a_state_and_its_objects_form_no_cycle(unfrozen: None, tmp_path: Path) -
     assert gc.get_freeze_count() > 0
     loaded = render.load([_file(tmp_path, objs)])
     assert loaded.state.services == state.services
-    alive = [weakref.ref(state), weakref.ref(loaded.state), weakref.ref(loaded)]
+    alive: list[weakref.ref[Any]] = [weakref.ref(state), weakref.ref(loaded.state), weakref.ref(loaded)]
     del objs, state, loaded
     # Frozen, they were freed by reference counting alone: a cycle would have kept them alive.
     assert [ref() for ref in alive] == [None, None, None]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kubeproxy.cluster import objects
-from kubeproxy.cluster.addresses import canonical_ipv4, sloppy_ip, valid_ip
+from kubeproxy.cluster.addresses import AddressText, canonical_ipv4, sloppy_ip, valid_ip
 from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.manifests import parse_documents
@@ -182,7 +182,7 @@ def test_file_source_keeps_objects_as_json_only_where_that_is_exact() -> None:
 
 # --- The typed decoder of JSON manifests (cluster/schema.py) -----------------------------------
 
-RICH_SERVICE = {
+RICH_SERVICE: dict[str, Any] = {
     "apiVersion": "v1",
     "kind": "Service",
     "metadata": {
@@ -200,7 +200,7 @@ RICH_SERVICE = {
     },
     "status": {"loadBalancer": {"ingress": [{"ip": "5.6.7.8", "ipMode": "VIP", "ports": [{"port": 80, "protocol": "TCP"}]}]}},
 }
-RICH_SLICE = {
+RICH_SLICE: dict[str, Any] = {
     "apiVersion": "discovery.k8s.io/v1",
     "kind": "EndpointSlice",
     "metadata": {"name": "web-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
@@ -212,20 +212,20 @@ RICH_SLICE = {
     ],
     "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"}],
 }
-RICH_NODE = {
+RICH_NODE: dict[str, Any] = {
     "kind": "Node",
     "metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n"}, "deletionTimestamp": "2024-01-01T00:00:00Z"},
     "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"], "taints": [{"key": "k", "effect": "NoSchedule"}]},
     "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]},
 }
 # A real entry (kubectl get svc -o json, trimmed): fieldsV1 is a tree of maps ending in {}.
-MANAGED_ENTRY = {
+MANAGED_ENTRY: dict[str, Any] = {
     "manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1",
     "time": "2024-01-01T00:00:00Z", "fieldsType": "FieldsV1",
     "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}},
                  "f:spec": {"f:ports": {".": {}, 'k:{"port":80,"protocol":"TCP"}': {".": {}, "f:port": {}}}}},
 }
-TYPED_DOCUMENTS = {
+TYPED_DOCUMENTS: dict[str, Any] = {
     "service": RICH_SERVICE,
     "slice": RICH_SLICE,
     "node": RICH_NODE,
@@ -345,11 +345,11 @@ def test_an_endpoint_keeps_its_addresses_as_canonical_text_on_every_path(given: 
 def test_the_fast_endpoint_info_is_the_constructed_one() -> None:
     from kubeproxy.proxy.model import EndpointInfo, _new_endpoint_info
 
-    hints = objects.Endpoint("10.0.0.1", ready=False, serving=True, terminating=True,
+    hints = objects.Endpoint(AddressText("10.0.0.1"), ready=False, serving=True, terminating=True,
                              zone_hints=frozenset({"z"}), node_hints=frozenset({"n"}))
     for ip in ("10.0.0.1", "2001:db8::1"):
-        fast = _new_endpoint_info(ip, 8080, True, hints)
-        made = EndpointInfo(ip=ip, port=8080, is_local=True, ready=False, serving=True, terminating=True,
+        fast = _new_endpoint_info(AddressText(ip), 8080, True, hints)
+        made = EndpointInfo(ip=AddressText(ip), port=8080, is_local=True, ready=False, serving=True, terminating=True,
                             zone_hints=frozenset({"z"}), node_hints=frozenset({"n"}))
         assert fast == made and fast.address == made.address and hash(fast) == hash(made)
 

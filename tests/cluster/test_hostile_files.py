@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -115,13 +116,13 @@ def test_a_small_file_is_read_without_a_buffer_the_size_of_the_limit(tmp_path: P
 def test_a_file_that_grows_past_its_size_is_read_to_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     grown = tmp_path / "grown.yaml"
     grown.write_text("a" * 10)
-    real_fstat = manifests.os.fstat
+    real_fstat = os.fstat
 
     def stale_fstat(fd: int) -> object:  # the size as it was before a writer appended
         st = real_fstat(fd)
         return type("Stat", (), {"st_size": st.st_size - 6})()
 
-    monkeypatch.setattr(manifests.os, "fstat", stale_fstat)
+    monkeypatch.setattr(os, "fstat", stale_fstat)  # manifests calls it through the os module
     assert manifests.read_text(grown) == "a" * 10
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.objects import LABEL_SERVICE_NAME, NO_HINTS, Endpoint, parse_endpoint_slice, parse_service
 from kubeproxy.cluster.schema import decode_list
 from kubeproxy.cluster.state import ClusterState, build_state
@@ -87,7 +88,7 @@ def test_endpoints_without_hints_share_one_empty_set_on_both_paths() -> None:
     for eps in (typed, from_dicts):
         for ep in eps.endpoints:
             assert ep.zone_hints is NO_HINTS and ep.node_hints is NO_HINTS
-    assert Endpoint("").zone_hints is NO_HINTS
+    assert Endpoint(AddressText("")).zone_hints is NO_HINTS
     assert not NO_HINTS and isinstance(NO_HINTS, frozenset)
 
 

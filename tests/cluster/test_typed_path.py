@@ -23,8 +23,9 @@ import pytest
 
 from kubeproxy.cluster import state as state_module
 from kubeproxy.cluster import typed
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.checks import CheckCache
-from kubeproxy.cluster.errors import ObjectError
+from kubeproxy.cluster.errors import ManifestError, ObjectError
 from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort, _new_endpoint, kind_of
@@ -305,7 +306,7 @@ SAMPLES: list[tuple[type[Any], dict[str, Any]]] = [
                "ports": (ServicePort("http", "TCP", 80, 30080),), "annotations": {"k": "v"}}),
     (ServicePort, {"name": "http", "protocol": "UDP", "port": 53}),
     (EndpointSlice, {"namespace": "a", "name": "b-1", "service_name": "b", "labels": {}, "address_type": "IPv4",
-                     "endpoints": (Endpoint(""),), "ports": (EndpointPort("", "TCP", 1),)}),
+                     "endpoints": (Endpoint(AddressText("")),), "ports": (EndpointPort("", "TCP", 1),)}),
     (EndpointPort, {"name": "", "protocol": "SCTP", "port": 9}),
 ]
 
@@ -325,8 +326,8 @@ def test_a_twin_makes_the_very_object_its_class_makes(cls: type[Any], args: dict
 
 
 def test_the_fast_endpoint_is_the_constructed_one() -> None:
-    fast = _new_endpoint("", (), False, True, True, "node-a", "zone-a")
-    made = Endpoint("", ready=False, serving=True, terminating=True, node_name="node-a", zone="zone-a")
+    fast = _new_endpoint(AddressText(""), (), False, True, True, "node-a", "zone-a")
+    made = Endpoint(AddressText(""), ready=False, serving=True, terminating=True, node_name="node-a", zone="zone-a")
     assert type(fast) is Endpoint and fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.zone = "other"  # type: ignore[misc]
@@ -358,7 +359,7 @@ def test_repeated_strings_are_shared_across_objects() -> None:
     assert not warnings
     endpoints = [ep for eps in state.slices.values() for ep in eps.endpoints]
     assert len({id(ep.node_name) for ep in endpoints}) == len({ep.node_name for ep in endpoints}) == 5
-    objects = [*state.services.values(), *state.slices.values()]
+    objects: list[Service | EndpointSlice] = [*state.services.values(), *state.slices.values()]
     assert len({id(o.namespace) for o in objects}) == 1
     ports = [p for eps in state.slices.values() for p in eps.ports]
     assert len({id(p.name) for p in ports}) == len({id(p.protocol) for p in ports}) == 1
@@ -431,13 +432,13 @@ def test_a_hostile_fields_v1_behaves_as_on_the_dict_path(depth: int, monkeypatch
     assert general is RecursionError or json.dumps(general) == nested(depth)
     # A file: refused past MAX_DEPTH (the object, metadata, managedFields, an entry, then fieldsV1)
     # with the general path's message, whichever decoder reads it first.
-    outcomes = []
-    for typed_decoder in (manifests.decode_typed, lambda text: None):
+    outcomes: list[tuple[list[dict[str, Any]], str | None]] = []
+    for typed_decoder in (decode_typed, lambda text: None):
         with monkeypatch.context() as patch:
             patch.setattr(manifests, "decode_typed", typed_decoder)
             try:
                 outcomes.append(([o.obj for o in manifests.parse_documents(svc, "svc.json")], None))
-            except manifests.ManifestError as exc:
+            except ManifestError as exc:
                 outcomes.append(([], str(exc)))
     assert outcomes[0] == outcomes[1]
     refused = depth + 4 > manifests.MAX_DEPTH

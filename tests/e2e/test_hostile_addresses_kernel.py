@@ -44,8 +44,9 @@ from kubeproxy.proxy.options import Family
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.connection import connect, load_config
 from tests.e2e import test_dualstack
-from tests.e2e.test_dualstack import ADDR, CFG, NODE, Bed, endpoints, node, service
+from tests.e2e.test_dualstack import ADDR, CFG, NODE, Bed
 from tests.live.test_live import _get, _port
+from tests.proxy.test_dualstack import endpoints, node, service
 
 pytestmark = pytest.mark.root
 bed = test_dualstack.bed  # the same fixture: the dual-stack bed, removed after each test
@@ -364,7 +365,7 @@ def test_hostile_addresses_from_the_api_server_never_reach_the_kernel(
         with ApiServer() as server:
             for obj in world():
                 server.apply(obj)
-            proxy = LiveProxy(cfg, NODE, run_cmd=bed.node.run)
+            proxy = LiveProxy(cfg, NODE, run_cmd=bed.node)
             client = connect(load_config(server.write_kubeconfig(tmp_path / "kubeconfig")))
             # wired as `kubeproxy run` wires it (proxy/server.py): lists as one batch, typed where they fit
             source = ApiSource(client, NODE, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import pytest
 
-from kubeproxy.lab.cluster import HEALTHZ_BIND, NODE_IP, MiniCluster
+from kubeproxy.lab.cluster import HEALTHZ_BIND, NODE_IP, MiniCluster, poll
 from kubeproxy.lab.node_rules import MODES
 from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
 from tests.e2e import scenarios
@@ -62,6 +63,10 @@ def _hostile(c: MiniCluster) -> dict[str, list[JSON]]:
     }  # fmt: skip
 
 
+def _swept(rounds: list[dict[str, Any]], count: int) -> bool | None:
+    return len(rounds) >= count or None
+
+
 @contextmanager
 def _sweeping(c: MiniCluster, dsts: list[str]) -> Iterator[list[dict[str, Any]]]:
     """Sweeps over every destination, back to back, until the block ends; yields their results."""
@@ -99,13 +104,12 @@ def test_hostile_objects_never_cost_another_service_a_connection(proxy_mode: str
             with _sweeping(c, dsts) as rounds:
                 c.write_manifests(objs, filename="hostile.yaml")  # replaces the previous one
                 _wait_for_evidence(c, what)
-                n = len(rounds)
-                scenarios.poll(f"two sweeps after {what}", lambda n=n: len(rounds) >= n + 2 or None, timeout=60)
+                poll(f"two sweeps after {what}", partial(_swept, rounds, len(rounds) + 2), timeout=60)
             failed = [(dst, r) for sweep in rounds for dst, r in sweep.items() if not isinstance(r, dict)]
             assert rounds and failed == [], (what, failed[:5])
             assert c.http_get(c.client, f"http://{NODE_IP}:{HEALTHZ_BIND.rsplit(':', 1)[1]}/healthz").status == 200
         c.write_manifests([], filename="hostile.yaml")
-        scenarios.poll("the last hostile object gone", lambda: LB_IP not in _rules_text(c) or None, timeout=15)
+        poll("the last hostile object gone", lambda: LB_IP not in _rules_text(c) or None, timeout=15)
 
         log = c.proxy_log()
         assert "sync failed" not in log and "Failed to execute iptables-restore" not in log
@@ -122,9 +126,9 @@ def _rules_text(c: MiniCluster) -> str:
 def _wait_for_evidence(c: MiniCluster, what: str) -> None:
     """Until the proxy has dealt with the object: its rules are in (valid ones), or it was skipped by name."""
     if what in ("everyone", "overlapping"):  # the client is in their ranges: its connections are answered
-        scenarios.poll(what, lambda: isinstance(c.request("tcp", c.client, f"{LB_IP}:80")[0], dict) or None, timeout=15)
+        poll(what, lambda: isinstance(c.request("tcp", c.client, f"{LB_IP}:80")[0], dict) or None, timeout=15)
     elif what == "longest-names":  # no endpoints: refused, where before the node had no rule at all
-        scenarios.poll(what, lambda: c.request("tcp", c.client, f"{LB_IP}:80")[0] == "refused" or None, timeout=15)
+        poll(what, lambda: c.request("tcp", c.client, f"{LB_IP}:80")[0] == "refused" or None, timeout=15)
     else:
         name = "evil" if what == "rule-injection" else "dns-on-the-node"
-        scenarios.poll(f"the warning about {what}", lambda: name in c.proxy_log() or None, timeout=15)
+        poll(f"the warning about {what}", lambda: name in c.proxy_log() or None, timeout=15)

@@ -50,7 +50,7 @@ def load(cluster: MiniCluster) -> scenarios.Load:
 @pytest.mark.parametrize("scenario", SUBSET, ids=lambda f: f.__name__)
 def test_live_proxy_with_kubectl(cluster: MiniCluster, load: scenarios.Load, scenario: scenarios.Scenario) -> None:
     scenario(cluster, load)
-    assert cluster.proxy is not None and "--kubeconfig" in cluster.proxy.args
+    assert cluster.proxy is not None and isinstance(cluster.proxy.args, list) and "--kubeconfig" in cluster.proxy.args
 
 
 def test_kubectl_edits_reach_the_rules(cluster: MiniCluster, load: scenarios.Load) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from kubeproxy.lab.cluster import NODE_IP, ClusterError, MiniCluster, kubeproxy_binary
 from kubeproxy.lab.node_rules import MODES
-from kubeproxy.lab.objects import endpoint_slice, service
+from kubeproxy.lab.objects import Port, endpoint_slice, service
 from tests.e2e import scenarios
 
 
@@ -58,7 +58,7 @@ def test_a_change_is_synced_and_reported(cluster: MiniCluster, load: scenarios.L
 def test_nodeport_addresses_limit_where_health_check_ports_listen(cluster: MiniCluster) -> None:
     # As upstream: with --nodeport-addresses, a healthCheckNodePort listens on the node's addresses
     # in those CIDRs only (here the node IP), not on every address (the default).
-    port = scenarios.Port("http", 80, 8080, node_port=scenarios.NODE_PORT)
+    port = Port("http", 80, 8080, node_port=scenarios.NODE_PORT)
     svc = service("shop", "10.96.0.20", [port], type="LoadBalancer", load_balancer_ips=[scenarios.LB_IP],
                   external_traffic_policy="Local", health_check_node_port=scenarios.HEALTH_CHECK_NODE_PORT)  # fmt: skip
     objs = [svc, endpoint_slice("shop", cluster.backends("a"), [port])]

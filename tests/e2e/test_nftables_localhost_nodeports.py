@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kubeproxy.lab.cluster import _METRICS_GET, METRICS_BIND, MiniCluster, poll
+from kubeproxy.lab.cluster import _METRICS_GET, METRICS_BIND, NODE_IP, MiniCluster, poll
 from kubeproxy.lab.objects import Port, endpoint_slice, service
 from tests.e2e import scenarios
 from tests.e2e.scenarios import DNS, NODE_PORT, at, destinations
@@ -53,7 +53,7 @@ def test_gate_on_serves_tcp_on_loopback_and_rejects_udp(cluster: MiniCluster) ->
     poll("the loopback listener", lambda: _metric(c, LISTENERS) == 1 or None, timeout=15)
     got = c.request("tcp", c.node, f"127.0.0.1:{NODE_PORT}", count=20)
     assert destinations(got) == at(c, "a", "b"), got
-    got = c.request("tcp", c.node, f"{scenarios.NODE_IP}:{NODE_PORT}", count=20)  # the primary IP: the rules
+    got = c.request("tcp", c.node, f"{NODE_IP}:{NODE_PORT}", count=20)  # the primary IP: the rules
     assert destinations(got) == at(c, "a", "b"), got
     got = c.request("udp", c.node, f"127.0.0.1:{UDP_NODE_PORT}", count=3)
     assert all(not isinstance(r, dict) for r in got), got  # refused, never answered
@@ -63,7 +63,7 @@ def test_gate_on_serves_tcp_on_loopback_and_rejects_udp(cluster: MiniCluster) ->
 def test_gate_off_leaves_loopback_nodeports_unserved(cluster: MiniCluster) -> None:
     c = cluster
     _load(c, gate=False)
-    got = c.request("tcp", c.node, f"{scenarios.NODE_IP}:{NODE_PORT}", count=5)
+    got = c.request("tcp", c.node, f"{NODE_IP}:{NODE_PORT}", count=5)
     assert destinations(got) <= at(c, "a", "b") and got, got  # the proxy is up and serving
     got = c.request("tcp", c.node, f"127.0.0.1:{NODE_PORT}", count=3)
     assert all(not isinstance(r, dict) for r in got), got  # the kernel refuses: nobody listens

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from kubeproxy.lab import netns as L
 from kubeproxy.netfilter import addr as A
@@ -52,12 +53,13 @@ class Bed:
             raise RuntimeError(f"receiver did not start: {child.stderr.read() if child.stderr else ''}")
 
     def send(self, proto: str, dst: str, count: int, *, src: str | None = None, timeout: float = 1.0,
-             from_node: bool = False) -> list[object]:
+             from_node: bool = False) -> list[Any]:
+        """The probe's JSON outcome per packet: "refused", "timeout", or {"dst": ..., "src": ...}."""
         ns = self.node if from_node else self.client
         argv = [*PROBE, "send", "--proto", proto, "--dst", dst, "--count", str(count), "--timeout", str(timeout)]
         if src:
             argv += ["--src", src]
-        outcomes: list[object] = json.loads(ns.run(argv, timeout=60 + count * timeout).stdout)
+        outcomes: list[Any] = json.loads(ns.run(argv, timeout=60 + count * timeout).stdout)
         return outcomes
 
 

@@ -53,6 +53,7 @@ def test_seed001_trace_reaches_the_listed_endpoint_or_stops_at_unlisted_chains()
 
 def _unlisted(rs: Ruleset) -> set[str]:
     nat = rs.table("nat")
+    assert nat is not None
     return {r.load()[-1].chain for c in nat.chains.values() for r in c.rules
             if isinstance(r.load()[-1], Jump) and r.load()[-1].chain not in nat.chains}
 

@@ -21,7 +21,7 @@ from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node, Route
 from kubeproxy.netfilter.packet import make_packet
-from kubeproxy.netfilter.simulate import trace
+from kubeproxy.netfilter.simulate import Outcome, trace
 from tests.netfilter.kernel_bed import Bed, assert_kernel_agrees, bed
 
 pytestmark = pytest.mark.root
@@ -37,7 +37,7 @@ SEED_BED = {
 
 
 def _check(b: Bed, rules_text: str, proto: str, dst: str, count: int, *, in_iface: str | None, src: str,
-           timeout: float = 1.0) -> list[object]:
+           timeout: float = 1.0) -> list[Outcome]:
     rs = detect.parse(rules_text)
     res = trace(rs, b.model, make_packet(proto, src, dst, in_iface=in_iface))
     observed = b.send(proto, dst, count, timeout=timeout, from_node=in_iface is None,

@@ -452,7 +452,7 @@ def test_the_proxy_commands_leave_the_collector_as_they_found_it(args: list[str]
             cli.kube_proxy(args)
         assert gc.isenabled()
     finally:
-        server.main = real  # type: ignore[assignment]
+        server.main = real
     assert seen == [False, False]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.objects import EndpointSlice, Service
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy import model
@@ -105,9 +106,11 @@ def _reference(services: Iterable[Service], slices: Iterable[EndpointSlice], fam
                 if ip.version != version:
                     continue
                 local = ep.node_name == NODE
-                info = EndpointInfo(str(ip), p.port, local, ep.ready, ep.serving, ep.terminating, ep.zone_hints, ep.node_hints)
-                if info.address not in bucket or local:
-                    bucket[info.address] = info
+                ep_info = EndpointInfo(
+                    AddressText(str(ip)), p.port, local, ep.ready, ep.serving, ep.terminating, ep.zone_hints, ep.node_hints
+                )
+                if ep_info.address not in bucket or local:
+                    bucket[ep_info.address] = ep_info
     endpoints = {name: sorted(b.values(), key=lambda e: e.address) for name, b in by_port.items() if b}
     return model.NodeView(ports, endpoints)
 

@@ -62,7 +62,7 @@ def observed(proxy: LiveProxy, now: float) -> tuple[float, float]:
     report = SimpleNamespace(
         full=True, no_local_endpoints_internal=0, no_local_endpoints_external=0, rule_counts={}, written_rule_counts={}
     )
-    proxy._record(proxy.lanes[0], report, 0.01, proxy._triggers.take())  # type: ignore[arg-type]
+    proxy._record(proxy.lanes[0], report, 0.01, proxy._triggers.take())
     hist = proxy.metrics.network_programming_duration
     samples = {s.name: s.value for m in hist.collect() for s in m.samples}
     return samples["kubeproxy_network_programming_duration_seconds_count"], samples[

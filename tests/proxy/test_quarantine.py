@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from kubeproxy.proxy.quarantine import Held, Quarantine, isolate
 from tests.backends.nftables.helpers import endpoint, port, service, slice_, view
 
 
-def counting(bad: set[int]) -> tuple[list[frozenset[int]], object]:
+def counting(bad: set[int]) -> tuple[list[frozenset[int]], Callable[[frozenset[int]], bool]]:
     calls: list[frozenset[int]] = []
 
     def passes(aside: frozenset[int]) -> bool:

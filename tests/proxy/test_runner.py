@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -97,7 +98,8 @@ class FakeClock:
         self._waiters.append(entry)
         poke = asyncio.ensure_future(wake.wait())
         try:
-            await asyncio.wait({timer, poke}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {timer, poke}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             poke.cancel()
             self._waiters.remove(entry)

@@ -6,7 +6,6 @@ Kept small on purpose: Python is ~40x slower under TCG.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import socket
 import subprocess
@@ -18,12 +17,13 @@ from kubeproxy.backends.exec import local_run
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import ipvsadm_save_text
+from kubeproxy.cluster.addresses import AddressText, valid_ip
 from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 from tests.vm.guest_ipvs_trace import trace_check
 
 ECHO = ServicePortName("default", "echo", "tcp", "TCP")
-ECHO_SVC = ServicePortInfo(ECHO, ipaddress.ip_address("10.96.20.20"), 90, "TCP")
+ECHO_SVC = ServicePortInfo(ECHO, valid_ip("10.96.20.20"), 90, "TCP")
 PODS = {"pod": "10.244.1.10", "pod2": "10.244.2.10"}
 
 
@@ -40,7 +40,7 @@ def graceful_termination(proxier: IpvsProxier, opts: NodeOptions, web: dict[str,
                                  pod, ip, "9090"], stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"  # the server says so
         servers.append(proc)
-    both = [EndpointInfo(ip, 9090) for ip in PODS.values()]
+    both = [EndpointInfo(AddressText(ip), 9090) for ip in PODS.values()]
     proxier.sync(NodeView({**web["services"], ECHO: ECHO_SVC}, {**web["endpoints"], ECHO: both}), opts, None)
     # While both pods serve: where does the tracer say the node's packet goes, and does the kernel agree?
     traced = trace_check("10.96.20.20:90", {name: ip for name, ip in PODS.items()})
@@ -79,8 +79,8 @@ def graceful_termination(proxier: IpvsProxier, opts: NodeOptions, web: dict[str,
 
 def main() -> int:
     name = ServicePortName("default", "web", "http", "TCP")
-    svc = ServicePortInfo(name, ipaddress.ip_address("10.96.10.10"), 80, "TCP", node_port=30080)
-    view = NodeView({name: svc}, {name: [EndpointInfo("10.244.1.10", 8080, is_local=True)]})
+    svc = ServicePortInfo(name, valid_ip("10.96.10.10"), 80, "TCP", node_port=30080)
+    view = NodeView({name: svc}, {name: [EndpointInfo(AddressText("10.244.1.10"), 8080, is_local=True)]})
     opts = NodeOptions(node_name="node", node_ip="192.168.0.2")
     proxier = IpvsProxier()
     proxier.prepare()

@@ -29,7 +29,6 @@ The exit status is the script's (0: every check passed); the report is ipvs_dual
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import socket
 import subprocess
@@ -93,15 +92,16 @@ def ask(host: str, port: int) -> str:
 def inside() -> dict[str, object]:
     """In NODE_NS: the two lanes, what the kernel holds, what the VIPs answer."""
     from kubeproxy.backends.ipvs.proxier import IpvsProxier
+    from kubeproxy.cluster.addresses import AddressText, valid_ip
     from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
     from kubeproxy.proxy.options import Family, NodeOptions
 
     name = ServicePortName("default", "web", "http", "TCP")
     views = {
-        Family.IPV4: NodeView({name: ServicePortInfo(name, ipaddress.ip_address(VIP4), 80, "TCP")},
-                              {name: [EndpointInfo(POD4, 8080)]}),
-        Family.IPV6: NodeView({name: ServicePortInfo(name, ipaddress.ip_address(VIP6), 80, "TCP")},
-                              {name: [EndpointInfo(POD6, 8080)]}),
+        Family.IPV4: NodeView({name: ServicePortInfo(name, valid_ip(VIP4), 80, "TCP")},
+                              {name: [EndpointInfo(AddressText(POD4), 8080)]}),
+        Family.IPV6: NodeView({name: ServicePortInfo(name, valid_ip(VIP6), 80, "TCP")},
+                              {name: [EndpointInfo(AddressText(POD6), 8080)]}),
     }
     opts = {f: NodeOptions(node_name="node", family=f, node_ip="10.244.1.1" if not f.ipv6 else "fd00:10:244:1::1")
             for f in Family}

@@ -49,6 +49,11 @@ def canonical(text: str) -> Canonical:
     return out
 
 
+def uncommented(saved: str) -> list[str]:
+    """iptables-save's lines without its comments (the time stamps differ from run to run)."""
+    return [line for line in saved.splitlines() if not line.startswith("#")]
+
+
 def diff(expected: str, actual: str) -> str:
     """Human-readable differences between two canonical forms ('' when equal)."""
     a, b = canonical(expected), canonical(actual)

@@ -12,6 +12,7 @@ from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counte
 from kubeproxy.cli import main
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
+from tests.backends.iptables.canonical import uncommented
 from tests.backends.iptables.rules_invariants import parse
 from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS
 from tests.backends.iptables.test_upstream_fixtures import FIXTURES, render_fixture
@@ -33,7 +34,7 @@ def _render(path: Path, *args: str, nfacct: bool) -> str:
 
 
 def _assert_loaded(ns: NetNS, text: str, ipv6: bool = False) -> None:
-    restore(text, ns.run, family=Family.IPV6 if ipv6 else Family.IPV4)
+    restore(text, ns, family=Family.IPV6 if ipv6 else Family.IPV4)
     saved = _saved(ns, ipv6)
     for table, (declared, rules) in parse(text).items():
         saved_declared, saved_rules = saved[table]
@@ -43,7 +44,7 @@ def _assert_loaded(ns: NetNS, text: str, ipv6: bool = False) -> None:
 
 
 def test_demo_loads_with_nfacct_counters(netns: NetNS) -> None:
-    counters = ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)
+    counters = ensure_nfacct_counters(NFACCT_COUNTERS, netns)
     text = _render(DEMO, "--cluster-cidr", "10.244.0.0/16", nfacct=counters == set(NFACCT_COUNTERS))
     _assert_loaded(netns, text)
     # A second full sync of the same text is accepted too (chain lines flush, rules re-added).
@@ -55,7 +56,7 @@ def test_demo_loads_with_nfacct_counters(netns: NetNS) -> None:
 def test_missing_nfacct_counter_is_refused_and_rendering_without_loads(netns: NetNS) -> None:
     with_counters = _render(DEMO, nfacct=True)
     with pytest.raises(RestoreError):
-        restore(with_counters, netns.run)
+        restore(with_counters, netns)
     _assert_loaded(netns, _render(DEMO, nfacct=False))
 
 
@@ -63,12 +64,12 @@ def test_missing_nfacct_counter_is_refused_and_rendering_without_loads(netns: Ne
 def test_golden_scenarios_load(netns: NetNS, name: str) -> None:
     path = GOLDEN / f"{name}.yaml"
     args = path.read_text().splitlines()[0].removeprefix("# args:").split()
-    ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)
+    ensure_nfacct_counters(NFACCT_COUNTERS, netns)
     _assert_loaded(netns, _render(path, *args, nfacct=True), ipv6=name == "ipv6")
 
 
 def test_upstream_overall_scenario_loads(netns: NetNS) -> None:
-    ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)
+    ensure_nfacct_counters(NFACCT_COUNTERS, netns)
     _assert_loaded(netns, render_fixture(FIXTURES / "test_overall_iptables_rules"))
 
 
@@ -76,8 +77,7 @@ def test_host_ruleset_untouched(netns: NetNS) -> None:
     import subprocess
 
     before = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True).stdout
-    ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)
+    ensure_nfacct_counters(NFACCT_COUNTERS, netns)
     _assert_loaded(netns, _render(DEMO, nfacct=True))
     after = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True).stdout
-    strip = lambda s: [line for line in s.splitlines() if not line.startswith("#")]  # noqa: E731
-    assert strip(before) == strip(after)
+    assert uncommented(before) == uncommented(after)

@@ -23,13 +23,14 @@ from kubeproxy.backends.iptables.render import (
     Rendered,
     render,
 )
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.model import EndpointInfo, NodeView, build_view
 from kubeproxy.proxy.options import NFACCT_COUNTERS, NodeOptions
-from tests.backends.iptables.canonical import diff
+from tests.backends.iptables.canonical import diff, uncommented
 from tests.backends.iptables.rules_invariants import check_invariants
 from tests.backends.iptables.rules_invariants import parse as parse_rules
 from tests.backends.iptables.test_upstream_fixtures import FIXTURES, fixture_options
@@ -204,7 +205,7 @@ def test_large_cluster_cleans_up_only_when_due() -> None:
     proxy.feed(load_objects(STEPS[0]))
     small = proxy.view()
     name = next(iter(small.services))
-    many = [EndpointInfo(f"10.1.{i // 250}.{i % 250}", 80) for i in range(LARGE_CLUSTER_ENDPOINTS + 1)]
+    many = [EndpointInfo(AddressText(f"10.1.{i // 250}.{i % 250}"), 80) for i in range(LARGE_CLUSTER_ENDPOINTS + 1)]
     large = NodeView({name: small.services[name]}, {name: many})
     existing = {"KUBE-SVC-GONEGONEGONEGONE", "KUBE-POSTROUTING"}
 
@@ -237,14 +238,14 @@ class NetnsKernel:
         return frozenset(line.split()[0][1:] for line in saved.splitlines() if line.startswith(":"))
 
     def restore(self, text: str) -> None:
-        restore(text, self.ns.run)
+        restore(text, self.ns)
 
 
 @pytest.mark.root
 def test_repeated_syncs_in_kernel(netns: NetNS) -> None:
     from kubeproxy.backends.iptables.apply import RestoreError
 
-    counters = ensure_nfacct_counters(NFACCT_COUNTERS, netns.run)
+    counters = ensure_nfacct_counters(NFACCT_COUNTERS, netns)
     opts = dataclasses.replace(step_options(STEPS[0]), nfacct_counters=tuple(counters))
     proxy = Proxy(opts, NetnsKernel(netns))
 
@@ -261,6 +262,5 @@ def test_repeated_syncs_in_kernel(netns: NetNS) -> None:
         assert len(saved_rules.get(chain, [])) == len(expected_rules.get(chain, [])), chain
     # A fresh full sync changes nothing: the partial syncs left the full state behind.
     before = netns.run(["iptables-save", "-t", "nat"]).stdout
-    restore(full_render(proxy).text, netns.run)
-    strip = lambda s: [ln for ln in s.splitlines() if not ln.startswith("#")]  # noqa: E731
-    assert strip(netns.run(["iptables-save", "-t", "nat"]).stdout) == strip(before)
+    restore(full_render(proxy).text, netns)
+    assert uncommented(netns.run(["iptables-save", "-t", "nat"]).stdout) == uncommented(before)

@@ -28,7 +28,7 @@ from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.view import ViewBuilder
 from tests.backends.iptables.canonical import diff
 from tests.backends.iptables.test_partial_sync import (
@@ -145,7 +145,7 @@ def test_options_changed_in_place_invalidate_the_cache() -> None:
     cache = RenderCache()
     before = render(view, opts, cache=cache)
     assert isinstance(opts.node_labels, dict)
-    opts.node_labels["topology.kubernetes.io/zone"] = "zone-b"  # type: ignore[index]
+    opts.node_labels["topology.kubernetes.io/zone"] = "zone-b"
     after = render(view, opts)
     assert after != before  # the zone decides which endpoints are used
     assert render(view, opts, cache=cache) == after and cache.rendered == len(view.services)
@@ -222,7 +222,7 @@ def test_random_sequences_render_the_same_with_and_without_cache(scenario: list[
                 apply_step(state, tracker, kind, arg)
                 continue
             opts = variant(BASE, arg.option)
-            view = builder.update(state, tracker.pending(), family="IPv4", node_name="n1")
+            view = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
             changes = tracker.take(view)
             if arg.source == "fresh":
                 view = NodeView(*_fresh(state))
@@ -237,7 +237,7 @@ def test_random_sequences_render_the_same_with_and_without_cache(scenario: list[
 
 
 def _fresh(state: ClusterState) -> tuple[Any, Any]:
-    fresh = build_view(state.services.values(), state.slices.values(), "IPv4", "n1")
+    fresh = build_view(state.services.values(), state.slices.values(), Family.IPV4, "n1")
     return fresh.services, fresh.endpoints
 
 
@@ -246,14 +246,14 @@ def test_one_endpoint_change_renders_one_service_port() -> None:
     for i in range(20):
         tracker.apply(state, service_obj(f"s{i}", f"10.96.0.{i + 1}"))
         tracker.apply(state, slice_obj(f"s{i}-1", f"s{i}", ["10.1.0.1", "10.1.0.2"]))
-    view = builder.update(state, tracker.pending(), family="IPv4", node_name="n1")
+    view = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
     render(view, BASE, changed_services=tracker.take(view).changed_services, cache=cache)
     assert cache.rendered == 20
 
     tracker.apply(state, slice_obj("s7-1", "s7", ["10.1.0.1", "10.1.0.3"]))
-    view = builder.update(state, tracker.pending(), family="IPv4", node_name="n1")
+    view = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
     changed = tracker.take(view).changed_services
-    assert changed == {("a", "s7")}
+    assert changed == frozenset({("a", "s7")})
     partial = render(view, BASE, changed_services=changed, cache=cache)
     assert (cache.rendered, cache.reused) == (1, 19)
     assert partial == render(view, BASE, changed_services=changed)
@@ -264,14 +264,14 @@ def test_large_cluster_mode_switch_rerenders_unchanged_services() -> None:
     state, tracker, builder, cache = ClusterState(), ChangeTracker(node_name="n1"), ViewBuilder(), RenderCache()
     for obj in seed_objects():
         tracker.apply(state, obj)
-    view = builder.update(state, tracker.pending(), family="IPv4", node_name="n1")
+    view = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
     with mock.patch.object(render_module, "LARGE_CLUSTER_ENDPOINTS", view.total_endpoints):
         small = render(view, BASE, changed_services=tracker.take(view).changed_services, cache=cache)
         assert not small.large_cluster_mode
         tracker.apply(state, slice_obj("e1", "s1", ["10.1.0.1", "10.1.0.2", "10.1.0.3"]))
-        view = builder.update(state, tracker.pending(), family="IPv4", node_name="n1")
+        view = builder.update(state, tracker.pending(), family=Family.IPV4, node_name="n1")
         changed = tracker.take(view).changed_services
-        assert changed == {("a", "s1")}
+        assert changed == frozenset({("a", "s1")})
         large = render(view, BASE, changed_services=changed, cache=cache)
         assert large.large_cluster_mode and cache.reused == 0
         assert large == render(view, BASE, changed_services=changed)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.render import _STATISTIC, _ip_text, _probability, _statistic_args, render
+from kubeproxy.cluster.addresses import CheckedIPv4, CheckedIPv6
 from tests.backends.iptables.test_render_cache import golden_rendering
 from tests.backends.iptables.test_render_golden import SCENARIOS
 
@@ -73,7 +74,8 @@ def test_statistic_args_follow_the_formula_in_and_beyond_the_table(n: int) -> No
 
 @given(st.ip_addresses())
 def test_ip_text_is_str_of_the_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
-    assert _ip_text(ip) == str(ip)
+    checked = CheckedIPv4(ip) if isinstance(ip, ipaddress.IPv4Address) else CheckedIPv6(ip)
+    assert _ip_text(checked) == str(ip)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

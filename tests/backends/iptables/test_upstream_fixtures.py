@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kubeproxy.backends.iptables.render import render
+from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import build_state
@@ -37,7 +37,7 @@ def fixture_options(case: Path, node: Node | None = None) -> NodeOptions:
     """NodeOptions for a fixture's options.yaml, through the same path the CLI takes."""
     raw = yaml.safe_load((case / "options.yaml").read_text())
     if raw["node_pod_cidr"]:
-        pod_cidr = ipaddress.ip_network(raw["node_pod_cidr"])
+        pod_cidr = valid_cidr(raw["node_pod_cidr"])
         node = Node(raw["node_name"], dict(node.labels) if node else {}, (), (pod_cidr,))
     cfg = ProxyConfig(
         hostname_override=raw["node_name"],

@@ -64,7 +64,7 @@ _WORD = re.compile(r'(?:^|\s)("[^"]*"|[^"]\S*)')
 def parse_dump(text: str) -> list[dict[str, Any]]:
     """Tables as dicts: {name, chains: [{name, decl, rules, deleted}]}, in input order."""
     tables: list[dict[str, Any]] = []
-    table = None
+    table: dict[str, Any] | None = None
     state = "table"
     for raw in text.strip("\n").split("\n"):
         line = raw.strip()
@@ -103,7 +103,7 @@ def parse_dump(text: str) -> list[dict[str, Any]]:
 
 
 def rule_comment(rule: str) -> str | None:
-    words = [w.strip('"') for w in _WORD.findall(rule)]
+    words: list[str] = [w.strip('"') for w in _WORD.findall(rule)]
     for i, w in enumerate(words[:-1]):
         if w == "--comment":
             return words[i + 1]
@@ -122,7 +122,7 @@ def nat_services_key(rule: str) -> tuple[bool, str]:
     return (False, service_key(rule))
 
 
-def chain_order(name: str) -> tuple:
+def chain_order(name: str) -> tuple[int, str]:
     if name == "KUBE-NODEPORTS":
         return (0, "")
     if name == "KUBE-SERVICES":
@@ -245,7 +245,7 @@ def test_source_and_contents(d: Path) -> None:
     assert any((d / f).exists() for f in ("expected.rules", "flows.yaml", "expected_chains.yaml"))
 
 
-def check_flows(path: Path):
+def check_flows(path: Path) -> None:
     flows = yaml.safe_load(path.read_text())
     assert isinstance(flows, list) and flows
     for f in flows:

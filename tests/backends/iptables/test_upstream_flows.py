@@ -56,7 +56,8 @@ def _trace(rules: Path, flow: dict[str, Any], options: dict[str, Any]) -> list[d
         args += ["--local-ip", ip]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)["outcomes"]
+    outcomes: list[dict[str, Any]] = json.loads(result.stdout)["outcomes"]
+    return outcomes
 
 
 @pytest.mark.parametrize(("case", "index", "flow"), FLOWS)

@@ -59,7 +59,7 @@ def slice_(
     }
 
 
-def view(objects: Iterable[Mapping[str, Any]], family: str = Family.IPV4, node: str = NODE) -> NodeView:
+def view(objects: Iterable[Mapping[str, Any]], family: Family = Family.IPV4, node: str = NODE) -> NodeView:
     state, warnings = build_state(objects)
     assert not warnings, warnings
     return build_view(state.services.values(), state.slices.values(), family, node)

@@ -24,9 +24,8 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.nftables import apply as apply_mod
 from kubeproxy.backends.nftables.apply import NftApplier, NftError
-from kubeproxy.backends.nftables.diff import create_plan
+from kubeproxy.backends.nftables.diff import chunks, create_plan
 from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
@@ -148,7 +147,7 @@ def test_the_fake_deletes_as_the_kernel_does(case: str) -> None:
 def test_the_kernel_deletes_as_the_fake_does(netns: L.NetNS, case: str) -> None:
     text, kernel_takes_it = CASES[case]
     fake = FakeNft()
-    kernel = _transaction(netns.run, None, text)
+    kernel = _transaction(netns, None, text)
     assert kernel[0] is kernel_takes_it
     assert kernel == _transaction(fake.run, fake, text)
 
@@ -204,7 +203,7 @@ def _recovery(run: Run, fake: FakeNft | None, committed: int) -> list[Any]:
 
 
 def _chunk_count() -> int:
-    return len(list(apply_mod.chunks(create_plan(_rendering(5)).units, "ip kube-proxy", CHUNK)))
+    return len(list(chunks(create_plan(_rendering(5)).units, "ip kube-proxy", CHUNK)))
 
 
 @pytest.mark.parametrize("committed", range(4))
@@ -228,4 +227,4 @@ def test_the_fake_recovers_from_an_interrupted_create(committed: int) -> None:
 @pytest.mark.parametrize("committed", range(4))
 def test_the_kernel_recovers_as_the_fake_does(netns: L.NetNS, committed: int) -> None:
     fake = FakeNft()
-    assert _recovery(netns.run, None, committed) == _recovery(fake.run, fake, committed)
+    assert _recovery(netns, None, committed) == _recovery(fake.run, fake, committed)

@@ -99,7 +99,7 @@ def test_applier_sequence_matches_a_fresh_load(netns: L.NetNS) -> None:
     objects = {i: random_service(rng, i) for i in range(n)}
     opts = options()
     clock = [0.0]
-    applier = NftApplier("ip", netns.run, chunk_size=40, stale_delay=1.0, clock=lambda: clock[0])
+    applier = NftApplier("ip", netns, chunk_size=40, stale_delay=1.0, clock=lambda: clock[0])
     r = render(view([o for objs in objects.values() for o in objs]), opts)
     first = applier.apply(r)
     assert first.mode == "create" and first.chunks > 1
@@ -135,7 +135,7 @@ def _counting(run: Callable[..., subprocess.CompletedProcess[str]]) -> tuple[lis
 
 
 def test_noop_resync_sends_nothing_and_one_endpoint_is_four_elements(netns: L.NetNS) -> None:
-    calls, run = _counting(netns.run)
+    calls, run = _counting(netns)
     applier = NftApplier("ip", run)
     r = render(view(FEATURES), options())
     applier.apply(r)
@@ -154,7 +154,7 @@ def test_noop_resync_sends_nothing_and_one_endpoint_is_four_elements(netns: L.Ne
 
 
 def test_full_resync_recovers_a_flushed_or_deleted_table(netns: L.NetNS) -> None:
-    applier = NftApplier("ip", netns.run)
+    applier = NftApplier("ip", netns)
     r = render(view(FEATURES), options())
     applier.apply(r)
     assert applier.table_intact()
@@ -184,7 +184,7 @@ def test_the_proxier_checks_the_table_once_a_period_in_a_sync_without_changes(
         return checks[-1]
 
     monkeypatch.setattr(NftApplier, "table_intact", counted)
-    proxier = NftablesProxier(run=netns.run, sync_period=30.0, clock=lambda: now[0])
+    proxier = NftablesProxier(run=netns, sync_period=30.0, clock=lambda: now[0])
     v, opts = view(FEATURES), options()
     one = frozenset({next(iter(v.services)).service})
     assert proxier.sync(v, opts, None).full
@@ -217,7 +217,7 @@ def test_a_restart_fixes_base_chains_drops_leftovers_and_keeps_affinity(netns: L
     old += "add ct timeout ip kube-proxy udp-timeout-99s { protocol udp ; l3proto ip ; policy = { unreplied : 99 } ; }\n"
     old += "add element ip kube-proxy affinity { 203.0.113.7 . 12345 timeout 1h }\n"
     netns.run(["nft", "-f", "-"], input=old)
-    applier = NftApplier("ip", netns.run, stale_delay=0)
+    applier = NftApplier("ip", netns, stale_delay=0)
     assert applier.apply(r).mode == "full"
     got = listing(netns)
     assert got["chains"]["filter-input"]["def"]["prio"] == 0
@@ -234,7 +234,7 @@ def test_a_restart_fixes_base_chains_drops_leftovers_and_keeps_affinity(netns: L
 
 def test_stale_objects_wait_for_the_delay(netns: L.NetNS) -> None:
     clock = [100.0]
-    applier = NftApplier("ip", netns.run, stale_delay=1.0, clock=lambda: clock[0])
+    applier = NftApplier("ip", netns, stale_delay=1.0, clock=lambda: clock[0])
     r1 = render(view(FEATURES), options())
     applier.apply(r1)
     objs = [o for o in FEATURES if o["metadata"]["name"] not in ("sticky", "dns")]
@@ -272,13 +272,14 @@ NODE_OPTIONS = {"node_name": "node", "node_ip": "172.16.0.1", "local_detector": 
 def _send(ns: L.NetNS, proto: str, dst: str, count: int, src: str | None = None) -> list[Any]:
     argv = [*PROBE, "send", "--proto", proto, "--dst", dst, "--count", str(count), "--timeout", "0.5"]
     argv += ["--src", src] if src else []
-    return json.loads(ns.run(argv, timeout=60 + count).stdout)
+    outcomes: list[Any] = json.loads(ns.run(argv, timeout=60 + count).stdout)  # as Bed.send's
+    return outcomes
 
 
 def test_real_packets_through_cluster_ip_nodeport_hairpin_and_reject() -> None:
     with bed("172.16.0.2/24", ("eth0", "172.16.0.1/24"), ("eth1", "10.244.0.1/16"),
              ["10.244.1.10/16", "10.244.2.10/16", "10.244.1.3/16"]) as b:  # fmt: skip
-        applier = NftApplier("ip", b.node.run)
+        applier = NftApplier("ip", b.node)
         applier.apply(render(view(NODE_VIEW, node="node"), options(**NODE_OPTIONS)))
         b.serve(b.backend, "tcp", ["10.244.1.10:8080", "10.244.2.10:8080"])
         b.serve(b.backend, "udp", ["10.244.1.3:53"])
@@ -320,7 +321,7 @@ def _udp_timeouts(ns: L.NetNS, port: int) -> list[int]:
 
 def test_annotated_udp_service_gets_its_own_conntrack_timeout() -> None:
     with bed("172.16.0.2/24", ("eth0", "172.16.0.1/24"), ("eth1", "10.244.0.1/16"), ["10.244.1.3/16"]) as b:
-        NftApplier("ip", b.node.run).apply(render(view(NODE_VIEW, node="node"), options(**NODE_OPTIONS)))
+        NftApplier("ip", b.node).apply(render(view(NODE_VIEW, node="node"), options(**NODE_OPTIONS)))
         # The node's default is raised to 120 s so both sides of the comparison keep a wide margin
         # on a slow machine (a 5 s policy once expired before the read, under CI load).
         b.node.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_udp_timeout=120"])
@@ -339,7 +340,7 @@ def test_a_dynamic_set_of_another_type_is_replaced_in_place(netns: L.NetNS) -> N
         ["nft", "-f", "-"],
         input="add table ip kube-proxy\nadd set ip kube-proxy affinity { type ipv4_addr ; flags dynamic,timeout ; }\n",
     )
-    applier = NftApplier("ip", netns.run)
+    applier = NftApplier("ip", netns)
     r = render(view(FEATURES), options())
     assert applier.apply(r).mode == "full"  # the table was never deleted
     assert listing(netns) == fresh_listing(r)

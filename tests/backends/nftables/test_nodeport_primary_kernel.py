@@ -79,5 +79,5 @@ def test_nodeports_answer_where_nodeport_addresses_say(
         at_node_ip = b.send("tcp", f"{NODE_IP}:30080", 3)
         at_other_ip = b.send("tcp", f"{OTHER_IP}:30080", 3)
     reached = {"backend": f"{BACKEND}:8080", "node": f"{OTHER_IP}:30080"}
-    assert [r["dst"] for r in at_node_ip] == [f"{BACKEND}:8080"] * 3  # type: ignore[index]
-    assert [r["dst"] for r in at_other_ip] == [reached[other_ip_reaches]] * 3  # type: ignore[index]
+    assert [r["dst"] for r in at_node_ip] == [f"{BACKEND}:8080"] * 3
+    assert [r["dst"] for r in at_other_ip] == [reached[other_ip_reaches]] * 3

@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends.nftables import naming
+from kubeproxy.backends.nftables.model import CtTimeout
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import ServicePortName
 from kubeproxy.proxy.options import Family
@@ -275,7 +277,7 @@ def test_client_ip_affinity_keeps_upstream_chains_with_a_shared_set() -> None:
     r = render(view(objs), options())
     svc, ext = "service-HVFWP5L3-ns5/svc5/tcp/p80", "external-HVFWP5L3-ns5/svc5/tcp/p80"
     ep3 = "endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80"  # upstream's names for the same endpoint
-    ep4 = naming.endpoint_chain(next(iter(r.sources)), "10.180.0.4", 80)
+    ep4 = naming.endpoint_chain(next(iter(r.sources)), AddressText("10.180.0.4"), 80)
     id3, id4 = naming.affinity_id(ep3), naming.affinity_id(ep4)
     assert values(r, "service-ips") == {"172.30.0.45 . tcp . 80": f"goto {svc}"}
     assert values(r, "service-nodeports") == {"tcp . 3002": f"goto {ext}"}
@@ -386,12 +388,14 @@ UDP_DNS = [
 
 def test_udp_conntrack_timeout_annotation() -> None:
     r = render(view(UDP_DNS), options())
-    assert dict(r.objects["udp-timeout-5s"].policy) == {"unreplied": 5, "replied": 5}
+    timeout = r.objects["udp-timeout-5s"]
+    assert isinstance(timeout, CtTimeout) and dict(timeout.policy) == {"unreplied": 5, "replied": 5}
     assert values(r, "udp-timeouts") == {"172.30.0.10 . udp . 53": "goto udp-timeout-5s"}  # not the TCP port
     assert values(r, "udp-timeout-nodeports") == {"udp . 30053": "goto udp-timeout-5s"}
     assert rules(r, "udp-timeout-5s") == ['ct timeout set "udp-timeout-5s"']
     # after conntrack made the entry (-200), before DNAT rewrites the service address (-100)
-    assert r.chains["conntrack-prerouting"].base.priority == -150
+    base = r.chains["conntrack-prerouting"].base
+    assert base is not None and base.priority == -150
     assert rules(r, "conntrack-output") == [
         "ct state new meta l4proto udp ip daddr . meta l4proto . th dport vmap @udp-timeouts",
         "ct state new meta l4proto udp fib daddr type local ip daddr != 127.0.0.0/8"

@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends import exec as kexec
+from kubeproxy.backends.host import Intercepted
 from kubeproxy.backends.nftables import apply as apply_mod
 from kubeproxy.backends.nftables import stream
 from kubeproxy.backends.nftables.apply import NftApplier, NftError
-from kubeproxy.backends.nftables.diff import create_plan
+from kubeproxy.backends.nftables.diff import chunks, create_plan
 from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.fake_stream import FakeStream, StreamingFakeNft
 from kubeproxy.backends.nftables.render import render
@@ -53,7 +54,7 @@ def _serial(run: Callable[..., subprocess.CompletedProcess[str]]) -> NftApplier:
 def test_a_streamed_create_leaves_the_same_table_as_serial_chunks() -> None:
     r = _rendering()
     streamed, serial = StreamingFakeNft(), FakeNft()
-    a, b = _streamed(streamed.run), _serial(serial.run)
+    a, b = _streamed(streamed), _serial(serial.run)
     ra, rb = a.apply(r), b.apply(r)
     assert streamed.tables == serial.tables
     assert (ra.mode, ra.operations, ra.invocations, ra.chunks) == (rb.mode, rb.operations, rb.invocations, rb.chunks)
@@ -64,7 +65,7 @@ def test_a_streamed_create_leaves_the_same_table_as_serial_chunks() -> None:
 
 def test_small_plans_are_not_streamed() -> None:
     fake = StreamingFakeNft()
-    applier = NftApplier("ip", fake.run, chunk_size=CHUNK, stream_min_operations=10**9)
+    applier = NftApplier("ip", fake, chunk_size=CHUNK, stream_min_operations=10**9)
     applier.apply(_rendering())
     assert not fake.streams
     assert fake.table() is not None
@@ -85,7 +86,7 @@ def _refusing(index: int, **what: Any) -> Callable[[FakeStream], None]:
 def test_a_refused_chunk_kills_the_next_one_and_fails_as_a_refused_nft_run() -> None:
     r = _rendering()
     fake = StreamingFakeNft(on_spawn=_refusing(1, refuse="Error: /dev/stdin:3:1-3: boom"))
-    applier = _streamed(fake.run)
+    applier = _streamed(fake)
     with pytest.raises(NftError, match=r"^nft -f failed: Error: /dev/stdin:3:1-3: boom$"):
         applier.apply(r)
     # chunk 0 committed, chunk 1 refused, chunk 2 (written while chunk 1 was evaluated) killed
@@ -99,7 +100,7 @@ def test_a_refused_chunk_kills_the_next_one_and_fails_as_a_refused_nft_run() -> 
 
 def test_a_process_that_stops_reading_is_reported_with_its_error() -> None:
     fake = StreamingFakeNft(on_spawn=_refusing(0, stop_reading=True, refuse="Error: out of memory"))
-    applier = _streamed(fake.run)
+    applier = _streamed(fake)
     with pytest.raises(NftError, match="out of memory"):
         applier.apply(_rendering())
     assert [s.state for s in fake.streams] == ["closed"]  # nothing else was started
@@ -108,7 +109,7 @@ def test_a_process_that_stops_reading_is_reported_with_its_error() -> None:
 
 def test_an_exception_while_a_chunk_is_written_kills_its_process() -> None:
     fake = StreamingFakeNft(on_spawn=_refusing(2, raise_on_write=KeyboardInterrupt()))
-    applier = _streamed(fake.run)
+    applier = _streamed(fake)
     with pytest.raises(KeyboardInterrupt):
         applier.apply(_rendering())
     assert [s.state for s in fake.streams] == ["closed", "closed", "killed"]
@@ -117,7 +118,7 @@ def test_an_exception_while_a_chunk_is_written_kills_its_process() -> None:
 
 
 def test_an_exception_while_chunks_are_produced_leaves_no_process_open(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = apply_mod.chunks
+    real = chunks
 
     def failing(*args: Any) -> Iterator[tuple[str, int]]:
         for i, chunk in enumerate(real(*args)):
@@ -127,7 +128,7 @@ def test_an_exception_while_chunks_are_produced_leaves_no_process_open(monkeypat
 
     monkeypatch.setattr(apply_mod, "chunks", failing)
     fake = StreamingFakeNft()
-    applier = _streamed(fake.run)
+    applier = _streamed(fake)
     with pytest.raises(RuntimeError, match="render failed"):
         applier.apply(_rendering())
     assert [s.state for s in fake.streams] == ["closed"] * 3  # all complete chunks, each committed
@@ -146,11 +147,14 @@ def test_errors_about_the_pipe_read_as_errors_about_stdin() -> None:
 
 
 def test_who_gets_a_spawner() -> None:
+    # the hosts that declare they spawn tools, a wrapper that keeps what its host declares, and
+    # no plain function (a bound method of a host included: it declares nothing)
     assert stream.spawner(FakeNft().run) is None
     fake = StreamingFakeNft()
-    assert stream.spawner(fake.run) == fake.spawn
+    assert stream.spawner(fake) is not None and stream.spawner(fake.run) is None
     assert stream.spawner(kexec.local_run) is not None
-    assert stream.spawner(L.NetNS("x").run) is not None
+    assert stream.spawner(L.NetNS("x")) is not None and stream.spawner(L.NetNS("x").run) is None
+    assert stream.spawner(Intercepted(fake, lambda proceed, argv, **kw: proceed(argv, **kw))) is not None
 
 
 # ------------------------------------------------------------------------------ kernel
@@ -167,7 +171,7 @@ def _tables(ns: L.NetNS) -> str:
 @needs_root
 def test_kernel_an_aborted_stream_commits_nothing_even_when_complete() -> None:
     with L.netns("kpstream") as ns:
-        spawn = stream.spawner(ns.run)
+        spawn = stream.spawner(ns)
         assert spawn is not None
         s = spawn(["-f", stream.STREAM_FILE], 30)
         assert s.write("add table ip aborted\nadd chain ip aborted c\n")
@@ -184,7 +188,7 @@ def test_kernel_an_aborted_stream_commits_nothing_even_when_complete() -> None:
 def test_kernel_errors_match_nft_reading_stdin() -> None:
     text = "add table ip t\nadd chain ip t c\nadd rule ip t c jump nosuch\n"
     with L.netns("kpstream") as ns:
-        spawn = stream.spawner(ns.run)
+        spawn = stream.spawner(ns)
         assert spawn is not None
         s = spawn(["-f", stream.STREAM_FILE], 30)
         s.write(text)
@@ -200,7 +204,7 @@ def test_kernel_errors_match_nft_reading_stdin() -> None:
 def test_kernel_streamed_create_equals_serial() -> None:
     r = _rendering()
     with L.netns("kpstream") as a, L.netns("kpstream") as b:
-        ra, rb = _streamed(a.run).apply(r), _serial(b.run).apply(r)
+        ra, rb = _streamed(a).apply(r), _serial(b).apply(r)
         assert ra.chunks == rb.chunks > 3
         listing = ["nft", "-j", "list", "table", "ip", "kube-proxy"]
         assert canonical(a.run(listing).stdout) == canonical(b.run(listing).stdout)
@@ -233,10 +237,10 @@ def test_kernel_a_failure_mid_stream_leaves_only_the_chunks_committed_before(mon
         return spawn
 
     monkeypatch.setattr(apply_mod, "spawner", failing_spawner)
-    first_chunk = next(apply_mod.chunks(create_plan(r).units, "ip kube-proxy", CHUNK))[0]
+    first_chunk = next(chunks(create_plan(r).units, "ip kube-proxy", CHUNK))[0]
     with L.netns("kpstream") as ns, L.netns("kpstream") as expected:
         ns.run(["nft", "add", "table", "ip", "other"])
-        applier = _streamed(ns.run)
+        applier = _streamed(ns)
         with pytest.raises(RuntimeError, match="render failed"):
             applier.apply(r)
         assert isinstance(started[1], stream.ProcessStream) and started[1].proc.returncode == -9
@@ -248,7 +252,7 @@ def test_kernel_a_failure_mid_stream_leaves_only_the_chunks_committed_before(mon
         # The next apply is full and makes the table whole.
         monkeypatch.setattr(apply_mod, "spawner", stream.spawner)
         assert applier.apply(r).mode == "full"
-        _serial(expected.run).apply(r, full=True)
+        _serial(expected).apply(r, full=True)
         listing = ["nft", "-j", "list", "table", "ip", "kube-proxy"]
         assert canonical(ns.run(listing).stdout) == canonical(expected.run(listing).stdout)
 
@@ -257,7 +261,7 @@ def test_kernel_a_failure_mid_stream_leaves_only_the_chunks_committed_before(mon
 @needs_root
 def test_kernel_a_stream_past_its_deadline_is_killed_and_commits_nothing() -> None:
     with L.netns("kpstream") as ns:
-        spawn = stream.spawner(ns.run)
+        spawn = stream.spawner(ns)
         assert spawn is not None
         s = spawn(["-f", stream.STREAM_FILE], 1)
         s.write("add table ip late\n")
@@ -307,7 +311,7 @@ def test_kernel_hostile_but_valid_services_stream_in_with_every_other() -> None:
         for n in (ns, ref):
             n.run(["nft", "add", "table", "ip", "host-own"])
             n.run(["nft", "add", "chain", "ip", "host-own", "input", "{ type filter hook input priority 0 ; }"])
-        streamed = NftApplier("ip", ns.run).apply(r)
+        streamed = NftApplier("ip", ns).apply(r)
         assert streamed.mode == "create" and streamed.chunks >= 3 and streamed.operations > apply_mod.STREAM_MIN_OPERATIONS
         serial = NftApplier("ip", ref.run, stream_min_operations=None, chunk_size=10**9).apply(r)
         assert serial.chunks == 1

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.render import render
+from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.model import ServicePortName, build_view
+from kubeproxy.proxy.options import Family
 from tests.backends.nftables.helpers import NODE, options
 from tests.paths import TESTS
 
@@ -35,7 +37,7 @@ def _upstream() -> tuple[list[str], list[str]]:
 def _ours() -> list[str]:
     state, warnings = build_state(r.obj for r in load_manifests([OBJECTS]))
     assert not warnings
-    view = build_view(state.services.values(), state.slices.values(), "IPv4", NODE)
+    view = build_view(state.services.values(), state.slices.values(), Family.IPV4, NODE)
     # upstream's fake proxier: --nodeport-addresses 192.168.0.2/32, service CIDR 172.30.0.0/16
     opts = options(nodeport_match_all=False, nodeport_ips=("192.168.0.2",))
     text = render(view, opts, service_cidrs=["172.30.0.0/16"]).text()
@@ -119,7 +121,7 @@ def test_chain_names_are_upstreams() -> None:
     for ns, svc in (("ns1", "svc1"), ("ns2", "svc2"), ("ns3", "svc3"), ("ns4", "svc4"), ("ns5", "svc5")):
         spn = ServicePortName(ns, svc, "p80", "TCP")
         assert naming.cluster_chain(spn) in names
-    assert naming.endpoint_chain(ServicePortName("ns4", "svc4", "p80", "TCP"), "10.180.0.5", 80) in names
+    assert naming.endpoint_chain(ServicePortName("ns4", "svc4", "p80", "TCP"), AddressText("10.180.0.5"), 80) in names
     assert naming.external_chain(ServicePortName("ns2", "svc2", "p80", "TCP")) in names
 
 

@@ -39,7 +39,7 @@ from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import Outcome, trace
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import NodeView, build_view
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.proxy.options import Family, NodeOptions
 from tests.netfilter.kernel_bed import assert_kernel_agrees, bed, observed_key
 from tests.paths import TESTS
 
@@ -75,7 +75,7 @@ def fixture_options(raw: dict[str, Any]) -> NodeOptions:
     )
 
 
-def fixture_view(objects: list[dict[str, Any]] | Path, family: str, node: str) -> NodeView:
+def fixture_view(objects: list[dict[str, Any]] | Path, family: Family, node: str) -> NodeView:
     raw = (r.obj for r in load_manifests([objects])) if isinstance(objects, Path) else iter(objects)
     # Upstream's fake API objects use NodePorts such as 3001, outside the default range.
     state, warnings = build_state(raw, ParseOptions(node_port_range=None))
@@ -159,7 +159,7 @@ def test_every_upstream_flow_test_is_here() -> None:
 # Outcomes are upstream's words: endpoints ("masq" if masqueraded), "REJECT", "DROP", or ""
 # (no rule touched the packet: it leaves the node for the address as it is).
 
-OPTIONS = {
+OPTIONS: dict[str, Any] = {  # as an options.yaml of upstream's fixtures reads
     "node_name": "test-node",
     "node_ip": "192.168.0.2",
     "ip_family": "IPv4",
@@ -425,11 +425,14 @@ def _random_cluster(rng: random.Random) -> list[dict[str, Any]]:
     return objects
 
 
-def _summary(outcomes: list[Outcome]) -> frozenset[tuple[str, str | None, bool]]:
+Summary = frozenset[tuple[str, str | None, bool]]  # (verdict, endpoint, masqueraded) of each outcome
+
+
+def _summary(outcomes: list[Outcome]) -> Summary:
     return frozenset((o.verdict, endpoint(o), o.masquerade) for o in outcomes)
 
 
-def _documented(svc: dict[str, Any], has_endpoints: bool, src: str, dst_ip: str, ipt: frozenset, nft: frozenset) -> bool:
+def _documented(svc: dict[str, Any], has_endpoints: bool, src: str, dst_ip: str, ipt: Summary, nft: Summary) -> bool:
     spec = svc["spec"]
     external = dst_ip in spec.get("externalIPs", []) or dst_ip in [i["ip"] for i in svc.get("status", {}).get(
         "loadBalancer", {}).get("ingress", [])]  # fmt: skip

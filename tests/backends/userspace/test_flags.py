@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.backends import registry
+from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, unused_settings, validate
 from kubeproxy.proxy.flags import parse, resolve
@@ -19,7 +20,7 @@ def cfg(*args: str) -> ProxyConfig:
 def test_flags_reach_the_backend() -> None:
     c = cfg("--proxy-mode", "userspace", "--proxy-port-range", "40000-40100", "--udp-timeout", "2s")
     assert (c.mode, c.port_range, c.udp_idle_timeout) == ("userspace", "40000-40100", 2.0)
-    backend = registry.create("userspace", run=lambda *a, **k: None, sync_period=30, cfg=c)  # type: ignore[arg-type,return-value]
+    backend = registry.create("userspace", run=FakeIptables().run, sync_period=30, cfg=c)  # runs nothing until a sync
     assert isinstance(backend, UserspaceProxier)
     assert (backend.port_range, backend.udp_timeout) == ("40000-40100", 2.0)
     assert cfg().udp_idle_timeout == 0.25  # upstream's default
