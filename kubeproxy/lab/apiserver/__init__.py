@@ -9,11 +9,14 @@ It speaks enough of the real protocol that both our reflector and the real `kube
   with `fieldSelector` (`metadata.name`, `metadata.namespace`) and simple `labelSelector`s; with
   `resources=DEPLOY_RESOURCES` also DaemonSets, ConfigMaps, ServiceAccounts, ClusterRoles and
   ClusterRoleBindings, so that `kubectl apply -f deploy/` works;
+- lists in pages as the real server pages them (`paging`): whole at resourceVersion "0", else
+  `limit` pages with `continue` tokens (410 Expired once the history passed the token's version);
 - watch streams are chunked JSON, one event per line, from a `resourceVersion`; a version older
   than the retained history gets an ERROR event carrying a 410 Status, as the real server does;
-  BOOKMARKs are sent when the client asked for them (periodically, or on demand via `bookmark()`),
-  never older than the version the watch started from; `sendInitialEvents=true` (watch-list)
-  sends the state, then a BOOKMARK annotated `k8s.io/initial-events-end`;
+  BOOKMARKs are sent when the client asked for them (periodically, on demand via `bookmark()`,
+  and 2 s before a watch's timeout once anything changed since it began), never older than the
+  version the watch started from; `sendInitialEvents=true` (watch-list) sends the state, then a
+  BOOKMARK annotated `k8s.io/initial-events-end`;
 - a version newer than the store's, as upstream's watch cache answers it after waiting
   `block_timeout` (3 s) for the store to catch up: a list gets a 504 Timeout "Too large resource
   version" Status (cause ResourceVersionTooLarge, `Retry-After: 1`), a watch-list gets it as an
@@ -37,7 +40,10 @@ kinds are validated as the real server does (schema from lightkube's models, `fi
 the rules upstream enforces for what deploy/ uses), so a broken manifest fails here too; they
 cannot be created in a namespace that does not exist (such a server starts with the system ones).
 
-One module per job: `resources` (the catalogue of served kinds), `selectors`, `patches` (merge,
+tests/upstream/test_apiserver_conformance.py asks it and upstream's kube-apiserver the same
+requests and compares the answers (the differences left are listed there).
+
+One module per job: `resources` (the catalogue of served kinds), `selectors`, `paging`, `patches` (merge,
 strategic merge, JSON patch), `rules` and `admission` (what the real server refuses), `errors`
 (Status objects), `store` (objects, versions, history), `discovery`, `handler` (HTTP), `watch`
 (watch streams), `server` (`ApiServer`) and `cli` (`python -m kubeproxy.lab.apiserver`).

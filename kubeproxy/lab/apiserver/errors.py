@@ -10,28 +10,34 @@ JSON = dict[str, Any]
 class ApiError(Exception):
     """An error the server answers with a Status object."""
 
-    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None, metadata: JSON | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details or {}
+        self._details = details
+        self.metadata = metadata or {}
 
     def status(self) -> JSON:
-        return status_object(self.code, self.reason, self.message, self.details)
+        return status_object(self.code, self.reason, self.message, self._details, self.metadata)
 
 
-def status_object(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
-    return {
+def status_object(code: int, reason: str, message: str, details: JSON | None = None, metadata: JSON | None = None) -> JSON:
+    """A Status as kube-apiserver encodes it: `details` only where the error has them (a bad
+    request or an expired version has none; a missing object names itself)."""
+    status: JSON = {
         "kind": "Status",
         "apiVersion": "v1",
-        "metadata": {},
+        "metadata": metadata or {},
         "status": "Success" if code < 400 else "Failure",
         "message": message,
         "reason": reason,
-        "details": details or {},
-        "code": code,
     }
+    if details is not None:
+        status["details"] = details
+    status["code"] = code
+    return status
 
 
 # Upstream's watch cache waits this long for its resourceVersion to reach the one a request asks

@@ -17,9 +17,9 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 import yaml
 
-from kubeproxy.lab.apiserver import discovery, hostile, watch
+from kubeproxy.lab.apiserver import discovery, hostile, paging, watch
 from kubeproxy.lab.apiserver.admission import FIELD_VALIDATION, admit
-from kubeproxy.lab.apiserver.errors import JSON, ApiError, status_object
+from kubeproxy.lab.apiserver.errors import JSON, ApiError
 from kubeproxy.lab.apiserver.patches import json_patch, merge_patch, strategic_merge_patch
 from kubeproxy.lab.apiserver.resources import NAMESPACE, ResourceType, Route, route_of
 from kubeproxy.lab.apiserver.selectors import Selector
@@ -124,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
             route = route_of(api.resources, url.path)
             if route is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
             hostility = api.hostility
             drawn = hostility.draw(query.get("watch") in ("true", "1"), query) if hostility and self.command == "GET" else None
             if hostility is not None and drawn is not None:
@@ -161,19 +161,18 @@ class Handler(BaseHTTPRequestHandler):
                 if minimum is not None:
                     with api.store.cond:
                         api.store.wait_until_fresh(minimum, api.block_timeout)
-                shared, rv = api.store.list_shared(rt, route.namespace, selector)
+                page = paging.page_of(query, api.store.compacted_rv)
+                shared, rv, last, remaining = api.store.list_page(rt, route.namespace, selector, page.after, page.limit)
+                rv = page.rv if page.rv > 0 else rv
+                meta: JSON = {"resourceVersion": str(rv)}
+                if last is not None:
+                    meta["continue"] = paging.encode(rv, last)
+                    if selector.empty:
+                        meta["remainingItemCount"] = remaining
                 # The real server leaves the type to the list's own kind; clients must cope. A
                 # shallow copy each: the stored dicts are shared and only encoded (store.py).
                 items = [{k: v for k, v in item.items() if k != "kind" and k != "apiVersion"} for item in shared]
-                self._send_json(
-                    200,
-                    {
-                        "kind": f"{rt.kind}List",
-                        "apiVersion": rt.api_version,
-                        "metadata": {"resourceVersion": str(rv)},
-                        "items": items,
-                    },
-                )
+                self._send_json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": items})
             elif method == "POST":
                 body = self._body()
                 obj, warnings = admit(rt, body, None, self._field_validation(query)) if isinstance(body, dict) else (body, [])
@@ -201,8 +200,13 @@ class Handler(BaseHTTPRequestHandler):
             if in_body is not None:
                 dry_run = self._dry_run({"dryRun": ",".join(in_body) if isinstance(in_body, list) else str(in_body)}) or dry_run
             gone = api.store.delete(rt, ns, name, dry_run=dry_run)
-            details = {"name": name, "kind": rt.plural, "uid": gone["metadata"].get("uid")}
-            self._send_json(200, status_object(200, "", "", details))
+            if rt.returns_deleted:
+                self._send_json(200, gone)
+                return
+            group = {"group": rt.group} if rt.group else {}
+            details = {"name": name, **group, "kind": rt.plural, "uid": gone["metadata"].get("uid")}
+            # A Success Status has neither message, reason nor code (upstream omits them).
+            self._send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
         else:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported")
 
@@ -277,6 +281,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        # This server ends the connection with the watch: saying so keeps a client from sending
+        # its next request on a connection about to close.
+        self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
         last_bookmark = time.monotonic()

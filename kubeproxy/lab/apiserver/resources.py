@@ -38,6 +38,9 @@ class ResourceType:
     # and a check of the rules the real server enforces on top. None: stored as given.
     schema: type | None = None
     check: Callable[[JSON, JSON | None], list[Cause]] | None = None
+    # A DELETE answers with the object as it was deleted (the registry's ReturnDeletedObject),
+    # else with a Success Status naming it.
+    returns_deleted: bool = False
 
     @property
     def api_version(self) -> str:
@@ -56,7 +59,9 @@ _META_MERGE_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("metadata", "managedFields"), "manager"),
 )
 
-SERVICE = ResourceType("", "v1", "Service", "services", True, ("svc",), (*_META_MERGE_KEYS, (("spec", "ports"), "port")))
+SERVICE = ResourceType(
+    "", "v1", "Service", "services", True, ("svc",), (*_META_MERGE_KEYS, (("spec", "ports"), "port")), returns_deleted=True
+)
 ENDPOINT_SLICE = ResourceType("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True, (), _META_MERGE_KEYS)
 NODE = ResourceType(
     "",
@@ -67,7 +72,7 @@ NODE = ResourceType(
     ("no",),
     (*_META_MERGE_KEYS, (("status", "addresses"), "type"), (("status", "conditions"), "type")),
 )
-NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", False, ("ns",), _META_MERGE_KEYS)
+NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", False, ("ns",), _META_MERGE_KEYS, returns_deleted=True)
 # What kube-proxy writes (its Events about the Node), stored as given.
 EVENT = ResourceType("events.k8s.io", "v1", "Event", "events", True, ("ev",), _META_MERGE_KEYS)
 
@@ -99,7 +104,7 @@ DAEMON_SET = ResourceType(
 )
 SERVICE_ACCOUNT = ResourceType(
     "", "v1", "ServiceAccount", "serviceaccounts", True, ("sa",), (*_META_MERGE_KEYS, (("secrets",), "name")),
-    schema=lightkube_core.ServiceAccount,
+    schema=lightkube_core.ServiceAccount, returns_deleted=True,
 )  # fmt: skip
 CONFIG_MAP = ResourceType(
     "", "v1", "ConfigMap", "configmaps", True, ("cm",), _META_MERGE_KEYS, schema=lightkube_core.ConfigMap, check=check_config_map

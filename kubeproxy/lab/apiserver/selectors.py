@@ -24,6 +24,10 @@ class Selector:
     fields: tuple[tuple[str, str, str], ...] = ()
     labels: tuple[tuple[str, str, str], ...] = ()
 
+    @property
+    def empty(self) -> bool:
+        return not self.fields and not self.labels
+
     @classmethod
     def parse(cls, field_selector: str, label_selector: str, kind: str = "") -> Selector:
         return cls(_parse_terms(field_selector, "field", kind), _parse_terms(label_selector, "label"))
@@ -68,7 +72,7 @@ def _parse_terms(text: str, what: str, kind: str = "") -> tuple[tuple[str, str, 
         else:
             raise ApiError(400, "BadRequest", f"invalid {what} selector {raw!r}")
         if what == "field" and terms[-1][0] not in ("metadata.name", "metadata.namespace", *FIELD_LABELS.get(kind, ())):
-            raise ApiError(400, "BadRequest", f'field label not supported: "{terms[-1][0]}"')
+            raise ApiError(400, "BadRequest", f"field label not supported: {terms[-1][0]}")
     return tuple(terms)
 
 

@@ -101,6 +101,19 @@ class Store:
             items = [stored[key] for key in keys if selector.matches(stored[key])]
             return items, self.rv
 
+    def list_page(
+        self, rt: ResourceType, namespace: str | None, selector: Selector, after: tuple[str, str] | None, limit: int | None
+    ) -> tuple[list[JSON], int, tuple[str, str] | None, int]:
+        """One page of `list_shared`: up to `limit` objects after the key `after`; with the key of
+        the page's last object when more match beyond it (else None), and how many do."""
+        with self.cond:
+            stored = self.by_resource.get(rt.plural, {})
+            keys = sorted(k for k in stored if (namespace is None or k[0] == namespace) and (after is None or k > after))
+            matched = [(key, stored[key]) for key in keys if selector.matches(stored[key])]
+            end = len(matched) if limit is None else min(len(matched), limit)
+            last = matched[end - 1][0] if 0 < end < len(matched) else None
+            return [obj for _, obj in matched[:end]], self.rv, last, len(matched) - end
+
     def events_after(self, rv: int) -> list[Event]:
         """The history's events newer than `rv`, oldest first. The history is in version order, so
         a watch finds where it stands by bisection instead of scanning every event on every write."""

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from kubeproxy.lab.apiserver.server import ApiServer
 
 
+# Seconds before a watch's timeout at which it gets its BOOKMARK (apiserver v0.37.2,
+# pkg/storage/cacher/cache_watcher.go: nextBookmarkTime).
+PRE_TIMEOUT_BOOKMARK = 2.0
+
+
 def stream(
     api: ApiServer,
     route: Route,
@@ -75,6 +80,13 @@ def stream(
             pending = []
     # Upstream never sends a watch a BOOKMARK older than the version it started from.
     start = since
+    # As upstream's cacher, a watch that allows bookmarks and has a timeout gets one shortly
+    # before it ends, so the client resumes from as close to now as possible; but only once the
+    # store has moved past what the watch was owed when it began (the cacher's watcher drops a
+    # bookmark no newer than its initial events).
+    pre_timeout = None if deadline is None else deadline - PRE_TIMEOUT_BOOKMARK
+    with store.cond:
+        owed_at_start = max(start, store.rv)
     while True:
         for event in pending:
             send(event)
@@ -105,12 +117,14 @@ def stream(
                     since = store.history[-1].rv
                 forced = store.bookmark_generation != sent_generation and store.bookmark_rv is not None
                 due = api.bookmark_interval is not None and time.monotonic() - last_bookmark >= api.bookmark_interval
+                due = due or (pre_timeout is not None and time.monotonic() >= pre_timeout and store.rv > owed_at_start)
                 wanted = store.bookmark_generation != sent_generation or due
                 if bookmarks and not pending and wanted and (forced or store.rv >= start):
                     rv = store.bookmark_rv if forced and store.bookmark_rv is not None else store.rv
                     since = max(since, rv)
                     bookmark = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {"resourceVersion": str(rv)}}
                     pending.append({"type": "BOOKMARK", "object": bookmark})
+                    pre_timeout = None
                 sent_generation = store.bookmark_generation
                 if pending:
                     last_bookmark = time.monotonic() if pending[-1]["type"] == "BOOKMARK" else last_bookmark
@@ -118,25 +132,35 @@ def stream(
                 store.cond.wait(timeout=0.2)
 
 
+_CAUSE_WORDS = {"FieldValueForbidden": "Forbidden", "FieldValueNotSupported": "Unsupported value"}
+
+
 def check_options(query: dict[str, str], watch_list: bool) -> None:
     """A watch's options as upstream validates them (apimachinery v0.37.2,
-    pkg/apis/meta/internalversion/validation: validateWatchOptions): 422 Invalid otherwise."""
-    errors = []
+    pkg/apis/meta/internalversion/validation: validateWatchOptions): 422 Invalid otherwise, its
+    causes in the Status's details as the real server lists them."""
+    errors: list[tuple[str, str, str]] = []  # (field, cause reason, message)
     match = query.get("resourceVersionMatch", "")
     initial = "sendInitialEvents" in query
+    forbidden = "FieldValueForbidden"
     if initial and match != "NotOlderThan":
-        errors.append("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")
+        needs = "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+        errors.append(("resourceVersionMatch", forbidden, needs))
     if initial and not watch_list:
-        errors.append("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature "
-                      "gate is enabled")  # fmt: skip
+        gate = "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
+        errors.append(("sendInitialEvents", forbidden, gate))
     if match and not initial:
-        errors.append("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless "
-                      "sendInitialEvents is provided")  # fmt: skip
+        alone = "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"
+        errors.append(("resourceVersionMatch", forbidden, alone))
     if match and match != "NotOlderThan":
-        errors.append(f'resourceVersionMatch: Unsupported value: "{match}": supported values: "NotOlderThan"')
+        errors.append(("resourceVersionMatch", "FieldValueNotSupported", f'"{match}": supported values: "NotOlderThan"'))
     if errors:
-        listed = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
-        raise ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {listed}')
+        prefixed = [(field, reason, f"{_CAUSE_WORDS[reason]}: {message}") for field, reason, message in errors]
+        described = [f"{field}: {message}" for field, _, message in prefixed]
+        listed = described[0] if len(described) == 1 else f"[{', '.join(described)}]"
+        causes = [{"reason": reason, "message": message, "field": field} for field, reason, message in prefixed]
+        details = {"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes}
+        raise ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {listed}', details)
 
 
 def minimum_rv(query: dict[str, str]) -> int | None:
@@ -160,7 +184,12 @@ def minimum_rv(query: dict[str, str]) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ApiError(400, "BadRequest", f'invalid resource version "{raw}"') from None
+        raise ApiError(
+            400,
+            "BadRequest",
+            f'invalid resource version: resourceVersion: Invalid value: "{raw}": '
+            f'strconv.ParseUint: parsing "{raw}": invalid syntax',
+        ) from None
 
 
 def translate(ev: Event, namespace: str | None, selector: Selector) -> JSON | None:
