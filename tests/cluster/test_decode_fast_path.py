@@ -168,7 +168,7 @@ def test_file_source_keeps_objects_as_json_only_where_that_is_exact() -> None:
     # Encodings that would lose the difference keep the dict: NaN and infinity encode as null,
     # an integer key as a string.
     for odd in ({"x": float("nan")}, {"x": float("inf")}, {1: "a"}, {"x": {1, 2}}):
-        assert _stored(odd) is odd  # type: ignore[arg-type]
+        assert _stored(odd) is odd  # type: ignore[arg-type]  # keys and values JSON cannot hold, on purpose
     assert not _same(_stored({"x": None}), _stored({"x": float("nan")}))
     assert not _same(_stored({"x": 1}), _stored({"x": 2}))
     # The same dict with its keys in another order is the same object: no event.

@@ -330,7 +330,7 @@ def test_the_fast_endpoint_is_the_constructed_one() -> None:
     made = Endpoint(AddressText(""), ready=False, serving=True, terminating=True, node_name="node-a", zone="zone-a")
     assert type(fast) is Endpoint and fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.zone = "other"  # type: ignore[misc]
+        fast.zone = "other"  # type: ignore[misc]  # frozen: the assignment must raise
 
 
 def test_the_check_cache_remembers_passes_only_and_stays_bounded() -> None:

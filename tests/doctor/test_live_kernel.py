@@ -14,13 +14,14 @@ import pytest
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.backends.nftables.offline import render_nftables
+from kubeproxy.cluster.state import ClusterState
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.live import read_node
 from kubeproxy.proxy.config import ProxyConfig, validate
 from kubeproxy.proxy.options import Family
 from tests.doctor.helpers import CFG, SEED, V6_CFG, by_kind, dns_world, seed_state, state_of, v6_world
-from tests.netfilter.kernel_bed import Bed, bed
+from tests.netfilter.kernel_bed import Bed, BedSpec, bed
 
 pytestmark = pytest.mark.root
 
@@ -31,13 +32,13 @@ d = ctnetlink.dump(sys.argv[1:], ("udp",))
 print(json.dumps(sorted([*k, n] for k, n in d.counts.items())))
 """
 
-SEED_BED = {
+SEED_BED: BedSpec = {
     "client_ip": "10.5.6.2/24",
     "node_front": ("eth3", "10.5.6.29/24"),
     "node_back": ("docker0", "10.100.13.1/24"),
     "backends": ["10.100.13.3/24"],
 }
-LAB_BED = {
+LAB_BED: BedSpec = {
     "client_ip": "192.168.0.1/24",
     "node_front": ("eth0", "192.168.0.2/24"),
     "node_back": ("cni0", "10.244.1.1/24"),
@@ -45,13 +46,13 @@ LAB_BED = {
 }
 
 
-def _live(b: Bed, state: object, cfg: ProxyConfig) -> Report:
+def _live(b: Bed, state: ClusterState, cfg: ProxyConfig) -> Report:
     got = read_node(b.node.name)
-    return diagnose(DoctorInput(got.ruleset, state, validate(cfg), got.node, got.facts, "", got.rules_source))  # type: ignore[arg-type]
+    return diagnose(DoctorInput(got.ruleset, state, validate(cfg), got.node, got.facts, "", got.rules_source))
 
 
 def test_live_seed_counts_the_snat_ports_in_use_and_reads_the_node_timeout() -> None:
-    with bed(**SEED_BED) as b:  # type: ignore[arg-type]
+    with bed(**SEED_BED) as b:
         b.load_iptables((SEED / "kube_proxy.iptables-save").read_text())
         b.node.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_udp_timeout=60"])
         b.serve(b.backend, "udp", ["10.100.13.3:53"])
@@ -71,7 +72,7 @@ def test_live_seed_counts_the_snat_ports_in_use_and_reads_the_node_timeout() -> 
 
 
 def test_live_manual_dnat_is_a_foreign_rule_and_keeps_the_client_address() -> None:
-    with bed(**SEED_BED) as b:  # type: ignore[arg-type]
+    with bed(**SEED_BED) as b:
         b.load_iptables((SEED / "manual_dnat.iptables-save").read_text())
         b.serve(b.backend, "udp", ["10.100.13.3:53"])
         b.send("udp", "10.5.6.29:53", 10)
@@ -87,7 +88,7 @@ def test_live_nftables_with_the_timeout_annotation() -> None:
     objs = dns_world(annotations={"kubeproxy.io/udp-conntrack-timeout": "30s"})
     state = state_of(objs)
     text = render_nftables(state, validate(CFG)).rendering.text()
-    with bed(**LAB_BED) as b:  # type: ignore[arg-type]
+    with bed(**LAB_BED) as b:
         b.load_nft(text)
         b.serve(b.backend, "udp", ["10.244.1.10:53"])
         b.send("udp", "203.0.113.53:53", 20)
@@ -104,7 +105,7 @@ def test_live_nftables_with_the_timeout_annotation() -> None:
 def test_live_iptables_rendered_by_us_without_masquerade_for_local_policy() -> None:
     objs = dns_world(etp="Local")
     state = state_of(objs)
-    with bed(**LAB_BED) as b:  # type: ignore[arg-type]
+    with bed(**LAB_BED) as b:
         b.load_iptables(with_jumps(offline.render_iptables(state, validate(CFG), nfacct_counters=()).rendered.text))
         b.serve(b.backend, "udp", ["10.244.1.10:53"])
         b.send("udp", "203.0.113.53:53", 10)
@@ -124,8 +125,8 @@ def test_live_ipv6_service_reads_ip6tables_and_counts_ipv6_snat_ports() -> None:
     objs = v6_world()
     state = state_of(objs)
     cfg = validate(V6_CFG)
-    v6 = ("fd00:168::1/64", "fd00:168::2/64", "fd00:244:1::1/64", ["fd00:244:1::10/64"])
-    with bed(**LAB_BED, v6=v6) as b:  # type: ignore[arg-type]
+    dual: BedSpec = {**LAB_BED, "v6": ("fd00:168::1/64", "fd00:168::2/64", "fd00:244:1::1/64", ["fd00:244:1::10/64"])}
+    with bed(**dual) as b:
         rules = offline.render_iptables(state, cfg, nfacct_counters=(), family=Family.IPV6).rendered.text
         b.load_iptables(with_jumps(rules), restore="ip6tables-restore")
         b.serve(b.backend, "udp", ["[fd00:244:1::10]:53"])

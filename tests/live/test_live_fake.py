@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.backends.base import SyncError, SyncReport
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.sources.events import WatchEvent
+from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.sources.events import EventType, WatchEvent
 from tests.live.test_live import _service
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, sync_period=30.0,
@@ -43,9 +46,9 @@ class Source:
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
-    def publish(self, *objs: dict[str, Any], kind: str = "MODIFIED") -> None:
+    def publish(self, *objs: dict[str, Any], kind: EventType = "MODIFIED") -> None:
         for obj in objs:
-            self.proxy.on_event(WatchEvent(kind, obj["kind"], obj))  # type: ignore[arg-type]
+            self.proxy.on_event(WatchEvent(kind, obj["kind"], obj))
 
 
 def _refusing(node: FakeNode) -> Callable[..., subprocess.CompletedProcess[str]]:
@@ -114,14 +117,12 @@ def test_a_refusal_no_service_explains_fails_the_sync_and_retries_in_full(mode: 
         real = proxy.backend.sync
         calls: list[bool] = []
 
-        def sync(view, opts, changed):  # type: ignore[no-untyped-def]
-            calls.append(changed is None)
+        def sync(view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport:
+            calls.append(changed_services is None)
             if refuse["left"]:
                 refuse["left"] -= 1
-                from kubeproxy.backends.base import SyncError
-
                 raise SyncError("the kernel is busy (injected)")
-            return real(view, opts, changed)
+            return real(view, opts, changed_services)
 
         proxy.backend.sync = sync  # type: ignore[method-assign]
         refuse["left"] = 1

@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,7 +66,7 @@ class Poller:
     """Asks /healthz and /livez, one after the other, until stopped: every answer, with its time."""
 
     port: int
-    answers: list[tuple[float, str, int, dict[str, object]]] = field(default_factory=list)
+    answers: list[tuple[float, str, int, dict[str, Any]]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -129,7 +130,7 @@ def test_an_api_outage_of_three_health_timeouts_keeps_health_and_rules(
         assert all(doc.get("nodeEligible") is (True if path == "/healthz" else None) for _, path, _, doc in answers)
         shown = [doc["source"] for _, path, _, doc in answers if path == "/healthz"]
         assert {"inSync": True} not in shown[len(shown) // 2 :], "the body shows the lost source"
-        assert all(s == {"inSync": True} or s["inSync"] is False for s in shown)  # type: ignore[index]
+        assert all(s == {"inSync": True} or s["inSync"] is False for s in shown)
 
         (lost,) = logged(LOST)
         assert lost.levelno == logging.WARNING

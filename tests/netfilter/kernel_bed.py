@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from kubeproxy.lab import netns as L
 from kubeproxy.netfilter import addr as A
@@ -61,6 +61,16 @@ class Bed:
             argv += ["--src", src]
         outcomes: list[Any] = json.loads(ns.run(argv, timeout=60 + count * timeout).stdout)
         return outcomes
+
+
+class BedSpec(TypedDict):
+    """bed()'s arguments, for tests that keep their topology in a constant."""
+
+    client_ip: str
+    node_front: tuple[str, str]
+    node_back: tuple[str, str]
+    backends: list[str]
+    v6: NotRequired[tuple[str, str, str, list[str]]]
 
 
 @contextmanager

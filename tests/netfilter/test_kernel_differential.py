@@ -22,13 +22,13 @@ from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node, Route
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import Outcome, trace
-from tests.netfilter.kernel_bed import Bed, assert_kernel_agrees, bed
+from tests.netfilter.kernel_bed import Bed, BedSpec, assert_kernel_agrees, bed
 
 pytestmark = pytest.mark.root
 FIX = Path(__file__).parent / "fixtures"
 WIRE = [sys.executable, str(Path(__file__).parent / "wire.py")]
 
-SEED_BED = {
+SEED_BED: BedSpec = {
     "client_ip": "10.5.6.2/24",
     "node_front": ("eth3", "10.5.6.29/24"),
     "node_back": ("docker0", "10.100.13.1/24"),
@@ -50,7 +50,7 @@ def _check(b: Bed, rules_text: str, proto: str, dst: str, count: int, *, in_ifac
                                             ("udp", "10.24.138.29:53")])
 def test_seed000_kube_proxy_dump_masquerades_incoming_queries(proto: str, dst: str) -> None:
     text = (FIX / "seed000_kube_proxy.iptables-save").read_text()
-    with bed(**SEED_BED) as b:  # type: ignore[arg-type]
+    with bed(**SEED_BED) as b:
         b.load_iptables(text)
         b.serve(b.backend, proto, ["10.100.13.3:53"])
         outs = _check(b, text, proto, dst, 20, in_iface="eth3", src=b.client_ip)
@@ -60,7 +60,7 @@ def test_seed000_kube_proxy_dump_masquerades_incoming_queries(proto: str, dst: s
 
 def test_seed000_manual_dnat_keeps_the_client_address() -> None:
     text = (FIX / "seed000_manual_dnat.iptables-save").read_text()
-    with bed(**SEED_BED) as b:  # type: ignore[arg-type]
+    with bed(**SEED_BED) as b:
         b.load_iptables(text)
         b.serve(b.backend, "udp", ["10.100.13.3:53"])
         outs = _check(b, text, "udp", "10.5.6.29:53", 20, in_iface="eth3", src=b.client_ip)
@@ -68,7 +68,7 @@ def test_seed000_manual_dnat_keeps_the_client_address() -> None:
 
 
 KUBE_RANDOM = (FIX / "kube_random.iptables-save").read_text()
-PLAIN_BED = {
+PLAIN_BED: BedSpec = {
     "client_ip": "10.1.0.2/24",
     "node_front": ("eth0", "10.1.0.1/24"),
     "node_back": ("eth1", "10.2.0.1/24"),
@@ -78,7 +78,7 @@ PLAIN_BED = {
 
 def test_statistic_split_matches_the_kernel_distribution() -> None:
     # deliberately uneven (1/2, 1/4, 1/4), so that a tracer that spread evenly would fail
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_iptables(KUBE_RANDOM)
         b.serve(b.backend, "udp", ["10.2.0.2:5353", "10.2.0.3:5353", "10.2.0.4:5353"])
         outs = _check(b, KUBE_RANDOM, "udp", "10.96.0.10:53", 1500, in_iface="eth0", src=b.client_ip)
@@ -87,7 +87,7 @@ def test_statistic_split_matches_the_kernel_distribution() -> None:
 
 
 def test_from_host_output_dnat_then_masquerade() -> None:
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_iptables(KUBE_RANDOM)
         b.serve(b.backend, "udp", ["10.2.0.2:5353", "10.2.0.3:5353", "10.2.0.4:5353"])
         # the node's own process; the source is its front address, rerouted out eth1 by the DNAT
@@ -107,7 +107,7 @@ DOCKER = (FIX / "docker_style.iptables-save").read_text()
     ],
 )
 def test_docker_style_rules(proto: str, dst: str, count: int, expect: str) -> None:
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_iptables(DOCKER)
         b.serve(b.backend, "tcp", ["10.2.0.2:80", "10.2.0.3:22"])
         b.serve(b.backend, "udp", ["10.2.0.3:53", "10.2.0.3:9999"])
@@ -128,7 +128,7 @@ CALICO = (FIX / "calico_style.iptables-save").read_text()
     ],
 )
 def test_calico_style_marks_and_gotos(dst: str, count: int, expect: str) -> None:
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_iptables(CALICO)
         b.serve(b.backend, "udp", ["10.2.0.2:7005", "10.2.0.2:7100", "10.2.0.2:7200", "10.2.0.2:7300"])
         outs = _check(b, CALICO, "udp", dst, count, in_iface="eth0", src=b.client_ip, timeout=0.5)
@@ -139,7 +139,7 @@ NFT = (FIX / "nft_numgen.nft").read_text()
 
 
 def test_nftables_numgen_vmap_distribution_and_reject() -> None:
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_nft(NFT)
         b.serve(b.backend, "udp", ["10.2.0.2:5353", "10.2.0.3:5353", "10.2.0.4:6000"])
         json_text = b.node.run(["nft", "-j", "list", "ruleset"]).stdout
@@ -159,7 +159,7 @@ def test_nft_meta_random_splits_and_a_node_packet_has_no_input_interface(in_ifac
     # `meta random & 2147483647 < N` is how nft prints iptables' statistic match (here a 1/4
     # chance); a packet the node sends has the empty input interface, so `iifname != "eth0"`
     # holds for it in the output hook
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_nft(META_RANDOM)
         b.serve(b.backend, "udp", ["10.2.0.2:5353", "10.2.0.3:5353"])
         rs = detect.parse(b.node.run(["nft", "-j", "list", "ruleset"]).stdout)
@@ -191,7 +191,7 @@ COMMIT
 def test_physdev_never_matches_a_routed_packet(proto: str, expect: str) -> None:
     # a Weave-style FORWARD chain: routed packets carry no bridge ports, so only the inverted
     # `! --physdev-is-bridged` matches (the tracer used to assume every physdev match held)
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_iptables(PHYSDEV)
         b.serve(b.backend, proto, ["10.2.0.2:53"])
         outs = _check(b, PHYSDEV, proto, "10.2.0.2:53", 5, in_iface="eth0", src=b.client_ip, timeout=0.5)
@@ -222,7 +222,7 @@ def test_masquerade_to_the_node_itself_takes_the_first_global_address(proto: str
     # a node process -> `kubernetes` service -> the API server on this node: the packet leaves by
     # lo, whose only address (127.0.0.1) has host scope, so the kernel's inet_select_addr falls
     # back to the first global address (eth0's), whatever the sender's own address was
-    with bed(**PLAIN_BED) as b:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b:
         b.load_iptables(MASQ_SELF)
         b.serve(b.node, proto, ["10.2.0.1:6443"])
         outs = _check(b, MASQ_SELF, proto, "10.96.0.1:443", 5, in_iface=None, src="10.2.0.1")
@@ -243,7 +243,7 @@ COMMIT
 def test_masquerade_out_of_an_addressless_veth(proto: str) -> None:
     # a veth without an address (as some CNIs leave the host end): MASQUERADE takes the first
     # global address of the node (the tracer used to call this a drop)
-    with bed(**PLAIN_BED) as b, L.netns("kpx") as pod:  # type: ignore[arg-type]
+    with bed(**PLAIN_BED) as b, L.netns("kpx") as pod:
         _veth(b.node, "vx0", pod, "eth0", "10.50.0.2/24")
         b.node.run(["ip", "route", "add", "10.50.0.0/24", "dev", "vx0"])
         pod.run(["ip", "route", "add", "default", "dev", "eth0"])
@@ -268,11 +268,13 @@ def _veth(a: L.NetNS, a_if: str, b: L.NetNS, b_if: str, b_cidr: str) -> None:
 
 # --------------------------------------------------------------------------- IPv6
 KUBE_RANDOM6 = (FIX / "kube_random6.ip6tables-save").read_text()
-V6_BED = {**PLAIN_BED, "v6": ("fd00:1::2/64", "fd00:1::1/64", "fd00:2::1/64", ["fd00:2::2/64", "fd00:2::3/64", "fd00:2::4/64"])}
+V6_BED: BedSpec = {
+    **PLAIN_BED, "v6": ("fd00:1::2/64", "fd00:1::1/64", "fd00:2::1/64", ["fd00:2::2/64", "fd00:2::3/64", "fd00:2::4/64"])
+}
 
 
 def test_ipv6_statistic_split_and_masquerade() -> None:
-    with bed(**V6_BED) as b:  # type: ignore[arg-type]
+    with bed(**V6_BED) as b:
         b.load_iptables(KUBE_RANDOM6, "ip6tables-restore")
         b.serve(b.backend, "udp", ["[fd00:2::2]:5353", "[fd00:2::3]:5353", "[fd00:2::4]:5353"])
         outs = _check(b, KUBE_RANDOM6, "udp", "[fd00:96::10]:53", 1200, in_iface="eth0", src="fd00:1::2")
@@ -281,7 +283,7 @@ def test_ipv6_statistic_split_and_masquerade() -> None:
 
 
 def test_ipv6_from_the_node_itself() -> None:
-    with bed(**V6_BED) as b:  # type: ignore[arg-type]
+    with bed(**V6_BED) as b:
         b.load_iptables(KUBE_RANDOM6, "ip6tables-restore")
         b.serve(b.backend, "udp", ["[fd00:2::2]:5353", "[fd00:2::3]:5353", "[fd00:2::4]:5353"])
         _check(b, KUBE_RANDOM6, "udp", "[fd00:96::10]:53", 600, in_iface=None, src="fd00:1::1")
@@ -289,7 +291,7 @@ def test_ipv6_from_the_node_itself() -> None:
 
 @pytest.mark.parametrize(("proto", "expect"), [("tcp", "REJECT"), ("udp", "DROP")])
 def test_ipv6_filter_verdicts(proto: str, expect: str) -> None:
-    with bed(**V6_BED) as b:  # type: ignore[arg-type]
+    with bed(**V6_BED) as b:
         b.load_iptables(KUBE_RANDOM6, "ip6tables-restore")
         b.serve(b.backend, proto, ["[fd00:2::2]:9"])
         # the sender sees the ICMPv6 error only for the SYN retransmitted after 1 s (the first

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -44,7 +45,7 @@ def test_an_unknown_match_gives_an_outcome_for_each_answer() -> None:
         assert sum(o.probability for o in res.given({keys[0]: answer})) == 1
 
 
-def test_unknown_shows_in_text_and_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_shows_in_text_and_json(tmp_path: Path) -> None:
     rules = tmp_path / "rules"
     rules.write_text(UNKNOWN_MATCH)
     base = ["trace", "--rules", str(rules), "--proto", "udp", "--src", "10.1.0.2", "--dst", "10.2.0.2:53",

@@ -60,7 +60,7 @@ def test_configuration_errors_name_the_flag_and_field_with_upstreams_text() -> N
         ({"KubeProxyIPVS": "yes"}, "KubeProxyIPVS: 'yes' is not true or false"),
     ):
         with pytest.raises(ConfigError, match="^" + re.escape(f"--feature-gates (featureGates): {text}") + "$"):
-            validate(ProxyConfig(feature_gates=gates))  # type: ignore[arg-type]
+            validate(ProxyConfig(feature_gates=gates))  # type: ignore[arg-type]  # a "yes" among them: as a file may say
     with pytest.raises(FeatureGateError):
         check_gates({"AllAlpha": True})  # alpha gates then need a beta one that is off
 

@@ -63,7 +63,7 @@ def test_the_fast_port_info_is_the_constructed_one() -> None:
     made = ServicePortInfo(**values)
     assert type(fast) is ServicePortInfo and fast == made and repr(fast) == repr(made)
     with pytest.raises(AttributeError):
-        fast.port = 81  # type: ignore[misc]
+        fast.port = 81  # type: ignore[misc]  # frozen: the assignment must raise
 
 
 def _objects() -> list[dict[str, Any]]:

@@ -362,10 +362,10 @@ def test_bookmarks_keep_a_quiet_watch_trusted_past_the_bound(api: ApiServer, tmp
 
 
 def test_the_silent_bound_defaults_to_three_watch_timeouts() -> None:
-    assert Reflector(None, services(), lambda e: None).silence_bound == 900.0  # type: ignore[arg-type]
-    assert Reflector(None, services(), lambda e: None, watch_timeout=60).silence_bound == 180.0  # type: ignore[arg-type]
+    assert Reflector(None, services(), lambda e: None).silence_bound == 900.0  # type: ignore[arg-type]  # no client: only the bound is read
+    assert Reflector(None, services(), lambda e: None, watch_timeout=60).silence_bound == 180.0  # type: ignore[arg-type]  # no client: only the bound is read
     with pytest.raises(ValueError, match="must be positive"):
-        Reflector(None, services(), lambda e: None, max_silence=0)  # type: ignore[arg-type]
+        Reflector(None, services(), lambda e: None, max_silence=0)  # type: ignore[arg-type]  # no client: only the bound is read
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,13 +13,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables import jumps
-from kubeproxy.backends.iptables.applied import AppliedChains
+from kubeproxy.backends.iptables.applied import AppliedChains, Filtered
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier, _rule_args, _rule_spec
 from kubeproxy.backends.iptables.render import TableText, render_tables, restore_chunks, restore_text
@@ -29,8 +31,8 @@ from tests.paths import DEMO
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
 
 
-def _demo_text(**kwargs: object) -> str:
-    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)  # type: ignore[arg-type]
+def _demo_text(**kwargs: Any) -> str:
+    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)
     return offline.render_iptables(offline.load([DEMO]).state, cfg).rendered.text
 
 
@@ -43,7 +45,7 @@ TEXTS = {
 }
 
 
-def _general(text: str, applied: AppliedChains | None = None, *, full: bool = True):  # type: ignore[no-untyped-def]
+def _general(text: str, applied: AppliedChains | None = None, *, full: bool = True) -> Filtered:
     return (applied or AppliedChains())._filter(text, full=full)
 
 
@@ -97,8 +99,8 @@ def _declared(text: str) -> dict[str, set[str]]:
     return declared
 
 
-def _demo_tables(**kwargs: object) -> tuple[TableText, ...]:
-    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)  # type: ignore[arg-type]
+def _demo_tables(**kwargs: Any) -> tuple[TableText, ...]:
+    cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)
     result = offline.render_iptables(offline.load([DEMO]).state, cfg)
     rendered, tables = render_tables(result.view, result.options)
     assert restore_text(tables) == result.rendered.text and rendered.text == ""

@@ -40,7 +40,7 @@ from kubeproxy.netfilter.simulate import Outcome, trace
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import NodeView, build_view
 from kubeproxy.proxy.options import Family, NodeOptions
-from tests.netfilter.kernel_bed import assert_kernel_agrees, bed, observed_key
+from tests.netfilter.kernel_bed import BedSpec, assert_kernel_agrees, bed, observed_key
 from tests.paths import TESTS
 
 pytestmark = pytest.mark.root
@@ -292,7 +292,7 @@ def test_nftables_and_iptables_mode(objects: list[dict[str, Any]], flow: dict[st
 # ------------------------------------------------------------------------------------------
 # The same flows with real packets: client (203.0.113.2, .130) -- node -- endpoints (10.180.x).
 
-BED = {
+BED: BedSpec = {
     "client_ip": "203.0.113.2/24",
     "node_front": ("eth0", "203.0.113.1/24"),
     "node_back": ("eth1", "10.180.255.254/16"),
@@ -327,7 +327,7 @@ KERNEL = [
 
 def _kernel(text: str, src: str | None, dst: str, *, from_node: bool) -> tuple[list[Outcome], list[object]]:
     """Load `text` into the bed's node, predict with the tracer, then send real connections."""
-    with bed(**BED) as b:  # type: ignore[arg-type]
+    with bed(**BED) as b:
         for ip in NODE_IPS[:3]:  # the fake proxier's IPv4 node addresses
             b.node.run(["ip", "addr", "add", f"{ip}/32", "dev", "eth0"])
             b.model.local_ips.add(A.parse_ip(ip)[0])

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -86,9 +87,9 @@ def relay(request: pytest.FixtureRequest) -> Iterator[RelayServer]:
     server.stop()
 
 
-def serve(relay: RelayServer, name: ServicePortName, endpoints: list[tuple[str, int]], **kw: object) -> int:
+def serve(relay: RelayServer, name: ServicePortName, endpoints: list[tuple[str, int]], **kw: Any) -> int:
     sock, port = Binder().open(name.protocol, Family.IPV4)
-    table = PortTable(name, name.protocol, tuple(endpoints), **kw)  # type: ignore[arg-type]
+    table = PortTable(name, name.protocol, tuple(endpoints), **kw)
     relay.call(relay.adopt, [Listener(name, name.protocol, sock, port)], {name: table}, [])
     return port
 
