@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubeproxy.lab import ipvs_compare, rules_compare
 from kubeproxy.lab import netns as L
-from kubeproxy.lab import rules_compare
 from kubeproxy.lab.cluster import HTTP_GET, PROBE, SYNC_METRIC, ClusterError, await_ready, pod_interface, wire_pod
 from kubeproxy.lab.control_plane import ControlPlane
 from kubeproxy.lab.kubelet import LabKubelet, NodeInfo, PodInfo
@@ -93,7 +93,8 @@ class SideBySide:
 
     @classmethod
     @contextmanager
-    def build(cls, bin_dir: Path, mode: str = "iptables") -> Iterator[SideBySide]:
+    def build(cls, bin_dir: Path, mode: str = "iptables", *, startup_timeout: float = 90) -> Iterator[SideBySide]:
+        """The bed, its control plane awaited for up to `startup_timeout` s (minutes in a VM under TCG)."""
         with ExitStack() as stack:
             workdir = Path(tempfile.mkdtemp(prefix="kp-side-by-side-"))
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
@@ -103,7 +104,14 @@ class SideBySide:
             switch.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0"], check=False)
             _attach(switch, control, f"{CONTROL_IP}/{UNDERLAY.prefixlen}", 0)
             cp = stack.enter_context(
-                ControlPlane.start(bin_dir, workdir / "control-plane", ns=control, address=CONTROL_IP, service_cidr=SERVICE_CIDR)
+                ControlPlane.start(
+                    bin_dir,
+                    workdir / "control-plane",
+                    ns=control,
+                    address=CONTROL_IP,
+                    service_cidr=SERVICE_CIDR,
+                    timeout=startup_timeout,
+                )
             )
             bed = cls(workdir, cp, LabKubelet(cp.api), switch, mode=mode, _stack=stack)
             for index, name in enumerate((UPSTREAM_NODE, OURS_NODE, POD_HOST_NODE), start=1):
@@ -259,9 +267,15 @@ class SideBySide:
         return all(syncs.get(f, 0.0) >= self.changed_at for f in changed) and all(syncs.get(f, 0.0) > 0 for f in families)
 
     def dump(self, node_name: str) -> dict[str, str]:
-        """`iptables-save` and `ip6tables-save` of the node, by family."""
+        """`iptables-save` and `ip6tables-save` of the node, by family; in ipvs mode also the IPVS
+        table, the ipsets and kube-ipvs0's addresses (lab/ipvs_compare.py's keys)."""
         ns = self.nodes[node_name].ns
-        return {"IPv4": ns.run(["iptables-save"]).stdout, "IPv6": ns.run(["ip6tables-save"]).stdout}
+        got = {"IPv4": ns.run(["iptables-save"]).stdout, "IPv6": ns.run(["ip6tables-save"]).stdout}
+        if self.mode == "ipvs":
+            got[ipvs_compare.IPVS] = ns.run(["ipvsadm-save", "-n"]).stdout
+            got[ipvs_compare.IPSET] = ns.run(["ipset", "save"]).stdout
+            got[ipvs_compare.DUMMY] = ns.run(["ip", "-o", "addr", "show", "dev", ipvs_compare.DUMMY], check=False).stdout
+        return got
 
     # ---- waiting ------------------------------------------------------------------------------
 
@@ -323,7 +337,7 @@ class SideBySide:
             if all(self.synced_since_change(n, families, changed) for n in (UPSTREAM_NODE, OURS_NODE)):
                 dumps = {n: self.dump(n) for n in (UPSTREAM_NODE, OURS_NODE)}
                 # Equal rules that miss a ready endpoint or keep a gone one are equally stale, not converged.
-                fresh = all(ready(n) <= _destinations(d["IPv4"]) | _destinations(d["IPv6"]) <= present for n, d in dumps.items())
+                fresh = all(ready(n) <= _destinations(d) <= present for n, d in dumps.items())
                 diffs = self.differences(dumps, families=families, drop=drop)
                 if fresh and not diffs:
                     return []
@@ -341,6 +355,10 @@ class SideBySide:
         """What differs between the two nodes' rules, per family, each node's own endpoints named by role."""
         got = dumps or {n: self.dump(n) for n in (UPSTREAM_NODE, OURS_NODE)}
         pods = self.pods_by_ip()
+        if self.mode == "ipvs":
+            names = (f"upstream ({UPSTREAM_NODE})", f"ours ({OURS_NODE})")
+            return ipvs_compare.differences(got[UPSTREAM_NODE], self.roles(UPSTREAM_NODE), got[OURS_NODE],
+                                            self.roles(OURS_NODE), names, families=families, drop=drop)  # fmt: skip
         out: list[str] = []
         for family in families:
             upstream = rules_compare.role_named(got[UPSTREAM_NODE][family], UPSTREAM_NODE, pods, drop)
@@ -349,11 +367,22 @@ class SideBySide:
             out += [f"{family} {d}" for d in found]
         return out
 
+    def roles(self, node_name: str) -> ipvs_compare.Roles:
+        """How the node's own addresses and its peer's (the other proxy node) are named (ipvs mode)."""
+        peer_name = OURS_NODE if node_name == UPSTREAM_NODE else UPSTREAM_NODE
+        node, peer = self.nodes[node_name], self.nodes[peer_name]
+        return ipvs_compare.Roles.of(node_name, (node.ip, node.ip6), peer_name, (peer.ip, peer.ip6), self.pods_by_ip())
 
-def _destinations(dump: str) -> set[str]:
-    """The pod addresses the dump DNATs to (the `kubernetes` Service's endpoint is no pod)."""
+
+def _destinations(dump: Mapping[str, str]) -> set[str]:
+    """The pod addresses a node's dump sends new connections to: its DNAT rules', or in ipvs mode
+    its real servers of weight > 0 (the `kubernetes` Service's endpoint is no pod)."""
     pods = [ipaddress.ip_network(cidr) for cidr in CLUSTER_CIDRS]
-    ips = {endpoint.rsplit(":", 1)[0].strip("[]") for endpoint in rules_compare.endpoint_chains(dump).values()}
+    if ipvs_compare.IPVS in dump:
+        ips = ipvs_compare.serving_addresses(dump[ipvs_compare.IPVS])
+    else:
+        chains = [rules_compare.endpoint_chains(dump[family]) for family in ("IPv4", "IPv6")]
+        ips = {endpoint.rsplit(":", 1)[0].strip("[]") for found in chains for endpoint in found.values()}
     return {ip for ip in ips if any(ipaddress.ip_address(ip) in cidr for cidr in pods)}
 
 
