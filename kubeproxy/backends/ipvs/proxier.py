@@ -124,12 +124,15 @@ class IpvsProxier:
                      check=True)
 
     def node_addresses(self) -> tuple[str, ...]:
-        """Every local address but kube-ipvs0's: where NodePorts listen (upstream's GetAllLocalAddressesExcept)."""
+        """Every local address but kube-ipvs0's: where NodePorts listen (upstream's GetAllLocalAddressesExcept).
+
+        Loopback addresses and IPv6 link-local ones are left out, as upstream's isValidForSet
+        (pkg/proxy/ipvs/netlink_linux.go): a NodePort is not served on 127.0.0.1 in IPVS mode."""
         version = 6 if self.family.ipv6 else 4
         return tuple(dict.fromkeys(
             a.ip for a in interface_addresses(self.run)
-            # upstream skips link-local addresses
-            if a.device != DUMMY_DEVICE and not a.link_local and ipaddress.ip_address(a.ip).version == version
+            if a.device != DUMMY_DEVICE and not a.link_local and not ipaddress.ip_address(a.ip).is_loopback
+            and ipaddress.ip_address(a.ip).version == version
         ))
 
     def _render(self, view: NodeView, opts: NodeOptions) -> IpvsRendered:

@@ -397,13 +397,14 @@ def ipset_family(family: Family) -> str:
 
 
 def create_line(spec: SetSpec, family: Family, name: str | None = None) -> str:
-    """upstream's CreateSet arguments (hashsize 1024, maxelem 65536; bitmaps cover every port).
+    """upstream's createSet arguments (hashsize 1024, maxelem 65536; bitmaps cover every port;
+    no `comment` extension: upstream's entries carry none).
 
     `name` defaults to the set's kernel name for `family` (set_name)."""
     name = name or set_name(spec.name, family)
     if spec.type.startswith("bitmap:"):
-        return f"create {name} {spec.type} range 0-65535 comment"
-    return f"create {name} {spec.type} family {ipset_family(family)} hashsize 1024 maxelem 65536 comment"
+        return f"create {name} {spec.type} range 0-65535"
+    return f"create {name} {spec.type} family {ipset_family(family)} hashsize 1024 maxelem 65536"
 
 
 def ipset_restore_text(rendered: IpvsRendered, opts: NodeOptions) -> str:

@@ -120,7 +120,7 @@ def test_cli_render_prints_the_three_parts() -> None:
     out = result.stdout
     for header in ("# ipset restore -exist", "# iptables-restore --noflush", "# ipvsadm-restore (ipvsadm-save -n)"):
         assert header in out
-    assert "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 comment" in out
+    assert "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n" in out
 
 
 def test_cli_render_refuses_unknown_scheduler(tmp_path: Path) -> None:
