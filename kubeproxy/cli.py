@@ -45,6 +45,7 @@ class LazyGroup(click.Group):
         "lab": "kubeproxy.lab.dns.commands:lab",
         "doctor": "kubeproxy.doctor.commands:doctor",
         "graph": "kubeproxy.doctor.commands:graph",
+        "explain": "kubeproxy.explain.command:explain",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

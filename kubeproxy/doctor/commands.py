@@ -15,7 +15,7 @@ import click
 if TYPE_CHECKING:  # the rules model is imported when a command runs
     from kubeproxy.netfilter.model import Ruleset
 
-_FORMATS = ("auto", "iptables-save", "iptables-list", "nft-json", "nft")
+DUMP_FORMATS = ("auto", "iptables-save", "iptables-list", "nft-json", "nft")
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -23,7 +23,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-def _read(path: str) -> str:
+def read_dump_file(path: str) -> str:
     from kubeproxy.netfilter.dumpfile import DumpError, read_dump
 
     try:
@@ -32,18 +32,18 @@ def _read(path: str) -> str:
         _fail(str(exc))
 
 
-def _parse(path: str, fmt: str) -> Ruleset:
+def parse_dump(path: str, fmt: str) -> Ruleset:
     """The ruleset of the dump at `path`; a dump that cannot be parsed ends the command naming it."""
     from kubeproxy.netfilter import detect
     from kubeproxy.netfilter.model import ParseError
 
     try:
-        return detect.parse(_read(path), fmt)
+        return detect.parse(read_dump_file(path), fmt)
     except ParseError as exc:
         _fail(f"{'standard input' if path == '-' else path}: {exc}")
 
 
-def _csv(values: tuple[str, ...]) -> tuple[str, ...]:
+def csv_values(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
@@ -51,7 +51,7 @@ def _csv(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--rules", "rules_paths", multiple=True,
               help="A dump to read (iptables-save, ip6tables-save or nft -j list ruleset; - for stdin); "
                    "repeat for an iptables node's IPv4 and IPv6 dumps.")
-@click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(_FORMATS), help="Dump format.")
+@click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(DUMP_FORMATS), help="Dump format.")
 @click.option("--live", is_flag=True, help="Read this node instead (read-only): rules, sysctls, conntrack, interfaces.")
 @click.option("--netns", default=None, help="With --live: read inside this network namespace.")
 @click.option("--manifests", multiple=True, help="The cluster's objects: YAML/JSON files or folders (repeatable).")
@@ -97,7 +97,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
     if netns and not live:
         raise click.UsageError("--netns needs --live")
     try:
-        cfg = validate(ProxyConfig(cluster_cidr=_csv(cluster_cidr), hostname_override=hostname_override.strip().lower(),
+        cfg = validate(ProxyConfig(cluster_cidr=csv_values(cluster_cidr), hostname_override=hostname_override.strip().lower(),
                                    node_ip=node_ip))
     except ConfigError as exc:
         _fail(str(exc))
@@ -130,16 +130,16 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
             for name, addrs in extra.interfaces.items():
                 node.interfaces.setdefault(name, []).extend(addrs)
         else:
-            ruleset = _parse(rules_paths[0], fmt)
+            ruleset = parse_dump(rules_paths[0], fmt)
             for more in rules_paths[1:]:  # e.g. the ip6tables-save dump beside the iptables-save one
-                ruleset.tables += _parse(more, fmt).tables
+                ruleset.tables += parse_dump(more, fmt).tables
             source, node, facts = ", ".join(rules_paths), extra, NodeFacts()
         node.local_ips |= extra.local_ips
         node.routes = extra.routes + node.routes
         facts.sysctls.update(sysctls_from_flags(sysctls))
         facts.stats.update(stats_from_flags(stats))
         if conntrack_path:
-            facts.flows = parse_flows(_read(conntrack_path))
+            facts.flows = parse_flows(read_dump_file(conntrack_path))
     except (ParseError, NodeError, FactError, LiveError) as exc:
         _fail(str(exc))
     if not (manifests or kubeconfig or master):
@@ -159,7 +159,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
 
 @click.command("graph")
 @click.option("--rules", "rules_path", help="A dump to read (iptables-save or nft -j list ruleset; - for stdin).")
-@click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(_FORMATS), help="Dump format.")
+@click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(DUMP_FORMATS), help="Dump format.")
 @click.option("--live", is_flag=True, help="Read this node's rules instead (read-only).")
 @click.option("--netns", default=None, help="With --live: read inside this network namespace.")
 @click.option("--service", default=None, help="Only this Service (namespace/name).")
@@ -175,7 +175,7 @@ def graph(rules_path: str | None, fmt: str, live: bool, netns: str | None, servi
     if bool(rules_path) == live:
         raise click.UsageError("give exactly one of --rules FILE or --live")
     try:
-        ruleset = read_rules(netns)[0] if live else _parse(rules_path or "-", fmt)
+        ruleset = read_rules(netns)[0] if live else parse_dump(rules_path or "-", fmt)
         text = build(ruleset, service).dot(service or "kube-proxy")
     except (ParseError, GraphError, LiveError) as exc:
         _fail(str(exc))

@@ -100,16 +100,36 @@ def _in_iface(node: Node, given: str) -> str:
     return next((n for n, a in node.interfaces.items() if n != "lo" and a), "eth0")
 
 
-def diagnose(inp: DoctorInput) -> Report:
+@dataclass
+class NodeContext:
+    """The node the rules are judged on: its name, labels, addresses, interfaces and routes (what
+    was not given, assumed and said in `notes`), and where outside traffic arrives."""
+
+    name: str
+    how: str
+    labels: dict[str, str]
+    node_ips: list[str]
+    node: Node
+    in_iface: str
+    notes: list[str]
+    warnings: tuple[str, ...]
+
+
+def node_context(inp: DoctorInput) -> NodeContext:
     from kubeproxy import render as offline
 
     choice = offline.node_choice(inp.state, inp.cfg, hostname=inp.cfg.hostname_override or "")
-    node_name = choice.name
     labels = dict(choice.node.labels) if choice.node is not None else {}
     node_ips = _node_ips(inp, choice.node)
     node, notes = _complete_node(inp.node, node_ips)
+    return NodeContext(choice.name, choice.how, labels, node_ips, node, _in_iface(node, inp.in_iface), notes,
+                       tuple(choice.warnings))
+
+
+def diagnose(inp: DoctorInput) -> Report:
+    ctx = node_context(inp)
+    node_name, labels, node_ips, node, notes, in_iface = ctx.name, ctx.labels, ctx.node_ips, ctx.node, ctx.notes, ctx.in_iface
     inp.facts.node_ips |= set(node_ips)
-    in_iface = _in_iface(node, inp.in_iface)
     mode = mode_of(inp.ruleset)
     findings: list[Finding] = []
     probes: list[Probe] = []
@@ -133,14 +153,14 @@ def diagnose(inp: DoctorInput) -> Report:
     findings += conntrack_findings(inp.facts)
     findings += cost_findings(inp.ruleset)
     notes += [f"{p.name} {p.frontend}: not traced: {p.error}" for p in probes if p.error]
-    notes += list(choice.warnings)
+    notes += list(ctx.warnings)
     if inp.facts.assumed:
         notes.append("kernel defaults assumed for " + ", ".join(sorted(inp.facts.assumed)))
     if inp.facts.flows is None:
         notes.append("conntrack entries not read: current SNAT use unknown (use --live)")
     inputs = {
         "rules": {"source": inp.source, "format": inp.ruleset.source, "mode": mode, "rules": inp.ruleset.rule_count()},
-        "node": {"name": node_name, "how": choice.how, "addresses": node_ips, "outside_traffic_iface": in_iface,
+        "node": {"name": node_name, "how": ctx.how, "addresses": node_ips, "outside_traffic_iface": in_iface,
                  "outside_source": OUTSIDE_SOURCE},
         "families": [f.value for f in families],
         "services": len(inp.state.services),

@@ -1,0 +1,1 @@
+"""`kubeproxy explain NAMESPACE/NAME`: every rule, element and virtual server that handles a Service."""

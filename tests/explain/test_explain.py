@@ -1,0 +1,120 @@
+"""`kubeproxy explain NAMESPACE/NAME`: a Service's rules in the order a new flow meets them, in
+every mode, from the objects rendered, from a dump alone, and from what the kernel holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from kubeproxy.backends.iptables.apply import ensure_nfacct_counters
+from kubeproxy.cli import main
+from kubeproxy.lab import netns as L
+from kubeproxy.lab.netns import have_root
+from kubeproxy.proxy.options import NFACCT_COUNTERS
+from tests.doctor.helpers import SEED
+from tests.doctor.test_rules_alone import _affinity_and_local_world
+
+NODE = ["--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16", "--iface", "eth0=192.168.0.2/24",
+        "--iface", "cni0=10.244.1.1/24", "--route", "10.244.0.0/16=cni0", "--route", "default=eth0@192.168.0.1"]
+SERVICES = ("default/dns", "default/web", "default/lb", "default/empty")
+
+
+def _world(tmp_path: Path) -> Path:
+    path = tmp_path / "world.yaml"
+    path.write_text("".join(f"---\n{json.dumps(o)}\n" for o in _affinity_and_local_world()))
+    return path
+
+
+def _explain(*args: str) -> dict[str, Any]:
+    res = CliRunner().invoke(main, ["explain", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    out: dict[str, Any] = json.loads(res.stdout)
+    return out
+
+
+def _destinations(exp: dict[str, Any]) -> dict[tuple[str, str], set[tuple[str, float]]]:
+    # a reject's ICMP type is spelt as each tool prints it: the verdict is what is compared
+    return {(p["name"], a["address"]): {(d["to"].split(" (")[0], round(d["share"], 6)) for d in a["destinations"]}
+            for p in exp["ports"] for a in p["addresses"]}
+
+
+def _modes() -> list[str]:
+    return ["iptables", "ipvs", "nftables"] if have_root() else ["iptables", "ipvs"]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_mode_sends_each_address_to_the_same_endpoints(tmp_path: Path, service: str) -> None:
+    """The same Service rendered in each mode: every address's new flows end at the same
+    endpoints with the same shares (nftables is read by nft, so it needs root)."""
+    world = str(_world(tmp_path))
+    by_mode = {m: _destinations(_explain(service, "--manifests", world, "--proxy-mode", m, *NODE)) for m in _modes()}
+    # A NodePort on the pod bridge's address answers in iptables mode only: its NodePorts take
+    # every local address, IPVS and nftables modes' the Node's (upstream's defaults by mode).
+    by_mode = {m: {k: v for k, v in got.items() if not k[1].startswith("10.244.1.1:")} for m, got in by_mode.items()}
+    first = by_mode["iptables"]
+    assert first, service
+    for mode, got in by_mode.items():
+        assert got == first, mode
+
+
+def test_the_expected_endpoints_and_local_policy(tmp_path: Path) -> None:
+    got = _destinations(_explain("default/dns", "--port", "dns", "--manifests", str(_world(tmp_path)), *NODE))
+    every = {("10.244.1.10:53", round(1 / 3, 6)), ("10.244.2.11:53", round(1 / 3, 6)), ("10.244.2.12:53", round(1 / 3, 6))}
+    assert got[("default/dns:dns", "10.96.0.53:53")] == every
+    # externalTrafficPolicy: Local: outside flows to the external IP and NodePort stay on this node
+    assert got[("default/dns:dns", "203.0.113.53:53")] == {("10.244.1.10:53", 1.0)}
+    assert got[("default/dns:dns", "192.168.0.2:30053")] == {("10.244.1.10:53", 1.0)}
+    empty = _destinations(_explain("default/empty", "--manifests", str(_world(tmp_path)), *NODE))
+    assert empty == {("default/empty:x", "10.96.0.82:81"): {("reject", 1.0)}}
+
+
+def test_seed000_dump_alone_names_the_rules_by_their_lines() -> None:
+    dump = SEED / "kube_proxy.iptables-save"
+    exp = _explain("default/ares-k29-bindapp", "--port", "dns-udp-53", "--rules", str(dump),
+                   "--iface", "eth3=10.5.6.29/24", "--iface", "docker0=10.100.13.1/24")
+    (port,) = exp["ports"]
+    assert [a["address"] for a in port["addresses"]] == ["10.24.138.29:53", "10.5.6.29:53", "203.0.113.29:53"]
+    lines = dump.read_text().splitlines()
+    for a in port["addresses"]:
+        assert a["destinations"] == [{"to": "10.100.13.3:53", "share": 1.0, "masqueraded": True}]
+        for step in a["steps"]:
+            assert lines[step["line"] - 1] == step["rule"]
+        assert any("ares-k29-bindapp:dns-udp-53" in s["rule"] and a["address"].split(":")[0] in s["rule"]
+                   for s in a["steps"])
+    assert any("read back from the proxy's own rules" in n for n in exp["notes"])
+
+
+def test_a_service_the_input_does_not_have_is_said_and_exits_1(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["explain", "default/nope", "--manifests", str(_world(tmp_path)), *NODE])
+    assert res.exit_code == 1 and "no port of it" in res.stdout
+    bad = CliRunner().invoke(main, ["explain", "nope", "--manifests", str(_world(tmp_path))])
+    assert bad.exit_code == 2 and "namespace/name" in bad.output
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("mode", ["iptables", "nftables"])
+def test_what_the_kernel_holds_is_explained_as_the_render(tmp_path: Path, mode: str) -> None:
+    """The render loaded into a namespace and read back with --live: the same rules in the same
+    order, and the same endpoints, as the render explained."""
+    world = str(_world(tmp_path))
+    rendered = CliRunner().invoke(main, ["render", "--manifests", world, "--proxy-mode", mode,
+                                         *(["--with-jumps"] if mode == "iptables" else []), *NODE[:4]])
+    assert rendered.exit_code == 0, rendered.output
+    with L.netns("kpx") as ns:
+        if mode == "iptables":
+            ensure_nfacct_counters(NFACCT_COUNTERS, ns)
+        tool = ["iptables-restore", "--noflush"] if mode == "iptables" else ["nft", "-f", "-"]
+        ns.run(tool, input=rendered.stdout)
+        for service in SERVICES:
+            from_render = _explain(service, "--manifests", world, "--proxy-mode", mode, *NODE)
+            live = _explain(service, "--live", "--netns", ns.name, *NODE)
+            assert _destinations(live) == _destinations(from_render), service
+            # the kernel prints a rule in its own words (iptables-save orders the options its
+            # way): the rules are compared by where they are
+            steps = [[(s["table"], s["chain"]) for s in a["steps"]] for p in from_render["ports"] for a in p["addresses"]]
+            assert [[(s["table"], s["chain"]) for s in a["steps"]]
+                    for p in live["ports"] for a in p["addresses"]] == steps, service
