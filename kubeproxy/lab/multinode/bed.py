@@ -58,8 +58,10 @@ from kubeproxy.lab.cluster import (
     poll,
     wire_pod,
 )
+from kubeproxy.lab.kubelet import LabKubelet, NodeInfo, PodInfo
 from kubeproxy.lab.multinode.balancer import LoadBalancer
 from kubeproxy.lab.multinode.control import start_in
+from kubeproxy.lab.multinode.upstream import UpstreamControl
 from kubeproxy.proxy.health import TO_BE_DELETED_TAINT
 from kubeproxy.proxy.options import Family
 
@@ -81,6 +83,9 @@ CLIENT_IP6 = "fd00:18::10"
 CLUSTER_CIDR6 = "fd00:244::/48"
 SERVICE_CIDR6 = "fd00:96::/108"
 DEFAULT_ZONES = ("zone-a", "zone-b", "zone-b")
+# Whose API server the nodes' proxies watch: the test API server in this process ("lab"), or
+# upstream's etcd, kube-apiserver and kube-controller-manager (multinode/upstream.py).
+CONTROL_PLANES = ("lab", "upstream")
 HEALTHZ_PORT = 10256
 _FIRST_POD_HOST = 10
 _NODE_SYSCTLS = [
@@ -147,7 +152,7 @@ class MultiNodeCluster:
     control: L.NetNS
     lb: L.NetNS
     client: L.NetNS
-    api: ApiServer
+    api: ApiServer | UpstreamControl  # see CONTROL_PLANES
     proxy_mode: str
     tcp_ports: tuple[int, ...]
     dual_stack: bool = False
@@ -157,6 +162,8 @@ class MultiNodeCluster:
     # Every Service published: the nftables maps are keyed by address and port, not by name,
     # so the rule waits look a service port up here (lab/node_rules.py).
     _services: dict[tuple[str, str], objects.JSON] = field(default_factory=dict, repr=False)
+    # Pods the lab kubelet reported to upstream's API server, by name.
+    _reported: dict[str, PodInfo] = field(default_factory=dict, repr=False)
 
     # ---- building ---------------------------------------------------------------------------
 
@@ -170,10 +177,16 @@ class MultiNodeCluster:
         zones: Sequence[str] = DEFAULT_ZONES,
         tcp_ports: Sequence[int] = (8080,),
         dual_stack: bool = False,
+        control_plane: str = "lab",
     ) -> Iterator[MultiNodeCluster]:
         """The namespaces, the underlay and its routes, and the API server with a Node object
         per node (no pods, no proxies yet: `add_pod`, `start_proxies`). With `dual_stack`, every
-        address, route and Node has its IPv6 twin too (dual-stack nodes)."""
+        address, route and Node has its IPv6 twin too (dual-stack nodes). `control_plane` is
+        one of CONTROL_PLANES."""
+        if control_plane not in CONTROL_PLANES:
+            raise ClusterError(f"control_plane {control_plane!r}: want one of {', '.join(CONTROL_PLANES)}")
+        if control_plane == "upstream" and dual_stack:
+            raise ClusterError("the lab runs upstream's control plane IPv4 only: no dual_stack with it")
         if proxy_mode not in node_rules.MODES:
             raise ClusterError(f"proxy_mode {proxy_mode!r}: want one of {', '.join(node_rules.MODES)}")
         if not 1 <= nodes <= 9:
@@ -194,10 +207,19 @@ class MultiNodeCluster:
             for i in range(1, nodes + 1):
                 bed._add_node(i, zones[(i - 1) % len(zones)] if zones else "")
             bed._route_pod_cidrs()
-            start_in(control, api)
-            stack.callback(api.stop)
-            for node in bed.nodes.values():
-                api.apply(bed.node_object(node.name))
+            if control_plane == "upstream":
+                # In place of the test API server made above, which never starts.
+                upstream = stack.enter_context(
+                    UpstreamControl.start(workdir / "control-plane", control, CONTROL_IP, SERVICE_CIDR)
+                )
+                bed.api = upstream
+                for node in bed.nodes.values():
+                    upstream.kubelet.register_node(NodeInfo(node.name, (node.ip,), (node.pod_cidr,), node.zone))
+            else:
+                start_in(control, api)
+                stack.callback(api.stop)
+                for node in bed.nodes.values():
+                    api.apply(bed.node_object(node.name))
             # Unwound in reverse: the balancer and proxies stop before the pods and namespaces go.
             stack.callback(bed.stop_proxies)
             yield bed
@@ -298,11 +320,35 @@ class MultiNodeCluster:
         return pod
 
     def remove_pod(self, name: str) -> None:
-        """Kill a pod and remove its namespace (its endpoint should be out of the slices first)."""
+        """Kill a pod and remove its namespace (its endpoint should be out of the slices first).
+        A pod reported to upstream's API server is deleted there for good too, as its kubelet does."""
         pod = self.pods.get(name)
         if pod is None:
             raise ClusterError(f"no pod {name!r}")
         self._delete_pod(pod)
+        info = self._reported.pop(name, None)
+        if info is not None:
+            self._kubelet().finish_termination(info)
+
+    # ---- pods through upstream's API (control_plane="upstream") ----------------------------------
+
+    def _kubelet(self) -> LabKubelet:
+        if not isinstance(self.api, UpstreamControl):
+            raise ClusterError("pods are reported to the API only with upstream's control plane (control_plane='upstream')")
+        return self.api.kubelet
+
+    def report_pod(self, name: str, labels: dict[str, str], *, ready: bool = True) -> None:
+        """Tell upstream's API server that pod `name` runs with `labels`: its EndpointSlice
+        controller puts it in the slices of the Services that select it."""
+        pod = self.pods[name]
+        ports = tuple((f"tcp-{port}", port, "TCP") for port in self.tcp_ports)
+        info = PodInfo(name, pod.node_name, (pod.ip,), dict(labels), ports)
+        self._kubelet().report_pod(info, ready=ready)
+        self._reported[name] = info
+
+    def terminate_pod(self, name: str) -> None:
+        """`kubectl delete pod`: the pod terminates (still serving) until `remove_pod`."""
+        self._kubelet().start_termination(self._reported[name])
 
     def _delete_pod(self, pod: Pod) -> None:
         if pod.removed:

@@ -14,9 +14,18 @@ from types import FrameType
 import click
 
 from kubeproxy.lab.cluster import ClusterError
+from kubeproxy.lab.control_plane import UPSTREAM_VERSION, upstream_bin
 from kubeproxy.lab.multinode.balancer import LoadBalancer
-from kubeproxy.lab.multinode.bed import CLIENT_IP, CLIENT_IP6, CONTROL_IP, ROUTER_IP, ROUTER_IP6, MultiNodeCluster
-from kubeproxy.lab.multinode.scenario import LocalService, move_endpoint
+from kubeproxy.lab.multinode.bed import (
+    CLIENT_IP,
+    CLIENT_IP6,
+    CONTROL_IP,
+    CONTROL_PLANES,
+    ROUTER_IP,
+    ROUTER_IP6,
+    MultiNodeCluster,
+)
+from kubeproxy.lab.multinode.scenario import LocalService, move_endpoint, move_pod
 from kubeproxy.lab.netns import NetnsError
 from kubeproxy.lab.node_rules import MODES
 from kubeproxy.proxy.options import Family
@@ -50,22 +59,41 @@ def unavailable() -> str | None:
     show_default=True,
     help="The family of the service behind the balancer (IPv6 needs --dual-stack).",
 )
+@click.option(
+    "--control-plane",
+    type=click.Choice(CONTROL_PLANES),
+    default="lab",
+    show_default=True,
+    help="lab: the test API server, the lab publishes EndpointSlices; upstream: upstream's etcd, kube-apiserver and "
+    "kube-controller-manager (scripts/upstream builds them), pods reported by the lab kubelet, slices made by "
+    "upstream's controller, proxies as deployed (deploy/'s RBAC, a ServiceAccount token, TLS verified). IPv4 only.",
+)
 @click.option("--hold", is_flag=True, help="Afterwards keep the lab up (namespaces listed) until Ctrl-C.")
-def cluster(proxy_mode: str, nodes: int, moves: int, rate: float, dual_stack: bool, service_family: str, hold: bool) -> None:
-    """Nodes in network namespaces, each running `kubeproxy run` against one test API server;
-    pods routed between nodes; a client; and a load balancer that sends to the NodePort of a
-    LoadBalancer Service with externalTrafficPolicy Local, only to the nodes whose health-check
-    node port passes. Its one pod moves from node to node as a rolling update moves it, and
-    the balancer's requests and failures are counted (root)."""
+def cluster(
+    proxy_mode: str, nodes: int, moves: int, rate: float, dual_stack: bool, service_family: str, control_plane: str, hold: bool
+) -> None:
+    """Nodes in network namespaces, each running `kubeproxy run` against one API server (the
+    test one, or upstream's with --control-plane upstream); pods routed between nodes; a
+    client; and a load balancer that sends to the NodePort of a LoadBalancer Service with
+    externalTrafficPolicy Local, only to the nodes whose health-check node port passes. Its one
+    pod moves from node to node as a rolling update moves it, and the balancer's requests and
+    failures are counted (root)."""
     reason = unavailable()
     if reason:
         raise click.ClickException(reason)
     family = Family(service_family)
     if family.ipv6 and not dual_stack:
         raise click.UsageError("--service-family IPv6 needs --dual-stack")
+    if control_plane == "upstream":
+        if dual_stack:
+            raise click.UsageError("--control-plane upstream runs IPv4 only: drop --dual-stack")
+        if upstream_bin() is None:
+            raise click.ClickException(
+                f"--control-plane upstream needs upstream's binaries: run scripts/upstream {UPSTREAM_VERSION}"
+            )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _run(proxy_mode, nodes, moves, rate, dual_stack, WEB[family], hold)
+        _run(proxy_mode, nodes, moves, rate, dual_stack, WEB[family], control_plane, hold)
     except (ClusterError, NetnsError) as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
@@ -78,12 +106,16 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds the bed's ExitStack, so the namespaces go
 
 
-def _run(proxy_mode: str, nodes: int, moves: int, rate: float, dual_stack: bool, web: LocalService, hold: bool) -> None:
+def _run(
+    proxy_mode: str, nodes: int, moves: int, rate: float, dual_stack: bool, web: LocalService, control_plane: str, hold: bool
+) -> None:
     started = time.monotonic()
     family = web.family
-    with MultiNodeCluster.build(nodes, proxy_mode=proxy_mode, dual_stack=dual_stack) as bed:
+    upstream = control_plane == "upstream"
+    with MultiNodeCluster.build(nodes, proxy_mode=proxy_mode, dual_stack=dual_stack, control_plane=control_plane) as bed:
         stack = "dual-stack" if dual_stack else "IPv4"
-        click.echo(f"lab: {nodes} {stack} nodes, proxy mode {proxy_mode}, API server {bed.api.url} (in {bed.control.name})")
+        server = f"upstream's {UPSTREAM_VERSION} control plane" if upstream else "the test API server"
+        click.echo(f"lab: {nodes} {stack} nodes, proxy mode {proxy_mode}, {server} at {bed.api.url} (in {bed.control.name})")
         for node in bed.nodes.values():
             v6 = f" {node.ip6} pods {node.pod_cidr6}" if dual_stack else ""
             click.echo(f"  {node.name}  {node.ip:<15} pods {node.pod_cidr:<14}{v6} {node.zone:<7} netns {node.ns.name}")
@@ -91,7 +123,11 @@ def _run(proxy_mode: str, nodes: int, moves: int, rate: float, dual_stack: bool,
         click.echo(f"  client {client} (netns {bed.client.name}); lb/router {router} (netns {bed.lb.name})")
         names = list(bed.nodes)
         pod = bed.add_pod("web-0", names[0])
-        bed.apply(web.service(), web.slice(pod.backend(family=family)))
+        if upstream:
+            bed.report_pod(pod.name, web.selector)
+            bed.apply(web.service(selecting=True))
+        else:
+            bed.apply(web.service(), web.slice(pod.backend(family=family)))
         bed.start_proxies()
         bed.wait_synced(timeout=60)
         others = {n: 503 for n in names[1:]}
@@ -106,7 +142,7 @@ def _run(proxy_mode: str, nodes: int, moves: int, rate: float, dual_stack: bool,
         for i in range(1, moves + 1):
             target = names[i % len(names)]
             t0 = time.monotonic()
-            pod = move_endpoint(bed, lb, web, pod, f"web-{i}", target)
+            pod = (move_pod if upstream else move_endpoint)(bed, lb, web, pod, f"web-{i}", target)
             click.echo(f"move {i}: web-{i - 1} -> web-{i} on {target} in {time.monotonic() - t0:.1f} s")
         lb.wait_requests(10)
         end = lb.mark()

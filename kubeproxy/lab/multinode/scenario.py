@@ -37,7 +37,16 @@ class LocalService:
     def service_port(self) -> str:
         return f"default/{self.name}:http"
 
-    def service(self) -> objects.JSON:
+    @property
+    def selector(self) -> dict[str, str]:
+        return {"app": self.name}
+
+    def service(self, *, selecting: bool = False) -> objects.JSON:
+        """The Service; `selecting` its pods by `selector` (for upstream's EndpointSlice
+        controller), else without a selector (the lab publishes its slices itself)."""
+        spec: objects.JSON = {"ipFamilies": [self.family.value], "ipFamilyPolicy": "SingleStack"}
+        if selecting:
+            spec["selector"] = self.selector
         return objects.service(
             self.name,
             self.cluster_ip,
@@ -45,7 +54,7 @@ class LocalService:
             type="LoadBalancer",
             external_traffic_policy="Local",
             health_check_node_port=self.health_check_node_port,
-            spec={"ipFamilies": [self.family.value], "ipFamilyPolicy": "SingleStack"},
+            spec=spec,
         )
 
     def slice(self, *backends: objects.Backend) -> objects.JSON:
@@ -68,5 +77,21 @@ def move_endpoint(bed: MultiNodeCluster, lb: LoadBalancer, svc: LocalService, ol
     bed.apply(svc.slice(new.backend(family=family)))
     bed.wait_endpoints(svc.service_port, {n: [new.endpoint(svc.target_port, family)] for n in bed.nodes}, family=family)
     bed.remove_pod(old.name)
+    lb.wait_requests(10)
+    return new
+
+
+def move_pod(bed: MultiNodeCluster, lb: LoadBalancer, svc: LocalService, old: DualPod, new_name: str, node: str) -> DualPod:
+    """`move_endpoint` with upstream's control plane: the lab kubelet reports the pods (the new
+    one ready, the old one terminating, then gone) and upstream's EndpointSlice controller
+    changes the slice; the balancer is waited for between the steps as there."""
+    new = bed.add_pod(new_name, node)
+    bed.report_pod(new_name, svc.selector)
+    lb.wait_health({old.node_name, node})
+    lb.wait_requests(10)
+    bed.terminate_pod(old.name)
+    lb.wait_health({node})
+    bed.remove_pod(old.name)
+    bed.wait_endpoints(svc.service_port, {n: [new.endpoint(svc.target_port, svc.family)] for n in bed.nodes}, family=svc.family)
     lb.wait_requests(10)
     return new

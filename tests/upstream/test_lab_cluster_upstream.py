@@ -1,0 +1,52 @@
+"""`kubeproxy lab cluster --control-plane upstream`: the multi-node lab against upstream's etcd,
+kube-apiserver and kube-controller-manager, our proxy on every node as deployed (deploy/'s RBAC,
+a ServiceAccount token, TLS verified). The pod is reported by the lab kubelet and its endpoint
+put in the Service's EndpointSlice by upstream's controller; the kernel answers for the ClusterIP
+and the NodePort."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubeproxy.lab import objects
+from kubeproxy.lab.multinode import MultiNodeCluster
+from kubeproxy.lab.multinode.bed import CLIENT_IP
+from kubeproxy.lab.multinode.upstream import UpstreamControl
+
+pytestmark = pytest.mark.root
+
+CLUSTER_IP = "10.96.0.80"
+NODE_PORT = 30080
+
+
+def _dsts(results: list[Any]) -> list[str]:
+    return [r["dst"] if isinstance(r, dict) else r for r in results]
+
+
+def test_cluster_ip_and_node_port_answer_with_upstreams_control_plane(upstream_binaries: Path) -> None:
+    with MultiNodeCluster.build(2, control_plane="upstream") as bed:
+        assert isinstance(bed.api, UpstreamControl)
+        pod = bed.add_pod("web-0", "node-1")
+        bed.report_pod("web-0", {"app": "web"})
+        port = objects.Port("http", 80, 8080, node_port=NODE_PORT)
+        bed.apply(objects.service("web", CLUSTER_IP, [port], type="NodePort", spec={"selector": {"app": "web"}}))
+        bed.start_proxies()
+        bed.wait_synced(timeout=60)
+        endpoint = f"{pod.ip}:8080"
+        bed.wait_endpoints("default/web:http", {name: [endpoint] for name in bed.nodes}, timeout=60)
+        # The slice the proxies programmed is upstream's controller's, not one the lab wrote.
+        slices = bed.api.cp.api.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+                                    params={"labelSelector": "kubernetes.io/service-name=web"}).json()["items"]  # fmt: skip
+        managers = {s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] for s in slices}
+        assert managers == {"endpointslice-controller.k8s.io"}
+
+        # The ClusterIP from the other node (to a remote pod), the NodePort from the client.
+        via_cluster_ip = bed.request(bed.node("node-2").ns, f"{CLUSTER_IP}:80", count=3)
+        assert _dsts(via_cluster_ip) == [endpoint] * 3, via_cluster_ip
+        via_node_port = bed.request(bed.client, f"{bed.node('node-2').ip}:{NODE_PORT}", count=3)
+        assert _dsts(via_node_port) == [endpoint] * 3, via_node_port
+        # Cluster traffic policy: masqueraded to the node it came in by, so the answer goes back through it.
+        assert {r["src"].rpartition(":")[0] for r in via_node_port} == {bed.node("node-2").ip} != {CLIENT_IP}
