@@ -163,7 +163,8 @@ class Model:
 
     def check(self, step: str, changed: set[str]) -> None:
         diffs = self.bed.await_step(self.expected(), families=FAMILIES, node_local=self.node_local(), changed=changed)
-        assert not diffs, f"after {step}:\n" + "\n".join(diffs)
+        logs = {n: "\n".join(self.bed.proxy_log(n).splitlines()[-40:]) for n in (UPSTREAM_NODE, OURS_NODE)} if diffs else {}
+        assert not diffs, f"after {step}:\n" + "\n".join(diffs) + "".join(f"\n{n}'s log:\n{t}" for n, t in logs.items())
 
     def churn(self) -> tuple[str, set[str]]:
         """One random change through the API: what it was and the IP families it touched."""
