@@ -227,7 +227,7 @@ def await_same_packets(
     expected: Mapping[str, set[tuple[str, bool, bool, bool]]],
     fresh: Callable[[str, Mapping[str, Outcome]], bool],
     *,
-    timeout: float = 60,
+    timeout: float = 120,
 ) -> tuple[dict[str, Outcome], list[str]]:
     """After a change: until the slices hold `expected`, both proxies have synced IPv4 since,
     `fresh` holds for both nodes' outcomes (they show the change: equal outcomes of two stale
@@ -252,5 +252,14 @@ def await_same_packets(
                 return got[UPSTREAM_NODE], []
             diffs += [f"{n}'s outcomes do not show the change yet" for n in stale]
         if time.monotonic() >= deadline:
-            return {}, diffs or [f"the proxies did not sync the change within {timeout:g} s"]
+            return {}, diffs or _not_synced(bed, timeout)
         time.sleep(0.2)
+
+
+def _not_synced(bed: SideBySide, timeout: float) -> list[str]:
+    """Why a step timed out before both proxies synced: each one's last syncs and its log's tail."""
+    out = [f"the proxies did not sync the change (made at {bed.changed_at:.3f}) within {timeout:g} s"]
+    for node in _PROXY_NODES:
+        tail = "\n".join(bed.proxy_log(node).splitlines()[-40:])
+        out.append(f"{node}: last syncs {bed.last_syncs(node)}; its log ends:\n{tail}")
+    return out
