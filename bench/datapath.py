@@ -158,7 +158,7 @@ def bed(mode: str, services: int, endpoints: int, variant: str, loop: Path) -> I
         state = build_state(objects(services, endpoints))[0]
         view = build_view(state.services.values(), state.slices.values(), "IPv4", NODE)
         opts = node_options(ProxyConfig(), family="IPv4", hostname=NODE, node=None, nfacct_counters=())
-        proxier = IptablesProxier(run=node.run, variant=variant) if mode == "iptables" else NftablesProxier(run=node.run)
+        proxier = IptablesProxier(run=node, variant=variant) if mode == "iptables" else NftablesProxier(run=node)
         started = time.perf_counter()
         proxier.prepare()
         report = proxier.sync(view, opts, None)

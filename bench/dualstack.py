@@ -48,7 +48,7 @@ def first_sync(mode: str, cidrs: tuple[str, ...], objs: list[dict[str, Any]], du
     if fake:
         return asyncio.run(_first_sync(mode, cidrs, objs, dual, FakeNode().run))
     with netns.netns("kpbench") as ns:
-        return asyncio.run(_first_sync(mode, cidrs, objs, dual, ns.run))
+        return asyncio.run(_first_sync(mode, cidrs, objs, dual, ns))
 
 
 async def _first_sync(mode: str, cidrs: tuple[str, ...], objs: list[dict[str, Any]], dual: bool, run: Any) -> float:

@@ -155,7 +155,7 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
 
     # ours
     with netns.netns("kpbn") as ns:
-        applier = NftApplier("ip", ns.run, timeout=timeout)
+        applier = NftApplier("ip", ns, timeout=timeout)
         holder: dict[str, object] = {}
 
         def cold() -> None:
@@ -226,7 +226,7 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
 
         def ipt_cold() -> None:
             nonlocal ok
-            restore(render_iptables(view, opts).text, ns.run, variant="legacy", timeout=timeout)
+            restore(render_iptables(view, opts).text, ns, variant="legacy", timeout=timeout)
             ok = True
 
         row["iptables cold s"] = cell(lambda: timed(ipt_cold), 1, timeout, 2)
@@ -239,7 +239,7 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
                     timed(
                         lambda v=v, spn=spn: restore(
                             render_iptables(v, opts, changed_services={spn.service}).text,
-                            ns.run,
+                            ns,
                             variant="legacy",
                             timeout=timeout,
                         )
@@ -247,7 +247,7 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
                 )
             row["iptables change ms"] = f"{statistics.median(times) * 1000:.1f}"
             row["iptables no-op ms"] = cell(lambda: timed(lambda: restore(
-                render_iptables(v, opts, changed_services=set()).text, ns.run, variant="legacy", timeout=timeout)),
+                render_iptables(v, opts, changed_services=set()).text, ns, variant="legacy", timeout=timeout)),
                 1000, timeout, 1)  # fmt: skip
         else:
             row["iptables change ms"] = row["iptables no-op ms"] = "-"

@@ -68,7 +68,7 @@ def views(objs: list[dict]) -> tuple[NodeView, NodeView, tuple[str, str]]:
 
 
 def proxy_in(ns: netns.NetNS, mode: str, variant: str) -> tuple[LiveProxy, list[int]]:
-    proxy = LiveProxy(dataclasses.replace(CFG, mode=mode), "node-0", run_cmd=refusing(ns.run), iptables_variant=variant)
+    proxy = LiveProxy(dataclasses.replace(CFG, mode=mode), "node-0", run_cmd=refusing(ns), iptables_variant=variant)
     proxy.backend.prepare()
     checks = [0]
     real = proxy.backend.check

@@ -149,10 +149,10 @@ def measure(size: int, endpoints: int, runs: int) -> dict[str, Any]:
 def load_time(text: str, variant: str, timeout: float) -> float | None:
     """Seconds for iptables-<variant>-restore to load `text` into a fresh namespace; None on timeout."""
     with netns.netns("kpbench") as ns:
-        ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
+        ensure_nfacct_counters(NFACCT_COUNTERS, ns)
         start = time.perf_counter()
         try:
-            restore(text, ns.run, variant=variant, timeout=timeout)
+            restore(text, ns, variant=variant, timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
         return time.perf_counter() - start

@@ -85,9 +85,9 @@ CFG = ProxyConfig(
 
 
 def runner(ns: netns.NetNS, exec_nft: bool):  # type: ignore[no-untyped-def]
-    """The namespace's runner; wrapped in a plain function, libnft.for_runner does not see the
-    namespace and the nftables backend runs the `nft` process."""
-    return (lambda argv, **kw: ns.run(argv, **kw)) if exec_nft else ns.run
+    """The namespace as the host the proxy runs its tools on; with `exec_nft` a plain function
+    (host.Commands) that declares nothing, so the nftables backend runs the `nft` process."""
+    return (lambda argv, **kw: ns.run(argv, **kw)) if exec_nft else ns
 
 
 def cpu_seconds() -> float:
@@ -197,7 +197,7 @@ def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str, 
     opts = node_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=NFACCT_COUNTERS)
     view = build_view(state.services.values(), state.slices.values(), "IPv4", "node-0")
     proxier: IptablesProxier | NftablesProxier = (
-        NftablesProxier(run=runner(ns, exec_nft)) if mode == "nftables" else IptablesProxier(run=ns.run, variant=variant)
+        NftablesProxier(run=runner(ns, exec_nft)) if mode == "nftables" else IptablesProxier(run=ns, variant=variant)
     )
     proxier.prepare()
     proxier.sync(view, opts, None)  # the cold sync; its caches are what a running proxy has
@@ -239,7 +239,7 @@ def memory(objs: list[dict], mode: str, variant: str, tmp: Path) -> tuple[float,
     path = tmp / "rss.json"
     path.write_text(json.dumps({"kind": "List", "items": objs}))
     with netns.netns("kpbench") as ns:
-        ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
+        ensure_nfacct_counters(NFACCT_COUNTERS, ns)
         # `kubeproxy` from ROOT (PYTHONPATH puts the tree under test before the installed one).
         launch = "import sys; from kubeproxy.cli import main; sys.argv[0] = 'kubeproxy'; sys.exit(main())"
         argv = [sys.executable, "-c", launch, "-v", "2", "run", "--manifests", str(path),
@@ -359,12 +359,12 @@ def row(label: str, size: int, objs: list[dict], args: argparse.Namespace) -> di
         for part, via in (("api", via_api), ("file", via_files)):
             if part in parts:
                 with netns.netns("kpbench") as ns:
-                    ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
+                    ensure_nfacct_counters(NFACCT_COUNTERS, ns)
                     *times, cpu = asyncio.run(via(ns, objs, args.changes, cfg, args.variant, tmp, exec_nft))
                 out |= {f"{part} p50": pct(times, 0.5), f"{part} p99": pct(times, 0.99), f"{part} cpu": cpu}
         if "full" in parts:
             with netns.netns("kpbench") as ns:
-                ensure_nfacct_counters(NFACCT_COUNTERS, ns.run)
+                ensure_nfacct_counters(NFACCT_COUNTERS, ns)
                 pf = partial_vs_full(ns, objs, mode, args.variant, exec_nft)
             for what in ("full", "partial"):
                 out |= {what: pf[f"{what} render"] + pf[f"{what} kernel"],

@@ -177,7 +177,7 @@ def bed(setup: str, datapath_loop: Path, userspace_loop: Path) -> Iterator[Bed]:
         b = Bed(setup, client, node, sink_pid=sink.pid)
         if setup == "iptables":
             view, opts = node_model()
-            proxier = IptablesProxier(run=node.run, variant="legacy")
+            proxier = IptablesProxier(run=node, variant="legacy")
             proxier.prepare()
             proxier.sync(view, opts, None)
         elif setup.startswith("userspace"):

@@ -1,12 +1,13 @@
-"""Running the kernel tools: the one `Runner` signature every backend takes, and the host's.
+"""Running the kernel tools: the one `Runner` signature every backend takes, and this host's.
 
 Every backend calls its tools through a `run(argv, input=, check=, timeout=)` callable, so the same
-code drives the host (`local_run`), a test namespace (`NetNS.run`) or a fake (`FakeNode.run`).
-Arguments are a list and input goes on stdin: never a shell.
+code drives this host (`LOCAL`, also called `local_run`), a test namespace (the lab's `NetNS`) or
+a fake (`FakeNode`): each is a `Host` (host.py). Arguments are a list and input goes on stdin:
+never a shell.
 
-`local_run` also takes its input as an iterable of strings (`takes_chunks`), written to the tool
-as they come: a full iptables sync at 10k services is 32 MiB of text, which would otherwise be
-joined into one string and then encoded into one more copy, all alive at the proxy's peak.
+This host writes `run_chunks`'s input to the tool as it comes: a full iptables sync at 10k
+services is 32 MiB of text, which would otherwise be joined into one string and then encoded
+into one more copy, all alive at the proxy's peak.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from kubeproxy.backends.base import SyncError
+from kubeproxy.backends.host import Capability, Feed
 
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -35,28 +38,52 @@ class CommandError(SyncError):
     """A tool exited non-zero (with `check`) or did not finish within its timeout."""
 
 
-def local_run(
-    argv: Sequence[str], *, input: str | Iterable[str] | None = None, check: bool = True, timeout: float | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run a tool on this host. A missing binary raises FileNotFoundError (an OSError), as subprocess does.
+@dataclass(frozen=True)
+class LocalHost:
+    """This process's host and network namespace."""
 
-    `input` a string, or an iterable of strings written one batch at a time.
-    """
-    try:
-        if input is None or isinstance(input, str):
-            proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False, timeout=timeout)
-        else:
-            proc = _run_streamed(list(argv), input, timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise CommandError(f"{argv[0]} did not finish within {timeout} s") from exc
-    if check and proc.returncode != 0:
-        raise CommandError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()}")
-    return proc
+    capabilities: frozenset[Capability] = frozenset({Capability.CHUNKS, Capability.SPAWN, Capability.ENTER})
+    netns_path: str | None = None
+
+    def run(
+        self, argv: Sequence[str], *, input: str | Iterable[str] | None = None, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a tool. A missing binary raises FileNotFoundError (an OSError), as subprocess does.
+
+        `input` a string, or an iterable of strings written one batch at a time (`run_chunks`).
+        """
+        try:
+            if input is None or isinstance(input, str):
+                proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False, timeout=timeout)
+            else:
+                proc = _run_streamed(list(argv), input, timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise CommandError(f"{argv[0]} did not finish within {timeout} s") from exc
+        if check and proc.returncode != 0:
+            raise CommandError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    __call__ = run
+
+    def run_chunks(
+        self, argv: Sequence[str], chunks: Iterable[str], *, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run(argv, input=chunks, check=check, timeout=timeout)
+
+    def spawn(self, argv: Sequence[str], timeout: float | None, *, pipe_bytes: int | None = None) -> Feed:
+        return FedProcess.start([*death_guard(), *argv], timeout, pipe_bytes=pipe_bytes)
 
 
-def takes_chunks(run: Runner) -> bool:
-    """Whether `run` takes its input as an iterable of strings (other runners want one string)."""
-    return run is local_run
+LOCAL = LocalHost()
+local_run = LOCAL  # the name every backend's default runner goes by
+
+
+@functools.cache  # whether setpriv is installed: looked up once, not for each spawned tool
+def death_guard() -> tuple[str, ...]:
+    """A prefix that has the kernel kill the tool if this process dies (`setpriv --pdeathsig`):
+    a tool fed through a pipe would otherwise take the closed pipe for the end of its input and
+    commit a partial one. Empty where setpriv is not installed."""
+    return ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
 
 
 def batches(chunks: Iterable[str], size: int = BATCH) -> Iterator[str]:

@@ -1,22 +1,26 @@
 """One fake node for tests without root: every kernel tool the proxy runs, in memory.
 
-`FakeNode().run` is a `Runner` that sends each command to the fake of its tool: iptables,
-ip6tables, their -save/-restore and nfacct to `FakeIptables`, nft to `FakeNft`, conntrack and
-`ip` (local routes) to `FakeConntrack`, ipvsadm, ipset and kube-ipvs0 to `FakeIpvs`, and the
-tools of a registered mode that brings its own fakes to those.
-A `LiveProxy(run_cmd=FakeNode().run)` runs every mode's sync, check and cleanup without a kernel.
+A `FakeNode` is a host (backends/host.py) that sends each command to the fake of its tool:
+iptables, ip6tables, their -save/-restore and nfacct to `FakeIptables`, nft to `FakeNft`,
+conntrack and `ip` (local routes) to `FakeConntrack`, ipvsadm, ipset and kube-ipvs0 to
+`FakeIpvs`, and the tools of a registered mode that brings its own fakes to those; the
+reconciler reads and prunes its `conntrack` table. It spawns `nft` where its nft fake can
+(a `StreamingFakeNft`). A `LiveProxy(run_cmd=FakeNode())` runs every mode's sync, check and
+cleanup without a kernel.
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.conntrack.fake import FakeConntrack
+from kubeproxy.backends.host import NO_CAPABILITIES, Capability, Feed
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.ipvs.fake import FakeIpvs
 from kubeproxy.backends.nftables.fake import FakeNft
+from kubeproxy.backends.nftables.fake_stream import StreamingFakeNft
 from kubeproxy.backends.registry import MODES, FakeTool
 
 
@@ -43,3 +47,23 @@ class FakeNode:
         if tool in ("conntrack", "ip"):
             return self.conntrack(argv, input=input, check=check, timeout=timeout)
         return self.iptables.run(argv, input=input, check=check, timeout=timeout)
+
+    __call__ = run
+
+    def run_chunks(
+        self, argv: Sequence[str], chunks: Iterable[str], *, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run(argv, input="".join(chunks), check=check, timeout=timeout)
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return frozenset({Capability.SPAWN}) if isinstance(self.nft, StreamingFakeNft) else NO_CAPABILITIES
+
+    @property
+    def netns_path(self) -> str | None:
+        return None
+
+    def spawn(self, argv: Sequence[str], timeout: float | None, *, pipe_bytes: int | None = None) -> Feed:
+        if not isinstance(self.nft, StreamingFakeNft) or argv[0] != "nft":
+            raise NotImplementedError(f"the fake node spawns only nft, with a StreamingFakeNft: {argv}")
+        return self.nft.spawn(argv, timeout, pipe_bytes=pipe_bytes)

@@ -28,7 +28,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.exec import Runner
+from kubeproxy.backends.host import Capability, host_of
 from kubeproxy.proxy.memory import find_malloc_trim
 
 log = logging.getLogger("kubeproxy.nftables")
@@ -150,16 +151,14 @@ class LibNft:
 def for_runner(run: Runner) -> LibNft | None:
     """An in-process context where `run` runs its tools, or None to keep running `nft`.
 
-    This host's `local_run`, or a runner bound to an object with a `netns_path` (the lab's and
-    the benches' namespaces), gets one; any other runner (the fakes in tests) does not, so its
-    `nft` calls keep going through it.
+    A host that declares it may be entered (host.Capability.ENTER: this host, the lab's and
+    the benches' namespaces) gets one in its namespace; any other runner (the fakes in tests, a
+    plain function) does not, so its `nft` calls keep going through it.
     """
-    if run is local_run:
-        path = None
-    else:
-        path = getattr(getattr(run, "__self__", None), "netns_path", None)
-        if not isinstance(path, str):
-            return None
+    host = host_of(run)
+    if Capability.ENTER not in host.capabilities:
+        return None
+    path = host.netns_path
     try:
         return LibNft.open(path)
     except LibNftError as exc:

@@ -393,11 +393,11 @@ class MiniCluster:
         state, warnings = build_state(objs)
         if warnings:
             raise ClusterError("objects rejected: " + "; ".join(warnings))
-        counters = ensure_nfacct_counters(NFACCT_COUNTERS, self.node.run)
+        counters = ensure_nfacct_counters(NFACCT_COUNTERS, self.node)
         text = render_iptables(state, cfg, nfacct_counters=counters).rendered.text
         if not self._jumps_loaded:
             text = with_jumps(text)
-        restore(text, run=self.node.run)
+        restore(text, run=self.node)
         self._jumps_loaded = True
         return text
 
@@ -477,7 +477,7 @@ class MiniCluster:
 
     def node_rules(self) -> NodeRules:
         """One snapshot of the node's rules in the proxy's mode (iptables-save, or our nft table)."""
-        return node_rules.read(self.proxy_mode, self.node.run, self._services.values())
+        return node_rules.read(self.proxy_mode, self.node, self._services.values())
 
     def wait_rules(
         self, what: str, check: Callable[[NodeRules], bool], timeout: float = 15, seen: Callable[[], str] | None = None

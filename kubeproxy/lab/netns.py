@@ -9,9 +9,12 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from kubeproxy.backends.exec import LOCAL
+from kubeproxy.backends.host import Capability, Feed
 
 _counter = itertools.count()
 
@@ -26,10 +29,12 @@ def have_root() -> bool:
 
 @dataclass
 class NetNS:
-    """A named network namespace (`ip netns add`), with loopback up."""
+    """A named network namespace (`ip netns add`), with loopback up: a host (backends/host.py)
+    whose tools run under `ip netns exec`, and that in-process kernel access enters."""
 
     name: str
     _children: list[subprocess.Popen[str]] = field(default_factory=list, repr=False)
+    capabilities: frozenset[Capability] = field(default=frozenset(Capability), init=False, repr=False)
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]
@@ -45,7 +50,7 @@ class NetNS:
         *,
         input: str | None = None,
         check: bool = True,
-        timeout: float = 60,
+        timeout: float | None = 60,
     ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             self.argv(argv), input=input, capture_output=True, text=True, timeout=timeout, check=False
@@ -53,6 +58,19 @@ class NetNS:
         if check and proc.returncode != 0:
             raise NetnsError(f"[{self.name}] {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
+
+    __call__ = run
+
+    def run_chunks(
+        self, argv: Sequence[str], chunks: Iterable[str], *, check: bool = True, timeout: float | None = 60
+    ) -> subprocess.CompletedProcess[str]:
+        proc = LOCAL.run_chunks(self.argv(argv), chunks, check=False, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise NetnsError(f"[{self.name}] {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def spawn(self, argv: Sequence[str], timeout: float | None, *, pipe_bytes: int | None = None) -> Feed:
+        return LOCAL.spawn(self.argv(argv), timeout, pipe_bytes=pipe_bytes)
 
     def popen(self, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
         """Start a long-running process inside; it is killed when the namespace is removed."""

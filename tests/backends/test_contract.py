@@ -23,6 +23,7 @@ import pytest
 from kubeproxy.backends import registry
 from kubeproxy.backends.base import Backend, SyncError
 from kubeproxy.backends.fake_node import FakeNode
+from kubeproxy.backends.host import Capability, Host, Intercepted
 from kubeproxy.backends.userspace import factory as userspace_factory
 from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.lab.netns import NetNS
@@ -89,19 +90,17 @@ def programmed(run: Run) -> str:
 
 @dataclass
 class Refusing:
-    """A node whose kernel-programming tools (the mode's `tools`) refuse while `refuse` is set."""
+    """Refuses the mode's kernel-programming tools (its `tools`) while `refuse` is set."""
 
-    run_on: Run
     tools: tuple[str, ...]
     refuse: bool = False
 
-    def run(self, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    def __call__(self, proceed: Run, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         if self.refuse and argv[0] in self.tools:
-            proc = subprocess.CompletedProcess(list(argv), 1, "", "refused by the test")
             if kw.get("check", True):
                 raise SyncError(f"{argv[0]}: refused by the test")
-            return proc
-        return self.run_on(argv, **kw)
+            return subprocess.CompletedProcess(list(argv), 1, "", "refused by the test")
+        return proceed(argv, **kw)
 
 
 @pytest.fixture(autouse=True)
@@ -120,46 +119,47 @@ def _backend(mode: str, run: Run) -> Iterator[Backend]:
             server.stop()
 
 
-def contract(mode: str, run_on: Run) -> None:
-    """The contract, on the node `run_on` runs its tools on."""
-    node = Refusing(run_on, registry.mode(mode).tools(""))
-    before = programmed(node.run_on)
-    for backend in _backend(mode, node.run):
+def contract(mode: str, host: Host) -> None:
+    """The contract, on `host`. The refusal goes into its runs: not into in-process libnftables."""
+    refusing = Refusing(registry.mode(mode).tools(""))
+    node = Intercepted(host, refusing, without=frozenset({Capability.ENTER}))
+    before = programmed(host)
+    for backend in _backend(mode, node):
         backend.prepare()
         assert backend.check(_view((WEB_SVC, ["10.244.1.10"])), OPTS) is None
 
         backend.sync(_view((WEB_SVC, ["10.244.1.10"])), OPTS, None)
-        one = programmed(node.run_on)
+        one = programmed(host)
         assert WEB_IP in one and DNS_IP not in one
 
         backend.sync(_view((WEB_SVC, ["10.244.1.10"]), (DNS_SVC, ["10.244.2.20"])), OPTS, frozenset({("kube-system", "dns")}))
-        two = programmed(node.run_on)
+        two = programmed(host)
         assert WEB_IP in two and DNS_IP in two
 
-        node.refuse = True
+        refusing.refuse = True
         with pytest.raises(SyncError) as refused:
             backend.sync(_view((DNS_SVC, ["10.244.2.20"])), OPTS, None)
-        node.refuse = False
-        assert programmed(node.run_on) == two  # a refused sync changes nothing
+        refusing.refuse = False
+        assert programmed(host) == two  # a refused sync changes nothing
         metrics = ProxyMetrics(mode)
         backend.record_failure(metrics, refused.value, False)
         assert metrics.registry.get_sample_value(registry.mode(mode).failure_metric, {"ip_family": "IPv4"}) == 1
 
         backend.sync(_view((DNS_SVC, ["10.244.2.20"])), OPTS, None)  # the delete, after the refusal
-        deleted = programmed(node.run_on)
+        deleted = programmed(host)
         assert DNS_IP in deleted and WEB_IP not in deleted
 
         assert backend.sync(_view(), OPTS, None).full
-        empty = programmed(node.run_on)
+        empty = programmed(host)
         assert WEB_IP not in empty and DNS_IP not in empty
 
         backend.cleanup()
-        assert programmed(node.run_on) == before
+        assert programmed(host) == before
 
 
 @pytest.mark.parametrize("mode", list(registry.MODES))
 def test_every_mode_keeps_the_contract_on_the_fake_node(mode: str) -> None:
-    contract(mode, FakeNode().run)
+    contract(mode, FakeNode())
 
 
 def _kernel_has(mode: str, ns: NetNS) -> str | None:
@@ -177,4 +177,4 @@ def _kernel_has(mode: str, ns: NetNS) -> str | None:
 def test_every_mode_keeps_the_contract_in_the_kernel(mode: str, netns: NetNS) -> None:
     if (why := _kernel_has(mode, netns)) is not None:
         pytest.skip(f"{mode} mode: {why}")
-    contract(mode, netns.run)
+    contract(mode, netns)

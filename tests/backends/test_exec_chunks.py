@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from kubeproxy import render as offline
-from kubeproxy.backends.exec import CommandError, batches, local_run, takes_chunks
+from kubeproxy.backends.exec import CommandError, batches, local_run
+from kubeproxy.backends.host import Capability, host_of
 from kubeproxy.backends.iptables.apply import restore, restore_timeout
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.render import render_tables, restore_chunks
@@ -73,7 +74,7 @@ def test_batches_keep_order_and_content() -> None:
 
 def test_restore_joins_the_pieces_for_a_runner_that_wants_a_text() -> None:
     fake = FakeIptables()
-    assert not takes_chunks(fake.run) and takes_chunks(local_run)
+    assert Capability.CHUNKS not in host_of(fake.run).capabilities and Capability.CHUNKS in host_of(local_run).capabilities
     pieces = ["*nat\n", ":KUBE-SERVICES - [0:0]\n", "-A KUBE-SERVICES -j RETURN\n", "COMMIT\n"]
     restore(pieces, fake.run)
     restore_call = next(c for c in fake.calls if c[0] == "iptables-restore")

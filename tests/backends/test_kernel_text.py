@@ -69,7 +69,7 @@ def _hostile_view(text: str) -> NodeView:
 def test_hostile_names_past_validation_load_as_intended(text: str) -> None:
     v = _hostile_view(text)
     with L.netns("kpt") as ns:
-        restore(render_iptables(v, options()).text, ns.run)
+        restore(render_iptables(v, options()).text, ns)
         saved = ns.run(["iptables-save"]).stdout
         assert "-A INPUT -j" not in saved and "COMMIT\n*filter\n-A INPUT" not in saved
         assert '"ns/good:p cluster IP"' in saved and "10.180.0.2:80" in saved
@@ -82,7 +82,7 @@ def test_hostile_names_past_validation_load_as_intended(text: str) -> None:
     # userspace mode: one redirect per service address, commented with the (made safe) name
     with L.netns("kpt") as ns:
         ports = {name: 40000 + i for i, name in enumerate(sorted(v.services, key=str))}
-        restore(render_userspace(v, options(), ports).text, ns.run)
+        restore(render_userspace(v, options(), ports).text, ns)
         saved = ns.run(["iptables-save", "-t", "nat"]).stdout
         assert "-A INPUT" not in saved and "-A PREROUTING -j" not in saved
         good = next(n for n in v.services if n.name == "good")

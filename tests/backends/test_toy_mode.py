@@ -136,7 +136,7 @@ def test_the_toy_is_a_mode_of_the_cli_and_the_configuration() -> None:
 
 
 def test_the_toy_keeps_the_backend_contract_on_the_fake_node() -> None:
-    contract("toy", FakeNode().run)
+    contract("toy", FakeNode())
 
 
 def test_kubeproxy_cleanup_removes_the_toys_rules_with_every_other_modes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +145,7 @@ def test_kubeproxy_cleanup_removes_the_toys_rules_with_every_other_modes(monkeyp
 
     node = FakeNode()
     node.run([TOOL, "load"], input="10.96.0.1:443/TCP -> 192.168.0.2:6443\n")
-    monkeypatch.setattr(kexec, "local_run", node.run)  # the CLI's node is the fake one
+    monkeypatch.setattr(kexec, "local_run", node)  # the CLI's node is the fake one
     result = CliRunner().invoke(main, ["cleanup"])
     assert result.exit_code == 0, result.output
     assert "removed 1 toy rules" in result.output
@@ -160,7 +160,7 @@ def test_the_live_proxy_runs_the_toy(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = ProxyConfig(
         mode="toy", cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, healthz_bind_address="", metrics_bind_address=""
     )
-    proxy = LiveProxy(cfg, "node-1", run_cmd=node.run)
+    proxy = LiveProxy(cfg, "node-1", run_cmd=node)
 
     @dataclass
     class Source:

@@ -108,7 +108,7 @@ def check(c: Case) -> int:
     nft = render_nft(view, opts).text()
     with L.netns("kpz") as ns:
         try:
-            restore(ipt, ns.run)
+            restore(ipt, ns)
         except Exception as exc:
             raise AssertionError(f"{c.describe()}: iptables-restore refused: {exc}") from exc
         saved = ns.run(["iptables-save"]).stdout

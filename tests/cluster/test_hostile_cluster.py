@@ -102,7 +102,7 @@ def test_hostile_service_loads_and_leaves_the_others_alone(seed: int, hostile: s
     for line in added:
         assert line.startswith(":") or f"{ns}/{name}" in line or line.split()[1] in new_chains, line
     with L.netns("kph") as netns:
-        restore(with_text, netns.run)
+        restore(with_text, netns)
         assert f"{ns}/{name}" in netns.run(["iptables-save"]).stdout
 
     # nftables mode: the others' elements and chains are all there, unchanged

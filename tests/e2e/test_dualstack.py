@@ -218,7 +218,7 @@ def test_dual_stack_node_in_the_kernel(bed: Bed, mode: str, stack: str) -> None:
     cidrs = tuple(c for c in CFG.cluster_cidr if Family.of(ipaddress.ip_network(c)) in families)
 
     async def main() -> None:
-        proxy = LiveProxy(replace(CFG, mode=mode, cluster_cidr=cidrs), NODE, run_cmd=bed.node.run)
+        proxy = LiveProxy(replace(CFG, mode=mode, cluster_cidr=cidrs), NODE, run_cmd=bed.node)
         source = Source(proxy, objects(families))
         task = asyncio.create_task(proxy.serve(source))
         try:
@@ -497,7 +497,7 @@ def test_ipv6_load_balancer_source_ranges(bed: Bed, mode: str, stack: str) -> No
     results: dict[str, dict[str, object]] = {}
 
     async def main() -> None:
-        proxy = LiveProxy(replace(CFG, mode=mode, cluster_cidr=cidrs), NODE, run_cmd=bed.node.run)
+        proxy = LiveProxy(replace(CFG, mode=mode, cluster_cidr=cidrs), NODE, run_cmd=bed.node)
         source = Source(proxy, objects(families) + lb_service("restricted", 20, families, "restricted"))
         task = asyncio.create_task(proxy.serve(source))
         try:

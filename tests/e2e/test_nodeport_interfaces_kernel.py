@@ -48,7 +48,7 @@ def test_nodeport_answers_on_the_interface_address_the_cidr_covers(mode: str) ->
             for ip in (SELECTED, UNSELECTED, NODE_IP):
                 got[ip] = await asyncio.to_thread(b.send, "tcp", f"{ip}:{NODE_PORT}", 3)
 
-        run_proxy(mode, b.node.run, _objects(), body, cfg=cfg)
+        run_proxy(mode, b.node, _objects(), body, cfg=cfg)
     assert [r["dst"] for r in got[SELECTED]] == [f"{BACKEND}:8080"] * 3  # type: ignore[index]
     # Neither the other interface address nor the Node's own address is in the CIDR.
     assert [r["dst"] for r in got[UNSELECTED]] == [f"{UNSELECTED}:{NODE_PORT}"] * 3  # type: ignore[index]

@@ -112,7 +112,7 @@ async def _with_proxy(
     run_cmd: Runner | None = None,
 ) -> None:
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-    proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=run_cmd or netns.run)
+    proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=run_cmd or netns)
     client = connect(load_config(kubeconfig))
     fast = lambda: Backoff(initial=0.05, cap=0.2)  # noqa: E731
     # Wired as `kubeproxy run` wires it (proxy/server.py): lists as one batch, typed where they fit.

@@ -178,7 +178,7 @@ def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(
     if off_before:
         gc.disable()
     node = FakeNode()
-    proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=node.run)
+    proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=node)
     proxy.manage_gc = True
     source = _Source(proxy, _service("web", "10.96.0.10", ["10.244.1.1"]))
 
@@ -227,7 +227,7 @@ def test_managed_gc_comes_back_when_the_proxy_stops_before_a_first_sync() -> Non
 
 def test_a_proxy_that_shares_its_process_leaves_the_collector_alone() -> None:
     node = FakeNode()
-    proxy = LiveProxy(CFG, "node-1", run_cmd=node.run)
+    proxy = LiveProxy(CFG, "node-1", run_cmd=node)
     source = _Source(proxy, _service("web", "10.96.0.10", ["10.244.1.1"]))
     frozen = gc.get_freeze_count()
 

@@ -140,7 +140,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 def test_one_sync_programs_each_family_with_its_own_services(mode: str) -> None:
     fake = FakeNode()
-    proxy = run_proxy(mode, fake.run, DUAL, nothing)
+    proxy = run_proxy(mode, fake, DUAL, nothing)
     v4, v6 = rules(fake, mode, Family.IPV4), rules(fake, mode, Family.IPV6)
     assert [lane.family for lane in proxy.lanes] == [Family.IPV4, Family.IPV6]
     assert proxy.syncs == 1 and proxy.failed_syncs == 0  # both families in the one sync
@@ -158,7 +158,7 @@ def test_an_ipv4_only_node_proxies_ipv6_too(mode: str) -> None:
     whenever the kernel carries them, whatever the node's addresses and cluster CIDRs."""
     fake = FakeNode()
     cfg = replace(CFG, cluster_cidr=("10.244.0.0/16",))
-    proxy = run_proxy(mode, fake.run, [node("192.168.0.2"), *DUAL[1:]], nothing, cfg=cfg)
+    proxy = run_proxy(mode, fake, [node("192.168.0.2"), *DUAL[1:]], nothing, cfg=cfg)
     assert [lane.family for lane in proxy.lanes] == [Family.IPV4, Family.IPV6]
     v4, v6 = rules(fake, mode, Family.IPV4), rules(fake, mode, Family.IPV6)
     assert V4_IP in v4 and "fd00" not in v4
@@ -168,7 +168,7 @@ def test_an_ipv4_only_node_proxies_ipv6_too(mode: str) -> None:
 def test_ipv6_node_with_ipv4_second(mode: str) -> None:
     """The primary family is the first node IP's: an IPv6-first node runs IPv6 in lane 0."""
     fake = FakeNode()
-    proxy = run_proxy(mode, fake.run, [node("fd00::2", "192.168.0.2"), *DUAL[1:]], nothing)
+    proxy = run_proxy(mode, fake, [node("fd00::2", "192.168.0.2"), *DUAL[1:]], nothing)
     assert [lane.family for lane in proxy.lanes] == [Family.IPV6, Family.IPV4]
     assert V6_IP in rules(fake, mode, Family.IPV6) and V4_IP in rules(fake, mode, Family.IPV4)
 
@@ -183,7 +183,7 @@ def test_a_new_service_reaches_both_families_in_a_partial_sync(mode: str) -> Non
         await proxy.wait_for_syncs(2)
         await asyncio.wait_for(_until(lambda: "fd00:10:244:1::7" in rules(fake, mode, Family.IPV6)), 5)
 
-    proxy = run_proxy(mode, fake.run, DUAL, body)
+    proxy = run_proxy(mode, fake, DUAL, body)
     assert "10.244.1.7" in rules(fake, mode, Family.IPV4)
     for lane in proxy.lanes:
         assert lane.last_changes is not None and not lane.last_changes.full  # partial in both
@@ -247,7 +247,7 @@ def test_kernel_without_ipv6_is_logged_once(mode: str, tmp_path: Path, caplog: p
             await proxy.wait_for_syncs(2 + n)
 
     with caplog.at_level(logging.WARNING, logger="kubeproxy.proxy"):
-        proxy = run_proxy(mode, fake.run, DUAL, body, proc_ipv6=tmp_path / "absent")
+        proxy = run_proxy(mode, fake, DUAL, body, proc_ipv6=tmp_path / "absent")
     lines = [r.getMessage() for r in caplog.records if "Not proxying an IP family" in r.getMessage()]
     assert len(lines) == 1 and 'ipFamily="IPv6"' in lines[0] and "no IPv6" in lines[0]
     assert [lane.family for lane in proxy.lanes] == [Family.IPV4]
@@ -278,7 +278,7 @@ def test_missing_ipv6_tool_is_logged_once(mode: str, tmp_path: Path, caplog: pyt
 
 def test_metrics_carry_both_families(mode: str) -> None:
     fake = FakeNode()
-    proxy = run_proxy(mode, fake.run, DUAL, nothing)
+    proxy = run_proxy(mode, fake, DUAL, nothing)
     page = proxy.metrics.exposition().decode()
     for family in Family:
         assert f'kubeproxy_sync_proxy_rules_duration_seconds_count{{ip_family="{family}"}} 1.0' in page
@@ -327,7 +327,7 @@ def test_udp_conntrack_cleanup_runs_per_family(mode: str) -> None:
         source.publish(endpoints("dns", "IPv6", protocol="UDP"))
         await proxy.wait_for_syncs(2)
 
-    run_proxy(mode, fake.run, initial, body)
+    run_proxy(mode, fake, initial, body)
     assert set(fake.conntrack.dumps) == {Family.IPV4, Family.IPV6}
 
 
@@ -369,7 +369,7 @@ def test_health_check_node_port_answers_on_both_families(mode: str) -> None:
             answers[host] = await asyncio.to_thread(_get, host, port)
 
     # Loopback only (--nodeport-addresses), so that the test opens nothing on the host's interfaces.
-    run_proxy(mode, fake.run, initial, body, cfg=replace(CFG, nodeport_addresses=("127.0.0.0/8", "::1/128")))
+    run_proxy(mode, fake, initial, body, cfg=replace(CFG, nodeport_addresses=("127.0.0.0/8", "::1/128")))
     assert b'"localEndpoints": 1' in answers["127.0.0.1"]
     assert b'"localEndpoints": 2' in answers["::1"]
 
@@ -423,7 +423,7 @@ def test_node_switching_primary_family(mode: str) -> None:
         source.publish(node("fd00::2", "192.168.0.2"))
         await proxy.wait_for_syncs(3)
 
-    proxy = run_proxy(mode, fake.run, [node("192.168.0.2"), *DUAL[1:]], body, cfg=cfg)
+    proxy = run_proxy(mode, fake, [node("192.168.0.2"), *DUAL[1:]], body, cfg=cfg)
     assert [lane.family for lane in proxy.lanes] == [Family.IPV6, Family.IPV4]
     assert proxy.failed_syncs == 0
     v4, v6 = rules(fake, mode, Family.IPV4), rules(fake, mode, Family.IPV6)

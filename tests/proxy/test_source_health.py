@@ -50,7 +50,7 @@ def _run(body: Callable[[LiveProxy, Source, FakeClock], Awaitable[None]]) -> Non
         clock = FakeClock()
         node = FakeNode()
         # The source's state is read at each health request: no need for the periodic check here.
-        proxy = LiveProxy(replace(CFG, mode="iptables"), "node-1", run_cmd=node.run, wall_clock=clock,
+        proxy = LiveProxy(replace(CFG, mode="iptables"), "node-1", run_cmd=node, wall_clock=clock,
                           source_check_interval=3600.0)  # fmt: skip
         source = Source(proxy, _service("web", "10.96.0.10", ["10.244.1.5"]))
         task = asyncio.create_task(proxy.serve(source))

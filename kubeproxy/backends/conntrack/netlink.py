@@ -18,7 +18,8 @@ from typing import Protocol, runtime_checkable
 
 from kubeproxy.backends.base import SyncError
 from kubeproxy.backends.conntrack.flows import Flow
-from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.exec import Runner
+from kubeproxy.backends.host import Capability, host_of
 from kubeproxy.proxy import ctnetlink
 from kubeproxy.proxy.options import Family
 
@@ -135,19 +136,23 @@ def _describe(flow: Flow) -> str:
             f"reply from {flow.reply_src}:{flow.reply_sport}")  # fmt: skip
 
 
+@runtime_checkable
+class WithConntrackTable(Protocol):
+    """A host that holds a conntrack table of its own (the fake node's)."""
+
+    @property
+    def conntrack(self) -> ConntrackTable: ...
+
+
 def table_for(run: Runner) -> ConntrackTable:
-    """The table where `run` runs its tools: the host's for `local_run`, a namespace's for a
-    runner bound to an object with a `netns_path` (the lab's), a fake node's fake, or `run`
-    itself when it is a table (a `FakeConntrack`)."""
-    if run is local_run:
-        return NetlinkTable()
-    owner = getattr(run, "__self__", None)
-    path = getattr(owner, "netns_path", None)
-    if isinstance(path, str):
-        return NetlinkTable(path)
-    fake = getattr(owner, "conntrack", None)
-    if isinstance(fake, ConntrackTable):
-        return fake
+    """The table where `run` runs its tools: a namespace's for a host that may be entered
+    (host.Capability.ENTER: this host, the lab's namespaces), the fake node's, or `run` itself
+    when it is a table (a `FakeConntrack`)."""
     if isinstance(run, ConntrackTable):
         return run
-    raise ConntrackError(f"no conntrack table where {run!r} runs its tools")
+    host = host_of(run)
+    if Capability.ENTER in host.capabilities:
+        return NetlinkTable(host.netns_path)
+    if isinstance(host, WithConntrackTable):
+        return host.conntrack
+    raise ConntrackError(f"no conntrack table where {getattr(run, '__qualname__', type(run).__name__)} runs its tools")

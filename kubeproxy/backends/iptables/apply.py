@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.exec import Runner, local_run, takes_chunks
+from kubeproxy.backends.exec import Runner, local_run
+from kubeproxy.backends.host import host_of
 from kubeproxy.proxy.options import Family
 
 
@@ -31,10 +32,6 @@ def restore_timeout(text: str | Sequence[str]) -> float:
     return RESTORE_TIMEOUT_BASE + RESTORE_TIMEOUT_PER_LINE * lines
 
 
-def _input(text: str | Sequence[str], run: Runner) -> str | Sequence[str]:
-    """The pieces as they are to a runner that writes them one by one, else joined."""
-    return text if isinstance(text, str) or takes_chunks(run) else "".join(text)
-
 
 def iptables_tool(family: Family, variant: str = "", suffix: str = "") -> str:
     """The family's tool: `iptables`, `ip6tables-legacy-restore`, ... `variant` "legacy" or "nft"
@@ -52,13 +49,17 @@ def restore(
 ) -> None:
     """Load a full or partial sync: --noflush leaves chains that are not ours alone.
 
-    `text` one string or its pieces in order (written as they are where `run` takes them).
+    `text` one string or its pieces in order (written as they come where the host can: `run_chunks`).
     `variant` picks "legacy" or "nft" explicitly; by default the system's iptables-restore.
     `timeout` None: `restore_timeout(text)`.
     """
     binary = iptables_tool(family, variant, "-restore")
     bound = restore_timeout(text) if timeout is None else timeout
-    proc = run([binary, "-w", "--noflush", "--counters"], input=_input(text, run), check=False, timeout=bound)
+    argv = [binary, "-w", "--noflush", "--counters"]
+    if isinstance(text, str):
+        proc = run(argv, input=text, check=False, timeout=bound)
+    else:  # written piece by piece where the host can, else joined (host.Commands)
+        proc = host_of(run).run_chunks(argv, text, check=False, timeout=bound)
     if proc.returncode != 0:
         raise RestoreError(f"{binary} failed: {proc.stderr.strip()}")
 

@@ -1,17 +1,19 @@
 """FakeNft with streamed transactions (stream.py), for tests without root.
 
-`StreamingFakeNft().run` is FakeNft's; its `spawn` is what `stream.spawner` finds on the object a
-runner is bound to, so an applier given `fake.run` streams its large plans into `FakeStream`s:
-the text written is applied as one `nft -f -` transaction when the stream is closed, and never
-when it is aborted. Every stream is kept in `streams` with what happened to it, so a test can
-see which transactions were committed, refused or killed.
+A `StreamingFakeNft` is a host (backends/host.py) that declares it can spawn a tool: an applier
+given it streams its large plans into `FakeStream`s: the text written is applied as one
+`nft -f -` transaction when the stream is closed, and never when it is aborted. Every stream is
+kept in `streams` with what happened to it, so a test can see which transactions were committed,
+refused or killed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kubeproxy.backends.host import Capability
 from kubeproxy.backends.nftables.fake import FakeNft
 
 
@@ -47,9 +49,11 @@ class FakeStream:
         proc = self.fake.run(["nft", "-f", "-"], input="".join(self.text), check=False)
         self.result = (proc.returncode, proc.stderr)
 
-    def wait(self) -> tuple[int, str]:
+    timed_out: bool = False
+
+    def wait(self) -> tuple[int, str, str]:
         assert self.result is not None, "wait before close"
-        return self.result
+        return self.result[0], "", self.result[1]
 
     def abort(self) -> None:
         assert self.state == "open", f"abort of a {self.state} stream"
@@ -62,8 +66,22 @@ class StreamingFakeNft(FakeNft):
     # Called with each new stream (a test makes one fail to read, say).
     on_spawn: Callable[[FakeStream], None] | None = None
 
-    def spawn(self, args: Sequence[str], timeout: float) -> FakeStream:
-        stream = FakeStream(self, ["nft", *args])
+    capabilities: frozenset[Capability] = frozenset({Capability.SPAWN})
+    netns_path: str | None = None
+
+    def __call__(
+        self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run(argv, input=input, check=check, timeout=timeout)
+
+    def run_chunks(
+        self, argv: Sequence[str], chunks: Iterable[str], *, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run(argv, input="".join(chunks), check=check, timeout=timeout)
+
+    def spawn(self, argv: Sequence[str], timeout: float | None, *, pipe_bytes: int | None = None) -> FakeStream:
+        assert argv[0] == "nft", argv
+        stream = FakeStream(self, list(argv))
         self.calls.append(stream.argv)
         self.streams.append(stream)
         if self.on_spawn is not None:

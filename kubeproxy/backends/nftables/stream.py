@@ -12,9 +12,10 @@ same transactions in the same order as before.
 Safety: closing a process's input is what commits its transaction, so a stream is only ever
 closed by `close()`. `abort()` kills the process (SIGKILL) with its input still open: nothing
 is committed, whatever was written. `ProcessStream` also kills its process at its deadline.
-Where `setpriv` is installed the process is started with `--pdeathsig KILL`: if the proxy dies
-while a stream is open (its pipe then closes, which nft would take for the end of its input),
-the kernel kills nft too, long before its evaluation of the partial input could commit.
+A host starts the process with `setpriv --pdeathsig KILL` where setpriv is installed (exec.py's
+`death_guard`): if the proxy dies while a stream is open (its pipe then closes, which nft would
+take for the end of its input), the kernel kills nft too, long before its evaluation of the
+partial input could commit.
 
 nft's error messages name the file: `/dev/fd/0:LINE:COLS: Error: ...`, and unlike with
 `/dev/stdin` it cannot read the offending line back from a pipe. `wait()` puts the name and
@@ -24,13 +25,13 @@ the line (with nft's caret marks) back from the text written, so errors read as 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kubeproxy.backends.exec import FedProcess, Runner, local_run
+from kubeproxy.backends.exec import FedProcess, Runner
+from kubeproxy.backends.host import Capability, Feed, host_of
 
 # A chunk of the applier's (STREAM_CHUNK operations) is about 0.5 MB of text.
 PIPE_BYTES = 1 << 20
@@ -61,20 +62,17 @@ Spawn = Callable[[Sequence[str], float], NftStream]  # (nft arguments, timeout) 
 class ProcessStream:
     """An `nft -f /dev/fd/0` process fed through a pipe; killed at `timeout` seconds."""
 
-    fed: FedProcess
+    # stderr goes to a file (exec.FedProcess): nft may write a lot of it (it echoes refused
+    # lines, up to 1000 elements each) while we are blocked writing its input. A pipe that holds
+    # a whole chunk (PIPE_BYTES): the write returns at once and the next chunk's text is made
+    # while nft parses this one (a cold 10k table 0.66 -> 0.62 s).
+    fed: Feed
     timeout: float
     _lines: list[str] = field(default_factory=list)  # what was written, for error messages
 
-    @classmethod
-    def start(cls, argv: list[str], timeout: float) -> ProcessStream:
-        # stderr goes to a file (FedProcess): nft may write a lot of it (it echoes refused lines,
-        # up to 1000 elements each) while we are blocked writing its input. A pipe that holds a
-        # whole chunk: the write returns at once and the next chunk's text is made while nft
-        # parses this one (a cold 10k table 0.66 -> 0.62 s).
-        return cls(FedProcess.start(argv, timeout, pipe_bytes=PIPE_BYTES), timeout)
-
     @property
     def proc(self) -> subprocess.Popen[bytes]:
+        assert isinstance(self.fed, FedProcess), "a process of this host's"
         return self.fed.proc
 
     def write(self, text: str) -> bool:
@@ -125,26 +123,13 @@ def with_lines(err: str, text: str) -> str:
 
 
 def spawner(run: Runner) -> Spawn | None:
-    """How to start a streamed `nft` where `run` runs its tools, or None (keep using `run`).
-
-    This host's `local_run`, or a runner bound to an object that says how to run a command in
-    its namespace (`argv(...)`, the lab's `NetNS`); any other runner (the fakes) gets None
-    unless it offers a `spawn` of its own (FakeNft does, for tests without root).
-    """
-    owner = getattr(run, "__self__", None)
-    own = getattr(owner, "spawn", None)
-    if callable(own):
-        return own  # type: ignore[no-any-return]
-    if run is local_run:
-        wrap: Callable[[Sequence[str]], list[str]] = list
-    else:
-        argv_of = getattr(owner, "argv", None)
-        if not callable(argv_of) or not isinstance(getattr(owner, "netns_path", None), str):
-            return None
-        wrap = argv_of
-    guard = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+    """How to start a streamed `nft` where `run` runs its tools: on a host that declares it can
+    spawn a tool (host.Capability.SPAWN); None otherwise (keep using `run`)."""
+    host = host_of(run)
+    if Capability.SPAWN not in host.capabilities:
+        return None
 
     def spawn(args: Sequence[str], timeout: float) -> NftStream:
-        return ProcessStream.start(wrap([*guard, "nft", *args]), timeout)
+        return ProcessStream(host.spawn(["nft", *args], timeout, pipe_bytes=PIPE_BYTES), timeout)
 
     return spawn

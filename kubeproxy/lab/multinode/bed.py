@@ -460,7 +460,7 @@ class MultiNodeCluster:
 
     def rules(self, name: str, family: Family = Family.IPV4) -> node_rules.NodeRules:
         """One snapshot of node `name`'s rules of `family` in the proxy's mode."""
-        run = self.node(name).ns.run
+        run = self.node(name).ns
         return node_rules.read(self.proxy_mode, _ipv6_reader(run) if family.ipv6 else run, self._services.values())
 
     def endpoints(self, name: str, service_port: str, *, family: Family = Family.IPV4) -> set[str]:

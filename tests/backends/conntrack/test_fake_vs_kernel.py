@@ -230,7 +230,7 @@ class _Tool:
 
 
 def _kernel(node: NetNS) -> _Tool:
-    return _Tool(node.run, lambda: _flows(node))
+    return _Tool(node, lambda: _flows(node))
 
 
 def _fake(node: NetNS) -> _Tool:
@@ -321,7 +321,7 @@ def _netlink_cleanup(table: ConntrackTable, node: NetNS, node_ports: str) -> lis
         a = ADDRS[family]
         ports = NODE_PORTS[node_ports](a)
         # `ip` answers from the node (the same local routes for both tables); nothing else runs.
-        run: Runner = node.run if ports.all_local else _no_program
+        run: Runner = node if ports.all_local else _no_program
         listed = frozenset(table.udp_flows(family))
         deleted = clean_stale_entries(_view(a), family, run, node_ports=ports, table=table)
         seen.append((family, "cleanup", listed, deleted, frozenset(table.udp_flows(family))))

@@ -168,7 +168,7 @@ def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: F
         assert send(client, a, 40001, a.vip_x, SVC_PORT) == a.pod_a
         assert send(client, a, 40004, a.node, NODE_PORT) == a.pod_a
 
-        before = list_flows(family, node.run)
+        before = list_flows(family, node)
         assert {(f.orig_sport, f.reply_src) for f in before} == {
             (40001, a.pod_a),
             (40004, a.pod_a),
@@ -176,9 +176,9 @@ def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: F
             (40003, a.pod_b),
         }
 
-        assert reconcile(view_after_switch(a), family, node.run) == 2
+        assert reconcile(view_after_switch(a), family, node) == 2
 
-        after = list_flows(family, node.run)
+        after = list_flows(family, node)
         assert {(f.orig_sport, f.reply_src) for f in after} == {(40002, a.pod_c), (40003, a.pod_b)}
         y_flow = next(f for f in before if f.orig_sport == 40002)
         assert y_flow in after  # Y's entry survived untouched
@@ -188,7 +188,7 @@ def test_stale_udp_flow_moves_to_the_new_endpoint_only_after_reconcile(family: F
         assert send(client, a, 40002, a.vip_y, SVC_PORT) == a.pod_c
 
         # Nothing stale is left: a second pass deletes nothing (conntrack -D exits 1 then).
-        assert Reconciler(node.run).reconcile(view_after_switch(a), family) == 0
+        assert Reconciler(node).reconcile(view_after_switch(a), family) == 0
 
 
 @pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
@@ -208,15 +208,15 @@ def test_node_port_cleanup_only_touches_flows_to_the_nodes_node_port_addresses(f
         assert own == a.client  # the node's own flow out, not NATed
 
         load(node, a, a.pod_b)
-        before = {(f.orig_dst, f.orig_sport, f.reply_src) for f in list_flows(family, node.run)}
+        before = {(f.orig_dst, f.orig_sport, f.reply_src) for f in list_flows(family, node)}
         assert (a.node, 40004, a.pod_a) in before and (a.client, 40010, a.client) in before
 
         # Where the rules accept NodePorts: every local address (the kernel is asked), or
         # what --nodeport-addresses selected.
         node_ports = NodePorts(ips=(a.node,), all_local=False) if selected else NodePorts()
-        assert Reconciler(node.run).reconcile(view_after_switch(a), family, node_ports) == 1
+        assert Reconciler(node).reconcile(view_after_switch(a), family, node_ports) == 1
 
-        after = {(f.orig_dst, f.orig_sport, f.reply_src) for f in list_flows(family, node.run)}
+        after = {(f.orig_dst, f.orig_sport, f.reply_src) for f in list_flows(family, node)}
         assert (a.node, 40004, a.pod_a) not in after
         assert (a.client, 40010, a.client) in after  # the foreign flow survived
         assert send(client, a, 40004, a.node, NODE_PORT) == a.pod_b

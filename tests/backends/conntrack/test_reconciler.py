@@ -535,7 +535,7 @@ def test_missing_ctnetlink_is_reported_once(caplog: pytest.LogCaptureFixture) ->
 
 def test_tables_for_each_runner() -> None:
     node = FakeNode()
-    assert table_for(node.run) is node.conntrack
+    assert table_for(node) is node.conntrack
     ct = FakeConntrack()
     assert table_for(ct) is ct
     assert isinstance(table_for(local_run), NetlinkTable) and table_for(local_run).netns_path is None  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ def test_busy_tcp_real_server_is_quiesced_not_deleted() -> None:
 @pytest.mark.parametrize("protocol", ["UDP", "SCTP"])
 def test_proxier_removes_a_busy_udp_or_sctp_endpoint_in_one_sync(protocol: str) -> None:
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     proxier.sync(_view(protocol, "10.244.1.10", "10.244.2.10"), OPTS, None)
     vs = VirtualServer(protocol, "10.96.0.10", 53)
     node.ipvs.connections[(protocol, "10.96.0.10", 53, "10.244.2.10", 5353)] = (0, 12)
@@ -65,7 +65,7 @@ def test_proxier_removes_a_busy_udp_or_sctp_endpoint_in_one_sync(protocol: str) 
 
 def test_proxier_keeps_a_busy_tcp_endpoint_at_weight_zero() -> None:
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     proxier.sync(_view("TCP", "10.244.1.10", "10.244.2.10"), OPTS, None)
     vs = VirtualServer("TCP", "10.96.0.10", 53)
     node.ipvs.connections[("TCP", "10.96.0.10", 53, "10.244.2.10", 5353)] = (1, 0)

@@ -31,7 +31,7 @@ def _view(*pods: str) -> NodeView:
 
 def test_sync_programs_the_table_and_a_resync_sends_nothing() -> None:
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     proxier.prepare()
     report = proxier.sync(_view("10.244.1.10"), OPTS, None)
     table = node.ipvs.table()
@@ -52,7 +52,7 @@ def test_sync_programs_the_table_and_a_resync_sends_nothing() -> None:
 
 def test_removed_endpoint_keeps_its_connections_then_goes() -> None:
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     proxier.sync(_view("10.244.1.10", "10.244.2.10"), OPTS, None)
     node.ipvs.connections[("TCP", "10.96.10.10", 80, "10.244.2.10", 8080)] = (1, 0)
     proxier.sync(_view("10.244.1.10"), OPTS, None)
@@ -69,7 +69,7 @@ def test_removed_endpoint_keeps_its_connections_then_goes() -> None:
 
 def test_deleted_service_leaves_ipvs_sets_and_kube_ipvs0() -> None:
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     proxier.sync(_view("10.244.1.10"), OPTS, None)
     proxier.sync(NodeView({}, {}), OPTS, None)
     assert node.ipvs.table() == {} and node.ipvs.dummy == set()
@@ -78,14 +78,14 @@ def test_deleted_service_leaves_ipvs_sets_and_kube_ipvs0() -> None:
 
 def test_check_accepts_a_good_view_and_leaves_no_sets_behind() -> None:
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     assert proxier.check(_view("10.244.1.10"), OPTS) is None
     assert not any(name.startswith("KUBE-CHECK") for name in node.ipvs.sets)
 
 
 def test_cleanup_removes_what_ipvs_mode_installed() -> None:
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     proxier.sync(_view("10.244.1.10"), OPTS, None)
     removed = proxier.cleanup()
     assert "kube-ipvs0" in removed and "ipset KUBE-CLUSTER-IP" in removed and "nat KUBE-SERVICES" in removed
@@ -97,14 +97,14 @@ def test_kernel_without_ipvs_is_a_clear_start_up_error() -> None:
     node = FakeNode()
     node.ipvs.has_ipvs = False
     with pytest.raises(IpvsUnavailable, match=r"needs IPVS in the kernel.*ip_vs, ip_vs_rr"):
-        IpvsProxier(run=node.run).prepare()
+        IpvsProxier(run=node).prepare()
 
 
 def test_live_loop_in_ipvs_mode() -> None:
     node = FakeNode()
 
     async def main() -> None:
-        proxy = LiveProxy(replace(CFG, mode="ipvs"), "node-1", run_cmd=node.run)
+        proxy = LiveProxy(replace(CFG, mode="ipvs"), "node-1", run_cmd=node)
         source = Source(proxy, _service("web", "10.96.0.10", ["10.244.1.10"]))
         task = asyncio.create_task(proxy.serve(source))
         try:
@@ -133,7 +133,7 @@ def test_a_new_service_leaves_the_others_alone() -> None:
     # ipvsadm-restore flushes the table before loading: a sync through it would drop every other
     # virtual server and reset their connections (seen in the VM). Syncs go through `ipvsadm -R`.
     node = FakeNode()
-    proxier = IpvsProxier(run=node.run)
+    proxier = IpvsProxier(run=node)
     proxier.sync(_view("10.244.1.10"), OPTS, None)
     other = ServicePortName("default", "other", "", "TCP")
     view = NodeView({NAME: SVC, other: ServicePortInfo(other, valid_ip("10.96.30.30"), 81, "TCP")},
@@ -149,7 +149,7 @@ def test_a_new_service_leaves_the_others_alone() -> None:
 )
 def test_conn_reuse_mode_is_set_only_where_upstream_sets_it(release: str, conn_reuse: str | None) -> None:
     node = FakeNode()
-    IpvsProxier(run=node.run, kernel_release=release).prepare()
+    IpvsProxier(run=node, kernel_release=release).prepare()
     # 0 on 4.1-5.8 (reused connections waited 1 s with conntrack on); the kernel's own value elsewhere
     assert node.ipvs.sysctls.get("net.ipv4.vs.conn_reuse_mode") == conn_reuse
     assert node.ipvs.sysctls["net.ipv4.vs.expire_nodest_conn"] == "1"
@@ -159,13 +159,13 @@ def test_strict_arp_and_timeouts_reach_the_kernel_tools() -> None:
     from kubeproxy.backends.ipvs.render import IpvsOptions
 
     node = FakeNode()
-    IpvsProxier(run=node.run).prepare()
+    IpvsProxier(run=node).prepare()
     assert "net.ipv4.conf.all.arp_ignore" not in node.ipvs.sysctls
     assert not any(c[:2] == ["ipvsadm", "--set"] for c in node.ipvs.calls)
 
     node = FakeNode()
     options = IpvsOptions(strict_arp=True, tcp_timeout=900, tcpfin_timeout=0, udp_timeout=60)
-    IpvsProxier(run=node.run, options=options).prepare()
+    IpvsProxier(run=node, options=options).prepare()
     assert (node.ipvs.sysctls["net.ipv4.conf.all.arp_ignore"], node.ipvs.sysctls["net.ipv4.conf.all.arp_announce"]) == ("1", "2")
     # 0 keeps the kernel's value, as upstream's ConfigureTimeouts
     assert ["ipvsadm", "--set", "900", "0", "60"] in node.ipvs.calls

@@ -79,7 +79,7 @@ def test_the_applier_sequence_runs_on_the_fake() -> None:
 @pytest.mark.root
 def test_the_fake_and_the_kernel_see_the_same_sequence(netns: L.NetNS) -> None:
     fake = FakeNft()
-    assert _sequence(fake.run, fake) == _sequence(netns.run, None)
+    assert _sequence(fake.run, fake) == _sequence(netns, None)
 
 
 BAD = {
@@ -116,7 +116,7 @@ def test_the_fake_refuses_what_the_kernel_refuses(case: str) -> None:
 @pytest.mark.root
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_the_kernel_refuses_these_too(netns: L.NetNS, case: str) -> None:
-    checked, applied, _ = _outcome(netns.run, BAD[case])
+    checked, applied, _ = _outcome(netns, BAD[case])
     assert (checked, applied) == (1, 1)
 
 

@@ -79,7 +79,7 @@ def _contents(fake: FakeNft) -> Any:
 
 @pytest.mark.root
 def test_transactions_land_in_the_namespace_and_errors_come_back(netns: NetNS) -> None:
-    lib = for_runner(netns.run)
+    lib = for_runner(netns)
     assert lib is not None, "libnftables1 comes with the nftables package scripts/setup installs"
     try:
         assert lib.run_text("add table ip kplibtest\nadd chain ip kplibtest c\n") == (0, "", "")
@@ -98,7 +98,7 @@ def test_transactions_land_in_the_namespace_and_errors_come_back(netns: NetNS) -
 
 @pytest.mark.root
 def test_a_large_transaction_hands_its_memory_back_and_a_small_one_does_not_pay(netns: NetNS) -> None:
-    lib = for_runner(netns.run)
+    lib = for_runner(netns)
     assert lib is not None
     try:
         assert lib.run_text("add table ip kplibtest\nadd set ip kplibtest s { type ipv4_addr ; }\n") == (0, "", "")

@@ -65,7 +65,7 @@ needs_root = pytest.mark.skipif(not L.have_root(), reason="needs root (network n
 @needs_root
 def test_kernel_listing_is_our_table_only() -> None:
     with L.netns("kplist") as ns:
-        applier = NftApplier("ip", ns.run)
+        applier = NftApplier("ip", ns)
         ns.run(["nft", "-f", "-"], input="\n".join(NEIGHBOURS) + "\n")
         assert applier.listing() == {}
         r = _rendering()
@@ -73,6 +73,6 @@ def test_kernel_listing_is_our_table_only() -> None:
         assert _normal(applier.listing()) == _expected(r)
         # The next full sync (a restart) works from that listing and leaves the neighbours alone.
         before = ns.run(["nft", "list", "table", "ip", "other"]).stdout
-        assert NftApplier("ip", ns.run).apply(r, full=True).mode == "full"
+        assert NftApplier("ip", ns).apply(r, full=True).mode == "full"
         assert ns.run(["nft", "list", "table", "ip", "other"]).stdout == before
         assert "extra-set" in ns.run(["nft", "list", "table", "ip6", "kube-proxy"]).stdout

@@ -131,7 +131,7 @@ def test_a_new_service_cidr_takes_effect_at_the_next_sync_without_a_restart() ->
     node = FakeNode()
 
     async def main() -> None:
-        proxy = LiveProxy(replace(CFG, mode="nftables"), "node-1", run_cmd=node.run)
+        proxy = LiveProxy(replace(CFG, mode="nftables"), "node-1", run_cmd=node)
         source = Source(proxy, [*_service("web", "10.96.6.1", ["10.244.1.61"]), service_cidr("kubernetes", "10.96.0.0/16")])
         task = asyncio.create_task(proxy.serve(source))
         try:

@@ -44,7 +44,7 @@ BED = {
 )
 def test_tracer_agrees_with_the_kernel_on_our_table(proto: str, dst: str, count: int, from_node: bool) -> None:
     with bed(**BED) as b:  # type: ignore[arg-type]
-        NftApplier("ip", b.node.run).apply(render(view(NODE_VIEW, node="node"), options(**NODE_OPTIONS)))
+        NftApplier("ip", b.node).apply(render(view(NODE_VIEW, node="node"), options(**NODE_OPTIONS)))
         b.serve(b.backend, "tcp", ["10.244.1.10:8080", "10.244.2.10:8080"])
         b.serve(b.backend, "udp", ["10.244.1.3:53"])
         rs = nft_json.parse(b.node.run(["nft", "-j", "list", "ruleset"]).stdout)

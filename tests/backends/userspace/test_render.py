@@ -97,7 +97,7 @@ def test_port_range_refused(text: str) -> None:
 def test_proxier_opens_listeners_programs_rules_and_closes_them(tmp_path: Path) -> None:
     node = FakeNode()
     state = tmp_path / "state.json"
-    proxier = UserspaceProxier(run=node.run, state_file=state)
+    proxier = UserspaceProxier(run=node, state_file=state)
     try:
         proxier.prepare()
         report = proxier.sync(view(), OPTS, None)
@@ -126,7 +126,7 @@ def test_proxier_opens_listeners_programs_rules_and_closes_them(tmp_path: Path) 
 
 def test_an_endpoint_change_leaves_iptables_alone(tmp_path: Path) -> None:
     node = FakeNode()
-    proxier = UserspaceProxier(run=node.run, state_file=tmp_path / "state.json")
+    proxier = UserspaceProxier(run=node, state_file=tmp_path / "state.json")
 
     def restores() -> int:
         return sum(1 for c in node.iptables.calls if c[0].endswith("-restore"))
