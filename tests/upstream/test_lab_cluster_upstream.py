@@ -6,12 +6,15 @@ and the NodePort."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kubeproxy.lab import objects
+from kubeproxy.lab.cluster import kubeproxy_binary
 from kubeproxy.lab.multinode import MultiNodeCluster
 from kubeproxy.lab.multinode.bed import CLIENT_IP
 from kubeproxy.lab.multinode.upstream import UpstreamControl
@@ -50,3 +53,25 @@ def test_cluster_ip_and_node_port_answer_with_upstreams_control_plane(upstream_b
         assert _dsts(via_node_port) == [endpoint] * 3, via_node_port
         # Cluster traffic policy: masqueraded to the node it came in by, so the answer goes back through it.
         assert {r["src"].rpartition(":")[0] for r in via_node_port} == {bed.node("node-2").ip} != {CLIENT_IP}
+
+
+def test_the_command_moves_a_pod_through_upstreams_controller(upstream_binaries: Path) -> None:
+    """`kubeproxy lab cluster --control-plane upstream`: the move is pods reported and deleted
+    through the API, the balancer's count has no failure, and no namespace is left."""
+    argv = [kubeproxy_binary(), "lab", "cluster", "--control-plane", "upstream", "--moves", "1", "--rate", "20"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "upstream's v1.37.2 control plane at https://192.168.10.2:6443" in proc.stdout, proc.stdout
+    assert "move 1: web-0 -> web-1 on node-2" in proc.stdout, proc.stdout
+    summary = re.search(r"load balancer: (\d+) requests, (\d+) failed", proc.stdout)
+    assert summary is not None and int(summary[1]) > 0 and summary[2] == "0", proc.stdout
+    netns = set(re.findall(r"netns ([\w-]+)", proc.stdout))
+    assert len(netns) == 6, proc.stdout  # the control plane's, three nodes, the client and the balancer
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert netns.isdisjoint(line.split()[0] for line in listed.splitlines() if line.strip()), listed
+
+
+def test_the_command_refuses_dual_stack_with_upstream() -> None:
+    argv = [kubeproxy_binary(), "lab", "cluster", "--control-plane", "upstream", "--dual-stack"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--control-plane upstream runs IPv4 only" in proc.stderr, proc.stderr
