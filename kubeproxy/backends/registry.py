@@ -80,6 +80,14 @@ class Mode:
     fake_tools: tuple[Callable[[], FakeTool], ...] = field(default=())  # beyond FakeNode's own
     # Commands that list what the mode programs, for a person or a test to read it back.
     listings: tuple[tuple[str, ...], ...] = ()
+    # The KubeProxyConfiguration sections it reads (upstream's v1alpha1 conversion: any mode but
+    # ipvs and nftables reads iptables'): syncPeriod and minSyncPeriod; masqueradeAll and -Bit.
+    periods_section: str = "iptables"
+    masquerade_section: str = "iptables"
+    default_nodeport_addresses: tuple[str, ...] = ()  # unset nodePortAddresses means these
+    # What `kube-proxy` logs (as an error) and records as a Warning Event about the Node when it
+    # starts in this mode: (reason, action, message).
+    start_warning: Callable[[], tuple[str, str, str]] | None = None
 
 
 # -- the four modes
@@ -163,6 +171,12 @@ def _ipvs_validate(cfg: ProxyConfig) -> None:
     ipvs_options(cfg.ipvs)  # upstream validates the ipvs section (scheduler, excludeCIDRs) only in ipvs mode
 
 
+def _ipvs_deprecation() -> tuple[str, str, str]:
+    from kubeproxy.backends.ipvs import deprecation
+
+    return deprecation.REASON, deprecation.ACTION, deprecation.MESSAGE
+
+
 def _nftables_observers(lanes: Lanes) -> ModeObservers:
     from kubeproxy.backends.nftables.metrics import LocalhostNodePortCollector
 
@@ -214,6 +228,9 @@ MODES: dict[str, Mode] = {
         ),
         failure_metric="kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
         listings=(("nft", "list", "ruleset"),),
+        periods_section="nftables",
+        masquerade_section="nftables",
+        default_nodeport_addresses=("primary",),  # upstream's default in nftables mode
     ),
     "ipvs": Mode(
         "ipvs",
@@ -223,9 +240,11 @@ MODES: dict[str, Mode] = {
         tools=lambda variant: ("ipvsadm", "ipset", _restore(variant)),
         ipv6_probe=_ip6tables_probe,
         validate=_ipvs_validate,
+        start_warning=_ipvs_deprecation,
         metrics=(RESTORE_FAILURES,),
         failure_metric=RESTORE_FAILURES,
         listings=(("ipvsadm-save", "-n"), ("ipset", "save"), *IPTABLES_LISTINGS),
+        periods_section="ipvs",
     ),
     "userspace": Mode(
         "userspace",

@@ -155,6 +155,18 @@ def parse_node_ips(text: str) -> tuple[str, ...]:
         raise ValueError(f"{text!r}: a pair must be one IPv4 and one IPv6 address")
     return tuple(str(ip) for ip in ips)
 
+def mode_sections(mode: str) -> tuple[str, str]:
+    """The KubeProxyConfiguration sections `mode` reads its (periods, masquerade settings) from;
+    iptables' for a mode not (or not yet validated as) registered, as upstream's conversion."""
+    found = registry.MODES.get(mode)
+    return (found.periods_section, found.masquerade_section) if found else ("iptables", "iptables")
+
+
+def _default_nodeport_addresses(mode: str) -> tuple[str, ...]:
+    found = registry.MODES.get(mode)
+    return found.default_nodeport_addresses if found else ()
+
+
 def validate(cfg: ProxyConfig) -> ProxyConfig:
     if cfg.mode in UNBUILT_MODES:
         raise ConfigError(f"--proxy-mode (mode): {cfg.mode}: {UNBUILT_MODES[cfg.mode]}")
@@ -209,8 +221,8 @@ def _validate_sync_periods(cfg: ProxyConfig) -> None:
 
     Named as the mode reads them: the ipvs flags and section in ipvs mode, the nftables section
     in nftables mode (its flags are the iptables ones), the iptables ones otherwise."""
-    section = cfg.mode if cfg.mode in ("ipvs", "nftables") else "iptables"
-    flag = "ipvs" if cfg.mode == "ipvs" else "iptables"
+    section = mode_sections(cfg.mode)[0]
+    flag = "ipvs" if section == "ipvs" else "iptables"  # upstream's period flags: --iptables-*, --ipvs-*
     sync = f"--{flag}-sync-period ({section}.syncPeriod)"
     min_sync = f"--{flag}-min-sync-period ({section}.minSyncPeriod)"
     if cfg.sync_period <= 0:
@@ -343,7 +355,7 @@ def unused_settings(cfg: ProxyConfig) -> list[str]:
         out.append("configSyncPeriod (--config-sync-period): kubeproxy's watches do not resync periodically; ignored")
     if cfg.client_content_type not in ("", DEFAULT_CONTENT_TYPE, "application/json"):
         out.append(f"clientConnection.contentType: {cfg.client_content_type}: kubeproxy always asks for JSON; ignored")
-    if cfg.mode != "ipvs":
+    if mode_sections(cfg.mode)[0] != "ipvs":
         for key, value in sorted(cfg.ipvs.items()):
             if value not in (None, "", 0, "0s", False, [], {}):
                 out.append(f"ipvs.{key}: used only in ipvs mode; ignored (as upstream does in {cfg.mode} mode)")
@@ -437,10 +449,10 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
             changes["bridge_interface"] = doc.detectLocal.bridgeInterface
         if doc.detectLocal.interfaceNamePrefix:
             changes["interface_name_prefix"] = doc.detectLocal.interfaceNamePrefix
-    nftables_mode = (doc.mode or cfg.mode) == "nftables"
+    periods_name, name = mode_sections(doc.mode or cfg.mode)
     # The mode's section, as upstream's conversion reads it: nftables mode never falls back to iptables'.
-    section, other = (doc.nftables, doc.iptables) if nftables_mode else (doc.iptables, doc.nftables)
-    if (doc.mode or cfg.mode) == "ipvs" and doc.ipvs:
+    section, other = (doc.nftables, doc.iptables) if name == "nftables" else (doc.iptables, doc.nftables)
+    if periods_name == "ipvs" and doc.ipvs:
         # The ipvs section's periods are the ones ipvs mode runs by, as upstream's conversion has it.
         ipvs = doc.ipvs.model_extra or {}
         for attr, key in (("sync_period", "syncPeriod"), ("min_sync_period", "minSyncPeriod")):
@@ -463,8 +475,7 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
     if doc.iptables and doc.iptables.localhostNodePorts is not None:
         changes["localhost_nodeports"] = doc.iptables.localhostNodePorts
     if section:
-        name = "nftables" if nftables_mode else "iptables"
-        periods = (doc.mode or cfg.mode) != "ipvs"  # ipvs mode runs by the ipvs section's
+        periods = periods_name == name  # ipvs mode runs by the ipvs section's
         if periods and (seconds := _seconds(str(path), f"{name}.syncPeriod", section.syncPeriod)):
             changes["sync_period"] = seconds
         if periods and (seconds := _seconds(str(path), f"{name}.minSyncPeriod", section.minSyncPeriod)):
@@ -614,7 +625,7 @@ def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
     strictly.
     """
     mode = cfg.mode
-    section = mode if mode in ("ipvs", "nftables") else "iptables"
+    section, masquerading = mode_sections(mode)
 
     def periods(name: str) -> dict[str, str]:
         if name != section:
@@ -622,7 +633,7 @@ def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
         return {"syncPeriod": format_go_duration(cfg.sync_period), "minSyncPeriod": format_go_duration(cfg.min_sync_period)}
 
     def masquerade(name: str) -> dict[str, Any]:
-        active = name == ("nftables" if mode == "nftables" else "iptables")
+        active = name == masquerading
         bit = cfg.masquerade_bit if active else cfg.inactive_masquerade_bit
         return {"masqueradeBit": bit, "masqueradeAll": cfg.masquerade_all and active}
 
@@ -660,7 +671,7 @@ def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
         "detectLocalMode": cfg.detect_local_mode or "ClusterCIDR",
         "detectLocal": {"bridgeInterface": cfg.bridge_interface, "interfaceNamePrefix": cfg.interface_name_prefix},
         "clusterCIDR": ",".join(cfg.cluster_cidr),
-        "nodePortAddresses": list(cfg.nodeport_addresses) or ([NODEPORT_PRIMARY] if mode == "nftables" else None),
+        "nodePortAddresses": list(cfg.nodeport_addresses or _default_nodeport_addresses(mode)) or None,
         "oomScoreAdj": cfg.oom_score_adj,
         "conntrack": {
             "maxPerCore": ct.max_per_core,

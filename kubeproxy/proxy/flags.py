@@ -28,6 +28,7 @@ from kubeproxy.proxy.config import (
     ConfigError,
     ProxyConfig,
     load_config_file,
+    mode_sections,
     parse_node_ips,
     validate,
 )
@@ -428,7 +429,8 @@ def _apply(cfg: ProxyConfig, name: str, value: Any) -> ProxyConfig:
         return replace(cfg, **{simple[name]: value})
     if name == "iptables-masquerade-bit":
         # The iptables section's bit: nftables mode marks with the nftables section's (upstream).
-        return replace(cfg, **{"inactive_masquerade_bit" if cfg.mode == "nftables" else "masquerade_bit": value})
+        active = mode_sections(cfg.mode)[1] == "iptables"
+        return replace(cfg, **{"masquerade_bit" if active else "inactive_masquerade_bit": value})
     conntrack = {
         "conntrack-max-per-core": "max_per_core",
         "conntrack-min": "min",
@@ -451,14 +453,14 @@ def _apply(cfg: ProxyConfig, name: str, value: Any) -> ProxyConfig:
                "ipvs-exclude-cidrs": "excludeCIDRs", "ipvs-strict-arp": "strictARP", "ipvs-tcp-timeout": "tcpTimeout",
                "ipvs-tcpfin-timeout": "tcpFinTimeout", "ipvs-udp-timeout": "udpTimeout"}[name]
         cfg = replace(cfg, ipvs={**cfg.ipvs, key: value})
-        if name in ("ipvs-sync-period", "ipvs-min-sync-period") and cfg.mode == "ipvs":
+        if name in ("ipvs-sync-period", "ipvs-min-sync-period") and mode_sections(cfg.mode)[0] == "ipvs":
             # processV1Alpha1Flags: in ipvs mode these set the top-level periods.
             cfg = replace(cfg, **{"sync_period" if name == "ipvs-sync-period" else "min_sync_period": value})
         return cfg
     if name in ("iptables-sync-period", "iptables-min-sync-period"):
         # processV1Alpha1Flags: these set the top-level periods unless the mode is ipvs.
         attr = "sync_period" if name == "iptables-sync-period" else "min_sync_period"
-        return cfg if cfg.mode == "ipvs" else replace(cfg, **{attr: value})
+        return cfg if mode_sections(cfg.mode)[0] == "ipvs" else replace(cfg, **{attr: value})
     if name == "vmodule" or name.startswith("log-"):
         return replace(cfg, logging_extra=_logging_flag(cfg.logging_extra, name, value))
     return cfg  # flags that are not configuration (config, master, cleanup, ...)

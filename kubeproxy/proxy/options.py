@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kubeproxy.backends import registry
 from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import Node
@@ -136,11 +137,13 @@ def node_ip_by_family(cfg: ProxyConfig, node: Node | None) -> dict[Family, str]:
 
 
 def nodeport_addresses(cfg: ProxyConfig) -> tuple[str, ...]:
-    """--nodeport-addresses with upstream's per-mode default: `primary` in nftables mode; every
-    local address (nothing listed) in iptables and ipvs modes."""
+    """--nodeport-addresses with upstream's per-mode default (the mode's
+    `default_nodeport_addresses`): `primary` in nftables mode; every local address (nothing
+    listed) in iptables and ipvs modes."""
     if cfg.nodeport_addresses:
         return cfg.nodeport_addresses
-    return (NODEPORT_PRIMARY,) if cfg.mode == "nftables" else ()
+    mode = registry.MODES.get(cfg.mode)
+    return mode.default_nodeport_addresses if mode else ()
 
 
 def expand_nodeport_keywords(addresses: Sequence[str], node_ip: Mapping[Family, str]) -> list[str]:

@@ -113,12 +113,14 @@ def main(
 def _mode_warnings(cfg: ProxyConfig) -> list[tuple[str, str, str]]:
     """The mode's start-up warning, logged as upstream logs it; the (reason, action, note) of the
     Warning Event it records about the Node."""
-    if cfg.mode != "ipvs":
-        return []
-    from kubeproxy.backends.ipvs import deprecation
+    from kubeproxy.backends import registry
 
-    log.error(kv(deprecation.MESSAGE))
-    return [(deprecation.REASON, deprecation.ACTION, deprecation.MESSAGE)]
+    warning = registry.mode(cfg.mode).start_warning
+    if warning is None:
+        return []
+    reason, action, message = warning()
+    log.error(kv(message))
+    return [(reason, action, message)]
 
 
 def _write_config(cfg: ProxyConfig, path: str) -> int:
