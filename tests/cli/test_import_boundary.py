@@ -139,3 +139,22 @@ def test_a_lab_command_without_the_lab_extra_says_what_to_install(monkeypatch: p
     assert result.exit_code == 1
     assert "`kubeproxy demo` needs rich, from kubeproxy's lab extra: pip install 'kubeproxy[lab]'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_backends_do_not_import_the_application() -> None:
+    # The contract, the registry, the fakes and every mode's folder sit below the application
+    # that runs them: none of them reaches the CLI, the flags, kube-proxy's server or the live loop.
+    files = (ROOT / "kubeproxy" / "backends").rglob("*.py")
+    modules, _ = proxy_closure(*(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in files))
+    application = {
+        "kubeproxy.cli",
+        "kubeproxy.live",
+        "kubeproxy.proxy.server",
+        "kubeproxy.proxy.flags",
+        "kubeproxy.proxy.meta",
+        "kubeproxy.proxy.runner",
+        "kubeproxy.proxy.health",
+        "kubeproxy.proxy.snat_watch",
+    }
+    assert "kubeproxy.backends.registry" in modules and "kubeproxy.backends.nftables.proxier" in modules
+    assert modules & application == set()
