@@ -25,6 +25,14 @@ POD_IMAGE = "kubeproxy.lab/probe"  # never pulled: the lab runs the probe itself
 _POD_CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
 
 
+ETCD_TIMEOUT_TRIES = 3
+
+
+def _etcd_timed_out(answer: httpx2.Response) -> bool:
+    """kube-apiserver's 500 when etcd did not answer in time (a loaded machine's slow disk)."""
+    return answer.status_code == 500 and "etcdserver: request timed out" in answer.text
+
+
 class KubeletError(RuntimeError):
     """The API server refused what the lab kubelet sent; the message has its answer."""
 
@@ -52,12 +60,21 @@ class LabKubelet:
     api: httpx2.Client  # allowed to write Nodes, Pods and their status (the lab's admin)
 
     def _call(self, method: str, path: str, body: JSON | None = None, *, patch: bool = False) -> JSON:
+        """The request, sent again (up to ETCD_TIMEOUT_TRIES times in all) while the API server
+        answers that etcd timed out, as a kubelet's next status sync would: the write may have
+        been made all the same, so on a second try a POST's 409 and a DELETE's 404 are success."""
         headers = {"Content-Type": MERGE_PATCH} if patch else {}
-        answer = self.api.request(method, path, json=body, headers=headers)
-        if answer.status_code >= 300:
-            raise KubeletError(f"{method} {path}: {answer.status_code} {answer.text[:500]}")
-        result: JSON = answer.json()
-        return result
+        for attempt in range(1, ETCD_TIMEOUT_TRIES + 1):
+            answer = self.api.request(method, path, json=body, headers=headers)
+            if attempt > 1 and (method, answer.status_code) in (("POST", 409), ("DELETE", 404)):
+                return {}
+            if answer.status_code >= 300 and attempt < ETCD_TIMEOUT_TRIES and _etcd_timed_out(answer):
+                continue
+            if answer.status_code >= 300:
+                raise KubeletError(f"{method} {path}: {answer.status_code} {answer.text[:500]}")
+            result: JSON = answer.json()
+            return result
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def register_node(self, node: NodeInfo) -> None:
         labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux"}
