@@ -144,6 +144,8 @@ class Scenario:
         self.steps += 1
 
 
+# Eleven steps of 46 probes on both nodes: 3-5 minutes on two shared cores, more than the suite's default bound.
+@pytest.mark.timeout(1200)
 def test_nftables_packets_same_as_upstream_at_every_step(upstream_binaries: Path) -> None:
     with SideBySide.build(upstream_binaries, mode="nftables") as bed, ProbeBed.attach(bed) as probes:
         selectors = {s["metadata"]["name"]: s["spec"]["selector"]["app"] for s in _services()}
