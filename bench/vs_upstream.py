@@ -1,0 +1,415 @@
+#!/usr/bin/env python3
+"""Ours against upstream's kube-proxy v1.37.2, side by side in one run, same API server, same mode.
+
+Usage: .venv/bin/python bench/vs_upstream.py [--sizes 1000,10000] [--endpoints 10]
+                                             [--modes iptables-legacy,iptables-nft,nftables]
+                                             [--changes 20] [--idle 20] [--churn 20] [--plot docs/vs_upstream.png]
+
+Needs root and upstream's binaries (scripts/upstream; $KUBEPROXY_UPSTREAM_BIN). For each size:
+1. upstream's control plane (etcd, kube-apiserver, kube-controller-manager: lab/control_plane.py)
+   starts in a network namespace of its own and is loaded with N Services x --endpoints endpoints
+   (bench/render.py's objects, in namespace `bench`, ClusterIPs moved to 10.97.x.y off the
+   `kubernetes` Service's 10.96.0.1), one EndpointSlice each, plus a Node `node-0` and the slices
+   of the --changes Services created later; the clock does not run yet;
+2. for each mode, upstream's kube-proxy and ours (`.venv/bin/kube-proxy`, the same flags,
+   alternating) each run in a fresh network namespace wired to the control plane's by a veth
+   pair, with the admin kubeconfig; the iptables variant is chosen for both the same way, by
+   the `iptables*` on PATH (symlinks to xtables-legacy-multi or xtables-nft-multi), as
+   upstream's image does. Nothing runs in the host's namespace; each namespace is removed with
+   its processes at the end of its run, and every wait is bounded by --timeout.
+
+What is measured, per proxy:
+- cold start: from the fork until the last Service's rule is in the namespace's kernel, polled
+  every 20 ms (iptables: `iptables -t nat -S KUBE-SVC-...`, the chain name both proxies give it;
+  nftables: `nft get element ip kube-proxy service-ips { IP . tcp . 80 }`, the map both use);
+- one change: a Service created (its EndpointSlice made beforehand, so the change is one API
+  object) until its rule is in the kernel, polled the same way; --changes of them, each after a
+  pause of 1.2 s so that the proxy is idle past its minSyncPeriod (1 s, both) when it arrives:
+  p50 and p99 (the p99 of 20 is their maximum);
+- full resync: not measured. Upstream syncs in full at start, after a failure and once an hour
+  (pkg/proxy/util/utils.go FullSyncPeriod, the runner's maxInterval), so a bounded run sees none;
+  the cold start is the full sync of a fresh node;
+- RSS (VmRSS) once the cold start is seen, and its growth per 1,000 Services between two sizes;
+- CPU seconds per minute (user + sys of the proxy process, its threads included, not the kernel
+  tools it runs) over --idle seconds with no change, then over --churn seconds while
+  EndpointSlices change (one endpoint moved, --churn-rate patches per second), scaled to a minute.
+
+The table gives each value and the ratio ours / upstream (below 1: ours is faster or smaller).
+The machine is shared: the load average at the start and end is printed; compare the two columns
+of a row (measured within a minute of each other), not runs made at different times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from coldstart import cpu_seconds, memory_mib  # noqa: E402
+from render import cluster  # noqa: E402
+
+from kubeproxy.backends.iptables.names import service_chain  # noqa: E402
+from kubeproxy.lab import netns as L  # noqa: E402
+from kubeproxy.lab.control_plane import ControlPlane, upstream_bin  # noqa: E402
+from kubeproxy.lab.kubelet import LabKubelet, NodeInfo  # noqa: E402
+
+CONTROL_IP = "192.168.76.1"  # kube-apiserver's address, on the control namespace's loopback device
+NODE = "node-0"
+NAMESPACE = "bench"
+METRICS = "127.0.0.1:10249"
+# mode name: (--proxy-mode, the xtables binary the iptables* commands on PATH run)
+MODES = {"iptables-legacy": ("iptables", "xtables-legacy-multi"), "iptables-nft": ("iptables", "xtables-nft-multi"),
+         "nftables": ("nftables", "xtables-nft-multi")}  # fmt: skip
+IPTABLES_NAMES = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore")
+PACE = 1.2  # seconds between changes: past both proxies' minSyncPeriod (1 s)
+POLL = 0.02
+
+
+@dataclass
+class Result:
+    cold: float = float("nan")
+    rss: float = float("nan")
+    changes: list[float] = field(default_factory=list)
+    idle_cpu: float = float("nan")  # CPU seconds per minute
+    churn_cpu: float = float("nan")
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.changes)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+# ---- the API server ------------------------------------------------------------------------
+
+
+def objects(size: int, endpoints: int, changes: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the Services and slices loaded before any proxy starts, the --changes Services made later
+    one by one; their slices are in the first list)."""
+    objs = cluster(size, endpoints)
+    for obj in objs:
+        obj["metadata"]["namespace"] = NAMESPACE
+        if obj["kind"] == "Service":
+            obj["spec"]["clusterIP"] = obj["spec"]["clusterIP"].replace("10.96.", "10.97.", 1)
+    later = []
+    for k in range(changes):
+        name = f"change-{k}"
+        address = [{"addresses": [f"10.250.{k // 250}.{k % 250 + 1}"], "nodeName": "node-1"}]
+        objs.append({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                     "metadata": {"name": f"{name}-1", "namespace": NAMESPACE, "labels": {"kubernetes.io/service-name": name}},
+                     "addressType": "IPv4", "endpoints": address,
+                     "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})  # fmt: skip
+        later.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NAMESPACE},
+                      "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}})  # fmt: skip
+    return objs, later
+
+
+def collection(obj: dict[str, Any]) -> str:
+    if obj["kind"] == "Service":
+        return f"/api/v1/namespaces/{NAMESPACE}/services"
+    return f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
+
+
+def create(cp: ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
+    answer = cp.api.post(collection(obj), json=obj)
+    if answer.status_code >= 300:
+        raise SystemExit(f"POST {collection(obj)}: {answer.status_code} {answer.text[:300]}")
+    created: dict[str, Any] = answer.json()
+    return created
+
+
+def load(cp: ControlPlane, objs: list[dict[str, Any]], workers: int = 8) -> float:
+    """Create every object (8 at a time, through the control plane's kubectl proxy); seconds taken."""
+    began = time.monotonic()
+    cp.api.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    LabKubelet(cp.api).register_node(NodeInfo(NODE, ("192.168.77.2",), ("10.244.0.0/24",)))
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda obj: create(cp, obj), objs))
+    return time.monotonic() - began
+
+
+# ---- one proxy in a namespace of its own ---------------------------------------------------
+
+
+def iptables_path(folder: Path, multi: str) -> str:
+    """A PATH whose iptables* run `multi` (what iptables-wrapper does in upstream's image)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = shutil.which(multi)
+    if target is None:
+        raise SystemExit(f"{multi} is not installed")
+    for name in IPTABLES_NAMES:
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).symlink_to(target)
+    return f"{folder}:{os.environ['PATH']}"
+
+
+def rule_present(ns: L.NetNS, mode: str, env_path: str, name: str, cluster_ip: str) -> bool:
+    if mode == "nftables":
+        argv = ["nft", "get", "element", "ip", "kube-proxy", "service-ips", "{", cluster_ip, ".", "tcp", ".", "80", "}"]
+    else:
+        argv = ["env", f"PATH={env_path}", "iptables", "-w", "5", "-t", "nat", "-S",
+                service_chain(f"{NAMESPACE}/{name}:http", "tcp")]  # fmt: skip
+    try:
+        return ns.run(argv, check=False, timeout=30).returncode == 0
+    except subprocess.TimeoutExpired:  # a loaded machine: the next poll asks again
+        return False
+
+
+def await_rule(ns: L.NetNS, proc: subprocess.Popen[str], mode: str, env_path: str, name: str, ip: str, deadline: float) -> float:
+    """Monotonic time at which the rule of Service `name` was first seen in `ns`'s kernel."""
+    while True:
+        if rule_present(ns, mode, env_path, name, ip):
+            return time.monotonic()
+        if proc.poll() is not None:
+            raise SystemExit(f"the proxy exited with status {proc.returncode} before {name}'s rule was in")
+        if time.monotonic() > deadline:
+            listed = ns.run(["nft", "list", "map", "ip", "kube-proxy", "service-ips"], check=False).stdout[:600]
+            raise SystemExit(f"no rule for {name} ({ip}) within the time allowed; service-ips: {listed}")
+        time.sleep(POLL)  # polling another process's effect on the kernel: no event to wait for
+
+
+@contextlib.contextmanager
+def node_namespace(control: L.NetNS, index: int) -> Iterator[L.NetNS]:
+    """A fresh namespace wired to the control plane's by a veth pair of its own."""
+    with L.netns("kpvsnode") as ns:
+        base = 4 * (index % 60)
+        L.link(control, f"vs{index}", f"192.168.77.{base + 1}/30", ns, "eth0", f"192.168.77.{base + 2}/30")
+        ns.run(["ip", "route", "add", f"{CONTROL_IP}/32", "via", f"192.168.77.{base + 1}"])
+        yield ns
+
+
+def churn(cp: ControlPlane, slices: list[dict[str, Any]], rate: float, stop: threading.Event) -> None:
+    """Move one endpoint of a random slice, `rate` times a second, until `stop`."""
+    rand = random.Random(7)
+    flip = 0
+    while not stop.is_set():
+        obj = rand.choice(slices)
+        endpoints = json.loads(json.dumps(obj["endpoints"]))
+        flip += 1
+        endpoints[-1]["addresses"] = [f"10.251.{flip // 250 % 250}.{flip % 250 + 1}"]
+        path = f"{collection(obj)}/{obj['metadata']['name']}"
+        cp.api.patch(path, json={"endpoints": endpoints}, headers={"Content-Type": "application/merge-patch+json"})
+        stop.wait(1 / rate)
+
+
+def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, last: tuple[str, str],
+        later: list[dict[str, Any]], slices: list[dict[str, Any]], args: argparse.Namespace, tmp: Path) -> Result:  # fmt: skip
+    proxy_mode, multi = MODES[mode]
+    env_path = iptables_path(tmp / f"path-{mode}", multi)
+    binary = str(cp.bin_dir / "kube-proxy") if impl == "upstream" else str(Path(sys.executable).parent / "kube-proxy")
+    argv = [binary, "--kubeconfig", str(cp.admin_kubeconfig), "--hostname-override", NODE, "--proxy-mode", proxy_mode,
+            "--cluster-cidr", "10.244.0.0/16", "--metrics-bind-address", METRICS,
+            "--healthz-bind-address", "127.0.0.1:10256", "--conntrack-max-per-core", "0"]  # fmt: skip
+    result = Result()
+    with node_namespace(control, index) as ns, open(tmp / f"{impl}-{mode}-{index}.log", "w") as log:
+        began = time.monotonic()
+        proc = ns.popen(["env", f"PATH={env_path}", *argv], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            result.cold = await_rule(ns, proc, mode, env_path, *last, began + args.timeout) - began
+            # `ip netns exec` and `env` exec in place: the child's pid is the proxy's.
+            pid = proc.pid
+            result.rss = memory_mib(pid)[1]
+            for k, svc in enumerate(later):
+                time.sleep(PACE)  # pacing: each change meets an idle proxy
+                made = create(cp, {**svc, "spec": {**svc["spec"], "clusterIP": f"10.98.{index}.{k + 1}"}})
+                sent = time.monotonic()
+                deadline = sent + args.timeout
+                seen = await_rule(ns, proc, mode, env_path, svc["metadata"]["name"], made["spec"]["clusterIP"], deadline)
+                result.changes.append(seen - sent)
+            result.idle_cpu = _cpu_per_minute(pid, args.idle, lambda: None)
+            stop = threading.Event()
+            load_thread = threading.Thread(target=churn, args=(cp, slices, args.churn_rate, stop), daemon=True)
+            result.churn_cpu = _cpu_per_minute(pid, args.churn, load_thread.start)
+            stop.set()
+            load_thread.join(timeout=30)
+        except SystemExit:
+            log.flush()
+            print((tmp / f"{impl}-{mode}-{index}.log").read_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            L.stop_process(proc, 15)
+            for svc in later:
+                cp.api.delete(f"{collection(svc)}/{svc['metadata']['name']}")
+    return result
+
+
+def _cpu_per_minute(pid: int, seconds: float, start: Callable[[], None]) -> float:
+    before = cpu_seconds(pid)
+    start()
+    time.sleep(seconds)  # a sampling window, not a wait for an event
+    return (cpu_seconds(pid) - before) * 60 / seconds
+
+
+def save(path: Path, results: dict[tuple[int, str, str], Result]) -> None:
+    rows = [{"size": size, "mode": mode, "impl": impl, **asdict(r)} for (size, mode, impl), r in results.items()]
+    path.write_text(json.dumps(rows, indent=1))
+
+
+def load_results(path: Path) -> dict[tuple[int, str, str], Result]:
+    rows = json.loads(path.read_text())
+    return {(row.pop("size"), row.pop("mode"), row.pop("impl")): Result(**row) for row in rows}
+
+
+# ---- the table and the plot -----------------------------------------------------------------
+
+
+ROWS: list[tuple[str, Callable[[Result], float | None], str]] = [
+    ("cold start s", lambda r: r.cold, "{:.2f}"),
+    ("one change p50 s", lambda r: r.p(0.5), "{:.3f}"),
+    ("one change p99 s", lambda r: r.p(0.99), "{:.3f}"),
+    ("RSS MiB", lambda r: r.rss, "{:.0f}"),
+    ("CPU s/min idle", lambda r: r.idle_cpu, "{:.3f}"),
+    ("CPU s/min churn", lambda r: r.churn_cpu, "{:.3f}"),
+]
+
+
+def cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None or value != value else fmt.format(value)
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    if ours is None or theirs is None or ours != ours or theirs != theirs or not theirs:
+        return "-"
+    return f"{ours / theirs:.2f}"
+
+
+def table(results: dict[tuple[int, str, str], Result], sizes: list[int], modes: list[str]) -> list[str]:
+    lines = [f"| {'mode':<15} | {'services':>8} | {'measure':<17} | {'upstream':>8} | {'ours':>8} | {'ours/upstream':>13} |",
+             f"|{'-' * 17}|{'-' * 10}|{'-' * 19}|{'-' * 10}|{'-' * 10}|{'-' * 15}|"]  # fmt: skip
+    for mode in modes:
+        for size in sizes:
+            theirs, ours = results.get((size, mode, "upstream")), results.get((size, mode, "ours"))
+            if theirs is None or ours is None:
+                continue
+            for label, value, fmt in ROWS:
+                lines.append(f"| {mode:<15} | {size:>8,} | {label:<17} | {cell(value(theirs), fmt):>8} |"
+                             f" {cell(value(ours), fmt):>8} | {ratio(value(ours), value(theirs)):>13} |")  # fmt: skip
+        if len(sizes) >= 2:
+            lo, hi = sizes[0], sizes[-1]
+            growth = []
+            for impl in ("upstream", "ours"):
+                a, b = results.get((lo, mode, impl)), results.get((hi, mode, impl))
+                growth.append((b.rss - a.rss) / ((hi - lo) / 1000) if a and b else float("nan"))
+            lines.append(f"| {mode:<15} | {'per 1k':>8} | {'RSS growth MiB':<17} | {cell(growth[0], '{:.1f}'):>8} |"
+                         f" {cell(growth[1], '{:.1f}'):>8} | {ratio(growth[1], growth[0]):>13} |")  # fmt: skip
+    return lines
+
+
+def plot(results: dict[tuple[int, str, str], Result], sizes: list[int], modes: list[str], path: Path) -> None:
+    """One panel per measure: the ratio ours / upstream as a bar per mode and size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [row for row in ROWS if not row[0].endswith("idle")]  # idle: both near zero
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown), 4), sharey=True)
+    width = 0.8 / max(1, len(sizes))
+    for ax, (label, value, _) in zip(axes, shown, strict=True):
+        for n, size in enumerate(sizes):
+            bars = []
+            for mode in modes:
+                ours, theirs = results.get((size, mode, "ours")), results.get((size, mode, "upstream"))
+                a, b = (value(ours), value(theirs)) if ours and theirs else (None, None)
+                bars.append(a / b if a and b and a == a and b == b else 0.0)
+            ax.bar([m + n * width for m in range(len(modes))], bars, width, label=f"{size:,} Services")
+        ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+        ax.set_xticks([m + width * (len(sizes) - 1) / 2 for m in range(len(modes))], modes, fontsize=7)
+        ax.set_title(f"{label}", fontsize=9)
+        ax.set_yscale("log")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    axes[0].set_ylabel("ours / upstream (below 1: ours better)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("kubeproxy / upstream kube-proxy v1.37.2, same API server, same mode (bench/vs_upstream.py)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000", help="Services per run (50000 works too: see docs/benchmarks.md)")
+    parser.add_argument("--endpoints", type=int, default=10)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--changes", type=int, default=20)
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of the idle CPU sample")
+    parser.add_argument("--churn", type=float, default=20.0, help="seconds of the churn CPU sample")
+    parser.add_argument("--churn-rate", type=float, default=5.0, help="EndpointSlice patches per second while churning")
+    parser.add_argument("--timeout", type=float, default=600.0, help="bound on each wait: the cold start, each change")
+    parser.add_argument("--json", type=Path, help="keep the results in this file: a later run (another size) adds to them")
+    parser.add_argument("--report-only", action="store_true", help="only the table (and plot) of the --json file's results")
+    parser.add_argument("--plot", type=Path, help="write the ratios' plot here (e.g. docs/vs_upstream.png)")
+    args = parser.parse_args()
+    if args.report_only:
+        report(load_results(args.json), args.modes.split(","), args.plot)
+        return
+    # A stop (timeout, kill) unwinds the blocks: namespaces, control plane and files are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if not L.have_root():
+        sys.exit("bench/vs_upstream.py needs root: network namespaces and netfilter")
+    bin_dir = upstream_bin()
+    if bin_dir is None:
+        sys.exit("upstream's binaries are not built: run scripts/upstream (or set $KUBEPROXY_UPSTREAM_BIN)")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    print(f"upstream: {bin_dir}; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    results = load_results(args.json) if args.json and args.json.exists() else {}
+    index = 0
+    with tempfile.TemporaryDirectory(prefix="kp-vs-") as tmp_name:
+        tmp = Path(tmp_name)
+        for size in sizes:
+            objs, later = objects(size, args.endpoints, args.changes)
+            slices = [o for o in objs if o["kind"] == "EndpointSlice" and not o["metadata"]["name"].startswith("change-")]
+            last = (f"svc-{size - 1}", next(o for o in reversed(objs) if o["kind"] == "Service")["spec"]["clusterIP"])
+            with L.netns("kpvscp") as control:
+                L.ip_batch(control, [f"addr add {CONTROL_IP}/32 dev lo"])
+                control.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+                with ControlPlane.start(bin_dir, tmp / f"cp-{size}", ns=control, address=CONTROL_IP) as cp:
+                    took = load(cp, objs)
+                    print(f"{size:,} Services: control plane up in {cp.startup_seconds:.0f} s, "
+                          f"{len(objs):,} objects loaded in {took:.0f} s", flush=True)  # fmt: skip
+                    for mode in modes:
+                        for impl in ("upstream", "ours"):
+                            index += 1
+                            try:
+                                r = one(cp, control, index, impl, mode, last, later, slices, args, tmp)
+                            except SystemExit as e:  # one run's failure or timeout: the others still count
+                                print(f"  {mode:<15} {impl:<8} failed: {e}", flush=True)
+                                continue
+                            results[(size, mode, impl)] = r
+                            if args.json:
+                                save(args.json, results)
+                            print(f"  {mode:<15} {impl:<8} cold {r.cold:.2f} s, change p50/p99 {r.p(0.5):.3f}/{r.p(0.99):.3f} s,"
+                                  f" RSS {r.rss:.0f} MiB,"
+                                  f" CPU/min idle {r.idle_cpu:.2f} churn {r.churn_cpu:.2f}", flush=True)  # fmt: skip
+    print()
+    report(results, modes, args.plot)
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+
+
+def report(results: dict[tuple[int, str, str], Result], modes: list[str], path: Path | None) -> None:
+    sizes = sorted({size for size, _, _ in results})
+    print("\n".join(table(results, sizes, modes)))
+    if path:
+        plot(results, sizes, modes, path)
+        print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
