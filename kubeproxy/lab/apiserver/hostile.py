@@ -248,7 +248,8 @@ def _confused_list(rand: random.Random, rt: ResourceType) -> str:
     elif which == 2:
         items = "[" + rand.choice(("5", '"svc"', '{"metadata": 5}', '{"metadata": {"name": 5}}', '{"metadata": {}}', "[]")) + "]"
     elif which == 3:
-        meta = '{"resourceVersion": ' + rand.choice(CONFUSED) + "}"
+        # (Not a string: `"410"` is a valid version, and an empty list at it a valid answer.)
+        meta = '{"resourceVersion": ' + rand.choice([c for c in CONFUSED if not c.startswith('"')]) + "}"
     elif which == 4:
         kind = rand.choice(('"PodList"', '"Status"', "7", '"List"'))
     elif which == 5:
