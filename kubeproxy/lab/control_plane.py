@@ -306,6 +306,16 @@ class ControlPlane:
         resourceVersion before it is gone (a watch or list at one answers 410 Expired)."""
         self._etcd("/v3/kv/compaction", {"revision": str(revision), "physical": True})
 
+    def etcd_compacted_at(self, revision: int) -> bool:
+        """Whether etcd refuses a read at `revision` because its history there is compacted."""
+        try:
+            self._etcd("/v3/kv/range", {"key": base64.b64encode(b"/").decode(), "limit": 1, "revision": str(revision)})
+        except ControlPlaneError as e:
+            if "compacted" in str(e):
+                return True
+            raise
+        return False
+
     def _etcd(self, path: str, body: dict[str, object]) -> dict[str, Any]:
         """POST to etcd's gateway from inside the control plane's namespace (etcd listens there)."""
         argv = ["curl", "-sS", "--fail-with-body", "-m", "10", "-X", "POST", "--data-binary", "@-", self.etcd_url + path]

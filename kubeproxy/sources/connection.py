@@ -20,6 +20,7 @@ from lightkube.core.exceptions import ConfigError
 
 from kubeproxy import __version__
 from kubeproxy.sources.throttle import TokenBucket
+from kubeproxy.sources.token_file import TokenFileAuth
 from kubeproxy.version import KUBERNETES_VERSION, VersionInfo
 
 # Upstream's shape (rest.DefaultKubernetesUserAgent: `kube-proxy/v1.37.2 (linux/amd64)
@@ -103,6 +104,8 @@ def connect(
             client = httpx2.AsyncClient(base_url=config.cluster.server, verify=False, auth=auth, **_shallow_asdict(params))
         else:
             client = _adapter_client(config, params)
+        if config.user is not None and config.user.token_file is not None:
+            client.auth = TokenFileAuth(Path(config.user.token_file))  # as client-go reads it (token_file.py)
         if bucket is not None:
             bucket.attach(client)
     except (ConfigError, OSError, ValueError) as e:

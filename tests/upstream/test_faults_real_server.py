@@ -40,6 +40,7 @@ def test_apiserver_restarted(faults: FaultBed) -> None:
 def test_etcd_compacted_past_our_version_relists_after_410(faults: FaultBed) -> None:
     result = faults.run("etcd-compacted")
     check(result)
+    assert result.counts["etcd refuses a read below the compaction"] == 1
     assert any("is gone (410), relisting" in line for line in result.evidence), result.evidence
 
 
