@@ -65,7 +65,7 @@ def test_the_command_moves_a_pod_through_upstreams_controller(upstream_binaries:
     assert "move 1: web-0 -> web-1 on node-2" in proc.stdout, proc.stdout
     summary = re.search(r"load balancer: (\d+) requests, (\d+) failed", proc.stdout)
     assert summary is not None and int(summary[1]) > 0 and summary[2] == "0", proc.stdout
-    netns = set(re.findall(r"netns ([\w-]+)", proc.stdout))
+    netns = set(re.findall(r"(?:netns|\(in) ([\w-]+)", proc.stdout))
     assert len(netns) == 6, proc.stdout  # the control plane's, three nodes, the client and the balancer
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert netns.isdisjoint(line.split()[0] for line in listed.splitlines() if line.strip()), listed
