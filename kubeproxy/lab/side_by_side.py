@@ -89,6 +89,7 @@ class SideBySide:
     pods: dict[str, BedPod] = field(default_factory=dict)
     changed_at: float = 0.0  # wall-clock time of the last change the bed made (as the sync metric counts)
     mode: str = "iptables"  # both proxies' --proxy-mode
+    probe_timeout: float = 15.0  # for a pod's probe to say it listens (Python under TCG takes far longer)
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     @classmethod
@@ -153,7 +154,7 @@ class SideBySide:
         wire_pod(node.ns, ns, pod_interface(ns, name), ip, ip6)
         child = ns.popen([*PROBE, "serve", "--proto", "tcp", "--listen", f"{ip}:{POD_PORT}"], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL)  # fmt: skip
-        await_ready(f"the probe in pod {name}", child, timeout=15)
+        await_ready(f"the probe in pod {name}", child, timeout=self.probe_timeout)
         self.changed_at = time.time()
         self.kubelet.report_pod(pod.info, ready=ready)
         return pod
