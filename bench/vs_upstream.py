@@ -360,7 +360,7 @@ def main() -> None:
         report(load_results(args.json), args.modes.split(","), args.plot)
         return
     # A stop (timeout, kill) unwinds the blocks: namespaces, control plane and files are removed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: not one run's failure
     if not L.have_root():
         sys.exit("bench/vs_upstream.py needs root: network namespaces and netfilter")
     bin_dir = upstream_bin()
