@@ -351,13 +351,13 @@ class Changes:
     fleet: Fleet
     nodes: int
     timeout: float
-    flip: int = 0
+    flip: int = 0  # each change writes a value no earlier change wrote: a no-op patch sends no event
 
     def service(self) -> None:
         self.flip += 1
         self.fleet.mark()
         self.server.patch(f"/api/v1/namespaces/{NAMESPACE}/services/svc-0",
-                          {"spec": {"ports": [{"name": "http", "port": 80 + self.flip % 2, "protocol": "TCP"}]}})  # fmt: skip
+                          {"spec": {"ports": [{"name": "http", "port": 1000 + self.flip, "protocol": "TCP"}]}})  # fmt: skip
         await_all("the Service change", lambda: self.fleet.saw("Service", "svc-0"), self.nodes, self.timeout)
 
     def slice(self) -> None:
