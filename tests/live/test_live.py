@@ -199,15 +199,28 @@ def _is_ipv4_apply(argv: Sequence[str], stdin: str) -> bool:
 
 def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:
     failures = {"left": 0}
+    recorded = {"on": False}
 
     def flaky(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        if failures["left"] and _is_ipv4_apply(argv, kwargs.get("input") or ""):
+        # only an apply of a recorded sync fails: a sync already running when the recorder went
+        # in (a periodic one) must not take the injected failure unseen
+        if failures["left"] and recorded["on"] and _is_ipv4_apply(argv, kwargs.get("input") or ""):
             failures["left"] -= 1
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: line 7 failed (injected)")
         return netns.run(argv, **kwargs)
 
     async def body(proxy: LiveProxy) -> None:
         calls = _record_syncs(proxy)
+        recording = proxy.backend.sync
+
+        def marked(view, opts, changed):  # type: ignore[no-untyped-def]
+            recorded["on"] = True
+            try:
+                return recording(view, opts, changed)
+            finally:
+                recorded["on"] = False
+
+        proxy.backend.sync = marked  # type: ignore[method-assign]
         failures["left"] = 1
         before = proxy.failed_syncs
         for obj in _service("late", "10.96.8.8", ["10.244.1.88"]):
