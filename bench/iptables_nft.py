@@ -18,7 +18,7 @@ CPU time is what the tool itself costs):
                 upstream does; median of 3
   own only      the same change without the shared chains (which the change leaves as they are)
   partial now   the same change as the proxier sends it now: shared chains whose text the last
-                restore wrote unchanged are left out (backends/iptables/applied.py); median of 3
+                restore wrote unchanged are left out (backends/iptables/last_restore.py); median of 3
   empty         `*nat COMMIT` with --noflush: the fixed cost of one restore at this size
   legacy        iptables-legacy-restore of the one-shot text and of the partial one, for scale
                 (legacy replaces the whole table on every restore, whatever it is given)
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
-from kubeproxy.backends.iptables.applied import AppliedChains  # noqa: E402
+from kubeproxy.backends.iptables.last_restore import AppliedChains  # noqa: E402
 from kubeproxy.backends.iptables.names import is_service_chain  # noqa: E402
 from kubeproxy.backends.iptables.render import render  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402

@@ -102,7 +102,7 @@ def new_proxy(cfg: ProxyConfig, ns: netns.NetNS, variant: str, exec_nft: bool) -
 
 
 def batching(proxy: LiveProxy) -> dict:
-    """The source options `kubeproxy run` uses (proxy/server.py); none for an older tree."""
+    """The source options `kubeproxy run` uses (proxy/kube_proxy.py); none for an older tree."""
     return {"batch_sink": proxy.on_events} if hasattr(proxy, "on_events") else {}
 
 

@@ -87,7 +87,7 @@ def kube_proxy(argv: list[str] | None = None) -> None:
 
 
 def _serve_proxy(args: list[str], *, prog: str, verbosity: int = 0) -> int:
-    """The proxy (proxy/server.py), with the cyclic collector off from before its imports.
+    """The proxy (proxy/kube_proxy.py), with the cyclic collector off from before its imports.
 
     Importing the proxy's modules makes 0.15 s of objects and no garbage, and the collections they
     trigger were 40-50 ms of every start-up. The proxy then keeps the collector off until its first
@@ -96,9 +96,9 @@ def _serve_proxy(args: list[str], *, prog: str, verbosity: int = 0) -> int:
     from kubeproxy.cluster.bulk import paused_gc
 
     with paused_gc():
-        from kubeproxy.proxy import server
+        from kubeproxy.proxy import kube_proxy
 
-        return server.main(args, prog=prog, verbosity=verbosity)
+        return kube_proxy.main(args, prog=prog, verbosity=verbosity)
 
 
 def _split_csv(values: tuple[str, ...]) -> tuple[str, ...]:

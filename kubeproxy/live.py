@@ -57,11 +57,11 @@ from kubeproxy.backends.iptables.apply import nfacct_packets
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.family_lanes import PROC_IPV6, FamilyLane, kernel_lacks, live_families
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
 from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.interfaces import interface_addresses
 from kubeproxy.proxy.memory import release_free_memory
-from kubeproxy.proxy.meta import PROC_IPV6, FamilyLane, kernel_lacks, live_families
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView, ServiceKey
 from kubeproxy.proxy.options import (
@@ -123,7 +123,7 @@ class LiveProxy:
     conntrack_cleaner: conntrack.Reconciler = field(init=False)
     view_builder: ViewBuilder = field(default_factory=ViewBuilder, init=False)
     backend: Backend = field(init=False)  # the primary family's (lanes[0])
-    # One lane per IP family this node proxies, the primary first (see proxy/meta.py).
+    # One lane per IP family this node proxies, the primary first (see proxy/family_lanes.py).
     lanes: list[FamilyLane] = field(default_factory=list, init=False)
     proc_ipv6: Path = PROC_IPV6  # absent: the kernel has no IPv6 (tests point it elsewhere)
     _lacking: dict[Family, str] = field(default_factory=dict, init=False)  # families the kernel lacks, logged once

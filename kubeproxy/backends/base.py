@@ -81,7 +81,7 @@ class OfflineRenderer(Protocol):
 
 class Backend(Protocol):
     # The IP family this instance programs; a dual-stack node runs one instance per family
-    # (proxy/meta.py), and the live loop sets it before every sync.
+    # (proxy/family_lanes.py), and the live loop sets it before every sync.
     family: Family
     # nfacct counters the rules may use, once `prepare` has created them (iptables mode only).
     nfacct_counters: tuple[str, ...]

@@ -13,7 +13,7 @@ from kubeproxy.netfilter import detect
 
 PROBE = """
 import sys
-import kubeproxy.cli, kubeproxy.proxy.server, kubeproxy.proxy.config, kubeproxy.proxy.startup
+import kubeproxy.cli, kubeproxy.proxy.kube_proxy, kubeproxy.proxy.config, kubeproxy.proxy.startup
 from pathlib import Path
 from kubeproxy.cluster.manifests import parse_documents, read_text
 objects = list(parse_documents(read_text(Path(sys.argv[1])), sys.argv[1]))

@@ -21,7 +21,7 @@ import pytest
 from kubeproxy.backends.iptables.apply import restore
 from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.lab import netns as L
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 from tests.backends.nftables.test_incremental import random_service

@@ -367,7 +367,7 @@ def test_hostile_addresses_from_the_api_server_never_reach_the_kernel(
                 server.apply(obj)
             proxy = LiveProxy(cfg, NODE, run_cmd=bed.node)
             client = connect(load_config(server.write_kubeconfig(tmp_path / "kubeconfig")))
-            # wired as `kubeproxy run` wires it (proxy/server.py): lists as one batch, typed where they fit
+            # wired as `kubeproxy run` wires it (proxy/kube_proxy.py): lists as one batch, typed where they fit
             source = ApiSource(client, NODE, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True)
             task = asyncio.create_task(proxy.serve(source))
             try:

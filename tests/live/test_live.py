@@ -115,7 +115,7 @@ async def _with_proxy(
     proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=run_cmd or netns)
     client = connect(load_config(kubeconfig))
     fast = lambda: Backoff(initial=0.05, cap=0.2)  # noqa: E731
-    # Wired as `kubeproxy run` wires it (proxy/server.py): lists as one batch, typed where they fit.
+    # Wired as `kubeproxy run` wires it (proxy/kube_proxy.py): lists as one batch, typed where they fit.
     source = ApiSource(client, "node-1", proxy.on_event, backoff_factory=fast, batch_sink=proxy.on_events, typed_lists=True)
     task = asyncio.create_task(proxy.serve(source))
     try:

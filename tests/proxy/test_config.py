@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from kubeproxy.cli import build_config, main
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, parse_duration
-from kubeproxy.proxy.server import ConfigFileChanged, watch_config_file
+from kubeproxy.proxy.kube_proxy import ConfigFileChanged, watch_config_file
 from tests.paths import DEMO
 
 KUBEADM_STYLE = """

@@ -1,6 +1,6 @@
 """A dual-stack node on the package's fake node (no root): both families from one proxy.
 
-The live loop runs one lane per family (kubeproxy/proxy/meta.py, as upstream's meta-proxier):
+The live loop runs one lane per family (kubeproxy/proxy/family_lanes.py, as upstream's meta-proxier):
 each family's Services and EndpointSlices go to that family's tables, both in one sync, one
 metric set labelled by ip_family, and a family that fails or that the kernel lacks leaves the
 other working. tests/e2e/test_dualstack.py sends real packets through the same code.
@@ -568,7 +568,7 @@ def test_userspace_render_prints_both_families() -> None:
 
 
 def test_userspace_ipv6_lane_needs_ip6tables() -> None:
-    from kubeproxy.proxy.meta import kernel_lacks
+    from kubeproxy.proxy.family_lanes import kernel_lacks
 
     def no_ip6tables(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         raise FileNotFoundError(2, "No such file or directory", argv[0])

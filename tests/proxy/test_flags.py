@@ -322,8 +322,8 @@ def test_bind_address_hard_fail_exits_when_the_port_is_taken(tmp_path: Path) -> 
 def test_oom_score_adj_is_applied_to_the_process() -> None:
     # The start-up path of `kube-proxy --init-only` in a child, which then reads its own score.
     code = (
-        "import sys; from kubeproxy.proxy import server\n"
-        f"rc = server.main(['--init-only', '--oom-score-adj=567', *{NO_SYSCTLS!r}])\n"
+        "import sys; from kubeproxy.proxy import kube_proxy\n"
+        f"rc = kube_proxy.main(['--init-only', '--oom-score-adj=567', *{NO_SYSCTLS!r}])\n"
         "print(rc, open('/proc/self/oom_score_adj').read().strip())"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -434,10 +434,10 @@ def test_the_proxy_commands_leave_the_collector_as_they_found_it(args: list[str]
     from click.testing import CliRunner
 
     from kubeproxy import cli
-    from kubeproxy.proxy import server
+    from kubeproxy.proxy import kube_proxy
 
     seen: list[bool] = []
-    real = server.main
+    real = kube_proxy.main
 
     def spy(argv: list[str], **kwargs: object) -> int:
         seen.append(gc.isenabled())
@@ -445,14 +445,14 @@ def test_the_proxy_commands_leave_the_collector_as_they_found_it(args: list[str]
 
     assert gc.isenabled()
     try:
-        server.main = spy  # type: ignore[assignment]
+        kube_proxy.main = spy  # type: ignore[assignment]
         CliRunner().invoke(cli.main, ["run", *args])
         assert gc.isenabled()
         with pytest.raises(SystemExit):
             cli.kube_proxy(args)
         assert gc.isenabled()
     finally:
-        server.main = real
+        kube_proxy.main = real
     assert seen == [False, False]
 
 

@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeproxy.proxy import server
+from kubeproxy.proxy import kube_proxy
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers
 from kubeproxy.sources.event_recorder import EventRecorder
 
@@ -38,7 +38,7 @@ def test_a_port_that_cannot_be_opened_is_an_event_about_the_service() -> None:
     client = _Client()
     recorder = EventRecorder(client, instance="kube-proxy-vm")
     servers = ServiceHealthServers(ProxyHealth(10.0), ("127.0.0.1",), node_name="node-1",
-                                   on_failure=server._health_check_events(recorder))  # fmt: skip
+                                   on_failure=kube_proxy._health_check_events(recorder))  # fmt: skip
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

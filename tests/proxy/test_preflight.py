@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kubeproxy.proxy.kube_proxy import main
 from kubeproxy.proxy.preflight import PreflightError, check_tools, mode_tools
-from kubeproxy.proxy.server import main
 
 # Only the TCP timeouts: nf_conntrack_max would also grow the host's hash table (/sys).
 SYSCTL_FLAGS = ["--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=99s",

@@ -9,7 +9,7 @@ import pytest
 
 from kubeproxy import __version__
 from kubeproxy.proxy import flags
-from kubeproxy.proxy.server import main
+from kubeproxy.proxy.kube_proxy import main
 from kubeproxy.version import KUBERNETES_VERSION, VersionInfo
 
 

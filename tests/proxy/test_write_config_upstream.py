@@ -11,7 +11,7 @@ import pytest
 
 from kubeproxy.proxy import goyaml
 from kubeproxy.proxy.config import load_config_file, to_kube_proxy_configuration
-from kubeproxy.proxy.server import main
+from kubeproxy.proxy.kube_proxy import main
 from tests.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "upstream_operator"

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables import jumps, names
-from kubeproxy.backends.iptables.applied import AppliedChains
 from kubeproxy.backends.iptables.apply import RestoreError, check_restore, ensure_nfacct_counters, iptables_tool, restore
 from kubeproxy.backends.iptables.cache import RenderCache
+from kubeproxy.backends.iptables.last_restore import AppliedChains
 from kubeproxy.backends.iptables.render import (
     KUBE_EXTERNAL_SERVICES,
     KUBE_FIREWALL,

@@ -42,7 +42,7 @@ from kubeproxy.backends.libnft import LibNft
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
 from kubeproxy.backends.nftables.model import TABLE, TABLE_COMMENT, add_lines, quote
 from kubeproxy.backends.nftables.render import BASE_CHAINS, CONNTRACK_CHAINS, SERVICES
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.backends.nftables.stream import STREAM_FILE, NftStream, Spawn, spawner
 from kubeproxy.cluster.bulk import paused_gc
 

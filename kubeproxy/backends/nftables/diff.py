@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from kubeproxy.backends.nftables.model import ELEMENTS_PER_LINE, TABLE_COMMENT, Element, add_lines, element_lines, quote
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 
 
 class NeedsFullSync(Exception):

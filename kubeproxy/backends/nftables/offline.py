@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.model import NodeView, build_view

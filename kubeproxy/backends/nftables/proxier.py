@@ -20,7 +20,7 @@ from kubeproxy.backends.libnft import for_runner
 from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
 from kubeproxy.backends.nftables.localhost import LocalhostNodePorts
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions

@@ -86,7 +86,7 @@ from sys import intern
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
 from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftCounter, NftSet, Packed, Rule, pack
-from kubeproxy.backends.nftables.rendering import (
+from kubeproxy.backends.nftables.rendered_table import (
     Book,
     Builder,
     Fragment,

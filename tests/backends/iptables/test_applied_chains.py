@@ -1,6 +1,6 @@
 """Partial syncs that leave unchanged shared chains out end with the kernel a full sync would leave.
 
-`AppliedChains` (backends/iptables/applied.py) drops from a partial restore the shared chains
+`AppliedChains` (backends/iptables/last_restore.py) drops from a partial restore the shared chains
 (KUBE-SERVICES, KUBE-NODEPORTS, the filter chains...) whose text is what our last successful
 restore wrote. A sequence of partial syncs is run on the fake and on the kernel (both iptables
 variants, in a namespace), and after each step the tables are compared with those of a fresh
@@ -19,9 +19,9 @@ import pytest
 
 from kubeproxy import render as offline
 from kubeproxy.backends.exec import Runner
-from kubeproxy.backends.iptables.applied import AppliedChains
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.iptables.last_restore import AppliedChains
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.lab import netns as netns_mod
 from kubeproxy.proxy.config import ProxyConfig

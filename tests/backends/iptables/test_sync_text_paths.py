@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables import jumps
-from kubeproxy.backends.iptables.applied import AppliedChains, Filtered
 from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.iptables.last_restore import AppliedChains, Filtered
 from kubeproxy.backends.iptables.proxier import IptablesProxier, _rule_args, _rule_spec
 from kubeproxy.backends.iptables.render import TableText, render_tables, restore_chunks, restore_text
 from kubeproxy.proxy.config import ProxyConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.backends.ipvs import deprecation
-from kubeproxy.proxy import server
+from kubeproxy.proxy import kube_proxy
 from kubeproxy.proxy.config import ConfigError
 from kubeproxy.proxy.features import gates_without_effect, registry
 from kubeproxy.proxy.flags import parse, resolve
@@ -59,11 +59,11 @@ def test_setting_the_gate_is_upstreams_deprecated_gate_warning_only() -> None:
 def test_ipvs_mode_logs_and_queues_the_deprecation(caplog: pytest.LogCaptureFixture) -> None:
     cfg = resolve(parse(["--proxy-mode=ipvs"])).cfg
     with caplog.at_level(logging.INFO):
-        events = server._mode_warnings(cfg)
+        events = kube_proxy._mode_warnings(cfg)
     assert events == [("IPVSDeprecation", "StartKubeProxy", deprecation.MESSAGE)]
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and deprecation.MESSAGE in errors[0].getMessage()
     assert deprecation.MESSAGE == ("The ipvs proxier has been deprecated and will be disabled by default in Kubernetes "
                                    "1.40 and removed in Kubernetes 1.43. Migrate to the 'nftables' proxier instead.")
     caplog.clear()
-    assert server._mode_warnings(resolve(parse(["--proxy-mode=nftables"])).cfg) == [] and not caplog.records
+    assert kube_proxy._mode_warnings(resolve(parse(["--proxy-mode=nftables"])).cfg) == [] and not caplog.records

@@ -20,7 +20,7 @@ from kubeproxy.backends.nftables.model import (
     pack,
     unpack,
 )
-from kubeproxy.backends.nftables.rendering import COMPACT_MIN, Layered
+from kubeproxy.backends.nftables.rendered_table import COMPACT_MIN, Layered
 
 SHAPES = [
     Element("10.0.0.1"),  # a set element

@@ -28,7 +28,7 @@ from kubeproxy.backends.nftables.apply import NftApplier, NftError
 from kubeproxy.backends.nftables.diff import chunks, create_plan
 from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.lab import netns as L
 from tests.backends.nftables.helpers import options, view
 from tests.backends.nftables.test_incremental import random_service

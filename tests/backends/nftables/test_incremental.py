@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.nftables import rendering
+from kubeproxy.backends.nftables import rendered_table
 from kubeproxy.backends.nftables.diff import ElementOp, chunks, create_plan, plan, weight
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import Layered, NftRendering
+from kubeproxy.backends.nftables.rendered_table import Layered, NftRendering
 from kubeproxy.proxy.model import NodeView
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
@@ -212,7 +212,7 @@ def test_chunks_respect_the_limit_and_never_split_a_unit() -> None:
 
 
 def test_layered_map_acts_as_a_dict_and_leaves_its_parent_alone() -> None:
-    """Incremental renders layer their writes over the parent's maps (rendering.Layered): a child
+    """Incremental renders layer their writes over the parent's maps (rendered_table.Layered): a child
     reads, iterates and counts as a copied dict would, and the parent never changes."""
     rng = random.Random(7)
     base = {f"k{i}": i for i in range(50)}
@@ -238,7 +238,7 @@ def test_layered_map_acts_as_a_dict_and_leaves_its_parent_alone() -> None:
 def test_incremental_equals_full_when_layers_are_folded(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a tiny compaction threshold, overlays are folded into fresh bases every few renders:
     the result still equals a full render and the parent rendering is left as it was."""
-    monkeypatch.setattr(rendering, "COMPACT_MIN", 2)
+    monkeypatch.setattr(rendered_table, "COMPACT_MIN", 2)
     rng = random.Random(2000 + seed)
     n = 12
     objects = {i: random_service(rng, i) for i in range(n)}

@@ -18,7 +18,7 @@ import pytest
 from kubeproxy.backends.nftables.apply import NftApplier
 from kubeproxy.backends.nftables.proxier import NftablesProxier
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.lab import netns as L
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.options import Family

@@ -14,7 +14,7 @@ import pytest
 from kubeproxy.backends.nftables.apply import NftApplier
 from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.lab import netns as L
 from tests.backends.nftables.helpers import options, view
 from tests.backends.nftables.test_incremental import random_service

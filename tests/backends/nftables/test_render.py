@@ -10,7 +10,7 @@ import pytest
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.model import CtTimeout
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendering import NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.proxy.config import LocalDetector
 from kubeproxy.proxy.model import ServicePortName
