@@ -424,7 +424,8 @@ def report(results: dict[str, dict[str, Cost]], nodes: int) -> list[str]:
     for phase in results.get("ours", results.get("upstream", {})):
         rows = {impl: costs[phase] for impl, costs in results.items() if phase in costs}
         for impl, cost in rows.items():
-            cells = [f"{v:.2f}" if v < 100 else f"{v:.0f}" for v in cost.row(nodes).values()]
+            row = cost.row(nodes)
+            cells = [f"{row[c]:.2f}" if row[c] < 100 else f"{row[c]:.0f}" for c in COLUMNS]
             lines.append(f"| {phase} | {impl} | {cost.seconds:.1f} | " + " | ".join(cells) + " |")
         if len(rows) == 2:
             ours, theirs = rows["ours"].row(nodes), rows["upstream"].row(nodes)
