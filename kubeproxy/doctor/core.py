@@ -10,7 +10,7 @@ from kubeproxy.doctor.cost import cost_findings
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding, Report, ordered
 from kubeproxy.doctor.foreign import bypass_findings, chain_findings, foreign_rule_findings, jump_findings
-from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, probe_all
+from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, nodeport_ips, probe_all
 from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
 from kubeproxy.netfilter import addr as A
@@ -136,7 +136,8 @@ def diagnose(inp: DoctorInput) -> Report:
     families = families_of(inp.ruleset)
     for family in families:
         view = build_view(inp.state.services.values(), inp.state.slices.values(), family, node_name)
-        fam_probes = probe_all(_of_family(inp.ruleset, family), node, view, node_ips, in_iface, family)
+        fam_probes = probe_all(_of_family(inp.ruleset, family), node, view, nodeport_ips(inp.ruleset, node_ips),
+                               in_iface, family)
         probes += fam_probes
         found = snat_findings(fam_probes, view, inp.facts, mode, family)
         found += foreign_rule_findings(fam_probes, view)

@@ -106,6 +106,20 @@ def frontends(svc: ServicePortInfo, node_ips: list[str], family: Family = Family
     return [f for f in out if f.v6 == family.ipv6]
 
 
+def nodeport_ips(ruleset: Ruleset, node_ips: list[str]) -> list[str]:
+    """The node addresses NodePorts answer on: in nftables mode those of the proxy's
+    `nodeport-ips` set (nodePortAddresses; upstream's default there is the primary address),
+    elsewhere every node address (iptables mode matches any local address)."""
+    listed: set[tuple[bool, int]] = set()
+    for table in ruleset.tables:
+        s = table.sets.get("nodeport-ips") if table.name == OUR_NFT_TABLE else None
+        if s is not None:
+            listed |= {(table.family == "ip6", e) for e in s.elements if isinstance(e, int)}
+    if not listed:
+        return node_ips
+    return [ip for ip in node_ips if (":" in ip, A.parse_ip(ip)[0]) in listed]
+
+
 def probe_all(ruleset: Ruleset, node: Node, view: NodeView, node_ips: list[str], in_iface: str,
               family: Family = Family.IPV4) -> list[Probe]:
     sim = Simulator(ruleset, node)

@@ -55,6 +55,7 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.core import DoctorInput, families_of, mode_of, node_context
     from kubeproxy.doctor.live import LiveError, read_rules
+    from kubeproxy.doctor.probe import nodeport_ips
     from kubeproxy.explain.core import explain as explain_service
     from kubeproxy.explain.rendered import read_render
     from kubeproxy.explain.text import render_text, to_json
@@ -108,7 +109,8 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
         state, told = state_from_rules(ruleset, rules_mode, ctx.name, ctx.node, ctx.in_iface)
         notes += told
     views = {f: build_view(state.services.values(), state.slices.values(), f, ctx.name) for f in families_of(ruleset)}
-    result = explain_service(ruleset, ctx.node, views, namespace, name, port, ctx.node_ips, ctx.in_iface, ipvs)
+    result = explain_service(ruleset, ctx.node, views, namespace, name, port, nodeport_ips(ruleset, ctx.node_ips),
+                             ctx.in_iface, ipvs)
     if as_json:
         click.echo(json.dumps({**to_json(result), "notes": notes + ctx.notes}, indent=2))
     else:

@@ -168,9 +168,10 @@ def _path(sim: Simulator, ruleset: Ruleset, svc: ServicePortInfo, fe: Frontend, 
 
 
 def explain(ruleset: Ruleset, node: Node, views: dict[Family, NodeView], namespace: str, name: str,
-            port: str | None, node_ips: list[str], in_iface: str, ipvs: IpvsState | None = None) -> Explanation:
-    """Every address of the Service's ports (of every family in `views`), walked as a new flow
-    from outside the cluster (OUTSIDE_SOURCE) arriving on `in_iface`."""
+            port: str | None, nodeport_ips: list[str], in_iface: str, ipvs: IpvsState | None = None) -> Explanation:
+    """Every address of the Service's ports (of every family in `views`; its NodePort on each of
+    `nodeport_ips`), walked as a new flow from outside the cluster (OUTSIDE_SOURCE) arriving on
+    `in_iface`."""
     sim = Simulator(ruleset, node, ipvs=ipvs)
     ports: list[PortExplanation] = []
     for family, view in views.items():
@@ -179,6 +180,6 @@ def explain(ruleset: Ruleset, node: Node, views: dict[Family, NodeView], namespa
                 continue
             if port is not None and port not in (spn.port, str(svc.port)):
                 continue
-            paths = [_path(sim, ruleset, svc, fe, in_iface) for fe in frontends(svc, node_ips, family)]
+            paths = [_path(sim, ruleset, svc, fe, in_iface) for fe in frontends(svc, nodeport_ips, family)]
             ports.append(PortExplanation(spn, family, paths, svc.health_check_node_port or 0))
     return Explanation(f"{namespace}/{name}", ports)
