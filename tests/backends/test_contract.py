@@ -3,8 +3,8 @@
 Each mode's backend, made by the registry, syncs a small cluster, a change, a delete and an
 empty cluster; a sync its tools refuse raises SyncError, leaves the node as it was and is counted
 in the mode's failure metric; cleanup leaves the node as it was before the first sync. On
-`FakeNode` for every mode; in the kernel (a namespace of the test's own) for every mode whose
-tools this host has (IPVS needs the ip_vs module, which this host's kernel lacks).
+`FakeNode` for every mode; in the kernel (a namespace of the test's own) for every mode but
+IPVS, whose ip_vs module the hosts lack (its kernel checks run in the VM).
 
 What a mode programmed is read mode-blind: every registered mode's listings of the node's state.
 """
@@ -172,9 +172,14 @@ def _kernel_has(mode: str, ns: NetNS) -> str | None:
     return None
 
 
+# IPVS needs the ip_vs module, which the hosts the suite runs on lack (CI included); its kernel
+# behaviour is checked in the VM on Debian's kernel (tests/vm/test_ipvs_vm.py). A mode left out
+# here is named, not skipped: a skipped kernel test would hide a missing tool on a CI host.
+HOST_KERNEL_MODES = [mode for mode in registry.MODES if mode != "ipvs"]
+
+
 @pytest.mark.root
-@pytest.mark.parametrize("mode", list(registry.MODES))
+@pytest.mark.parametrize("mode", HOST_KERNEL_MODES)
 def test_every_mode_keeps_the_contract_in_the_kernel(mode: str, netns: NetNS) -> None:
-    if (why := _kernel_has(mode, netns)) is not None:
-        pytest.skip(f"{mode} mode: {why}")
+    assert (why := _kernel_has(mode, netns)) is None, f"{mode} mode: {why}"
     contract(mode, netns)
