@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from kubeproxy.doctor.probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS, Frontend, frontends
+from kubeproxy.doctor.probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS, Frontend, frontends, hostport
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.model import Jump, NSet, Ruleset, Verdict
@@ -85,7 +85,7 @@ def _step(h: Hop) -> Step:
     return Step(h.table, h.chain, text, h.line)
 
 
-def _fmt_value(v: Any, typ: str, v6: bool) -> str:
+def _fmt_value(v: Any, typ: str) -> str:
     if isinstance(v, Jump):
         return f"{'goto' if v.goto else 'jump'} {v.chain}"
     if isinstance(v, Verdict):
@@ -97,21 +97,21 @@ def _fmt_value(v: Any, typ: str, v6: bool) -> str:
     return str(v)
 
 
-def _fmt_tuple(v: Any, types: tuple[str, ...] | str | None, v6: bool) -> str:
+def _fmt_tuple(v: Any, types: tuple[str, ...] | str | None) -> str:
     if not isinstance(v, tuple):
         t = types[0] if isinstance(types, tuple) and types else (types or "")
-        return _fmt_value(v, str(t), v6)
+        return _fmt_value(v, str(t))
     ts = types if isinstance(types, tuple) else ()
-    return " . ".join(_fmt_value(x, ts[i] if i < len(ts) else "", v6) for i, x in enumerate(v))
+    return " . ".join(_fmt_value(x, ts[i] if i < len(ts) else "") for i, x in enumerate(v))
 
 
-def _element_text(s: NSet, key: Any, v6: bool) -> str:
-    text = _fmt_tuple(key, s.key_type, v6)
+def _element_text(s: NSet, key: Any) -> str:
+    text = _fmt_tuple(key, s.key_type)
     comment = s.comments.get(key)
     if comment:
         text += f' comment "{comment}"'
     if s.is_map:
-        text += " : " + _fmt_tuple(s.mapping.get(key), s.data_type, v6)
+        text += " : " + _fmt_tuple(s.mapping.get(key), s.data_type)
     return text
 
 
@@ -131,7 +131,7 @@ def _elements(ruleset: Ruleset, fe: Frontend, proto: int, spn: str) -> list[SetE
                 if not hit and s.comments.get(key) == spn and fe.kind == "cluster IP" and key and key[0] == ip:
                     hit = True
                 if hit:
-                    out.append(SetElement(table.name, s.name, _element_text(s, key, fe.v6)))
+                    out.append(SetElement(table.name, s.name, _element_text(s, key)))
     return sorted(out, key=lambda e: (e.table, e.set, e.text))
 
 
@@ -154,7 +154,7 @@ def _path(sim: Simulator, ruleset: Ruleset, svc: ServicePortInfo, fe: Frontend, 
             seen.setdefault(_step(h), None)
         if o.dnat is not None:
             port = o.dnat[1] if o.dnat[1] is not None else fe.port
-            where = f"[{A.fmt_ip(o.dnat[0], True)}]:{port}" if o.v6 else f"{A.fmt_ip(o.dnat[0])}:{port}"
+            where = hostport(o.dnat[0], port, o.v6)
         elif o.verdict in ("DROP", "REJECT", "UNKNOWN", "UNTRACED"):
             where = o.verdict.lower() + (f" ({o.reject_with})" if o.reject_with else "")
         else:
