@@ -102,6 +102,16 @@ def read_rules(netns: str | None) -> tuple[Ruleset, str, list[str]]:
     return ruleset, source, notes
 
 
+def read_ipvs(netns: str | None) -> tuple[str, str | None] | None:
+    """An IPVS-mode node's `ipvsadm-save -n` and `ipset save` (None if the node has no virtual
+    server, or no ipvsadm: then its rules alone are what handles Services)."""
+    table = _run(["ipvsadm-save", "-n"], netns)
+    if table is None or table.returncode != 0 or not any(ln.startswith("-A ") for ln in table.stdout.splitlines()):
+        return None
+    sets = _run(["ipset", "save"], netns)
+    return table.stdout, sets.stdout if sets is not None and sets.returncode == 0 else None
+
+
 def read_facts(netns: str | None, *, entries: bool = True) -> NodeFacts:
     facts = NodeFacts()
     for name in SYSCTLS:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.model import ParseError, Ruleset
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
@@ -106,16 +107,20 @@ def frontends(svc: ServicePortInfo, node_ips: list[str], family: Family = Family
     return [f for f in out if f.v6 == family.ipv6]
 
 
-def nodeport_ips(ruleset: Ruleset, node_ips: list[str]) -> list[str]:
+def nodeport_ips(ruleset: Ruleset, node_ips: list[str], ipvs: IpvsState | None = None) -> list[str]:
     """The node addresses NodePorts answer on: in nftables mode those of the proxy's
-    `nodeport-ips` set (nodePortAddresses; upstream's default there is the primary address),
-    elsewhere every node address (iptables mode matches any local address)."""
+    `nodeport-ips` set (nodePortAddresses; upstream's default there is the primary address); in
+    IPVS mode those with a virtual server of their own (the proxy makes one per NodePort on each
+    address nodePortAddresses selects, and none on the others); in iptables mode every node
+    address (its rules match any local address)."""
     listed: set[tuple[bool, int]] = set()
     for table in ruleset.tables:
         s = table.sets.get("nodeport-ips") if table.name == OUR_NFT_TABLE else None
         if s is not None:
             listed |= {(table.family == "ip6", e) for e in s.elements if isinstance(e, int)}
-    if not listed:
+    if ipvs is not None:
+        listed |= {(vs.v6, vs.address) for vs in ipvs.services.values()}
+    elif not listed:
         return node_ips
     return [ip for ip in node_ips if (":" in ip, A.parse_ip(ip)[0]) in listed]
 

@@ -54,7 +54,7 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     from kubeproxy.backends.base import OfflineOptions
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.core import DoctorInput, families_of, mode_of, node_context
-    from kubeproxy.doctor.live import LiveError, read_rules
+    from kubeproxy.doctor.live import LiveError, read_ipvs, read_rules
     from kubeproxy.doctor.probe import nodeport_ips
     from kubeproxy.explain.core import explain as explain_service
     from kubeproxy.explain.rendered import read_render
@@ -95,6 +95,9 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
         elif live:
             ruleset, _, more_notes = read_rules(netns)
             notes += more_notes
+            dumps = read_ipvs(netns)
+            if dumps is not None:
+                ipvs = load_into(node, *dumps)
         else:
             out = registry.offline_renderer(mode)(state, cfg, OfflineOptions(with_jumps=True))
             ruleset, ipvs = read_render(out.text, mode, node)
@@ -109,7 +112,7 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
         state, told = state_from_rules(ruleset, rules_mode, ctx.name, ctx.node, ctx.in_iface)
         notes += told
     views = {f: build_view(state.services.values(), state.slices.values(), f, ctx.name) for f in families_of(ruleset)}
-    result = explain_service(ruleset, ctx.node, views, namespace, name, port, nodeport_ips(ruleset, ctx.node_ips),
+    result = explain_service(ruleset, ctx.node, views, namespace, name, port, nodeport_ips(ruleset, ctx.node_ips, ipvs),
                              ctx.in_iface, ipvs)
     if as_json:
         click.echo(json.dumps({**to_json(result), "notes": notes + ctx.notes}, indent=2))

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters
 from kubeproxy.cli import main
+from kubeproxy.explain.rendered import _ipvs_parts, _with_ipvs_jumps
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.netns import have_root
 from kubeproxy.proxy.options import NFACCT_COUNTERS
@@ -118,3 +119,40 @@ def test_what_the_kernel_holds_is_explained_as_the_render(tmp_path: Path, mode: 
             steps = [[(s["table"], s["chain"]) for s in a["steps"]] for p in from_render["ports"] for a in p["addresses"]]
             assert [[(s["table"], s["chain"]) for s in a["steps"]]
                     for p in live["ports"] for a in p["addresses"]] == steps, service
+
+
+def _ipvs_dumps(tmp_path: Path, world: str) -> dict[str, Path]:
+    """The IPVS render cut into the dumps a node gives: iptables-save (with the proxy's jumps),
+    `ipset save` and `ipvsadm-save -n`."""
+    rendered = CliRunner().invoke(main, ["render", "--manifests", world, "--proxy-mode", "ipvs", *NODE[:4]])
+    assert rendered.exit_code == 0, rendered.output
+    ipsets, rules, table = _ipvs_parts(rendered.stdout)
+    out = {"iptables": _with_ipvs_jumps(rules), "ipset": ipsets, "ipvs": table}
+    for name, text in out.items():
+        (tmp_path / name).write_text(text)
+    return {name: tmp_path / name for name in out}
+
+
+def _nodeport_addresses(exp: dict[str, Any]) -> list[str]:
+    return [a["address"] for p in exp["ports"] for a in p["addresses"] if a["kind"] == "node port"]
+
+
+def test_ipvs_nodeports_are_explained_on_the_addresses_with_virtual_servers(tmp_path: Path) -> None:
+    """In IPVS mode a NodePort answers only on the addresses the proxy made a virtual server for
+    (nodePortAddresses); the pod bridge's address, without one, is not a NodePort address."""
+    world = str(_world(tmp_path))
+    ipvs = _explain("default/dns", "--port", "dns", "--manifests", world, "--proxy-mode", "ipvs", *NODE)
+    assert _nodeport_addresses(ipvs) == ["192.168.0.2:30053"]
+    iptables = _explain("default/dns", "--port", "dns", "--manifests", world, "--proxy-mode", "iptables", *NODE)
+    assert _nodeport_addresses(iptables) == ["192.168.0.2:30053", "10.244.1.1:30053"]
+    # the dumps decide (the Services from the objects): the same node with its NodePorts' virtual
+    # servers on the bridge's address only
+    dumps = _ipvs_dumps(tmp_path, world)
+    moved = dumps["ipvs"].read_text().replace("192.168.0.2:", "10.244.1.1:")
+    assert moved != dumps["ipvs"].read_text()
+    dumps["ipvs"].write_text(moved)
+    got = _explain("default/dns", "--port", "dns", "--rules", str(dumps["iptables"]), "--ipvs", str(dumps["ipvs"]),
+                   "--ipset-file", str(dumps["ipset"]), "--manifests", world, *NODE)
+    assert _nodeport_addresses(got) == ["10.244.1.1:30053"]
+    (address,) = (a for p in got["ports"] for a in p["addresses"] if a["kind"] == "node port")
+    assert [d["to"] for d in address["destinations"]] == ["10.244.1.10:53"]
