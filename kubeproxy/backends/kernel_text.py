@@ -50,6 +50,9 @@ def nft_quoted(text: str) -> str:
     nft's scanner has no escapes inside quotes, so a quote is replaced, not escaped; long
     comments (a 63-character namespace and name and a 15-character port) are cut, not refused.
     """
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        # A valid name's comment (every one at 10k Services) skips the walk by character.
+        return '"' + text[:NFT_COMMENT_MAX] + '"'
     cleaned = "".join(c if c.isprintable() and c.isascii() and c not in '"\\' else "_" for c in text)
     return '"' + cleaned[:NFT_COMMENT_MAX] + '"'
 

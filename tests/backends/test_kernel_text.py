@@ -47,6 +47,8 @@ def test_valid_names_are_unchanged() -> None:
     assert kernel_text.word(spn) == spn and kernel_text.nft_name(chain) == chain
     longest = f"{'n' * 63}/{'s' * 63}:{'p' * 15}"
     assert kernel_text.word(longest) == longest
+    assert kernel_text.nft_quoted(spn) == f'"{spn}"'
+    assert kernel_text.nft_quoted("x" * 200) == f'"{"x" * kernel_text.NFT_COMMENT_MAX}"'
 
 
 def _hostile_view(text: str) -> NodeView:
