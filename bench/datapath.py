@@ -60,9 +60,9 @@ from kubeproxy.backends.iptables.proxier import IptablesProxier  # noqa: E402
 from kubeproxy.backends.nftables.proxier import NftablesProxier  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
-from kubeproxy.lab.objects import Backend, Port, endpoint_slice, service  # noqa: E402
+from kubeproxy.lab.builders import Backend, Port, endpoint_slice, service  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
-from kubeproxy.proxy.model import build_view  # noqa: E402
+from kubeproxy.proxy.node_model import build_view  # noqa: E402
 from kubeproxy.proxy.options import node_options  # noqa: E402
 
 NODE = "node"

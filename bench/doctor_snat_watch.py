@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kubeproxy.backends.conntrack.flows import parse_flows
 from kubeproxy.doctor import watch
 from kubeproxy.lab import netns as L
-from kubeproxy.proxy.model import ServicePortName
+from kubeproxy.proxy.node_model import ServicePortName
 
 ENDPOINTS = [f"10.9.0.{11 + i}" for i in range(4)]
 # Each flow its own (address, port): explicit ports, since ephemeral picks repeat (birthday).
@@ -80,7 +80,7 @@ NETLINK = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from kubeproxy.proxy import ctnetlink, snat_watch
-from kubeproxy.proxy.model import ServicePortName
+from kubeproxy.proxy.node_model import ServicePortName
 targets = {f"10.9.0.{11 + i}:53": [ServicePortName("bench", "dns", "dns", "UDP")] for i in range(4)}
 out = {}
 for label, limit in (("full", 10**9), ("cut", 20000)):

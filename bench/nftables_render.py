@@ -43,7 +43,7 @@ import gc, json, resource, sys, time, tracemalloc
 from kubeproxy.cluster.state import build_state
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import node_options
 objs = json.load(open(sys.argv[1]))["items"]
 state = build_state(objs)[0]

@@ -31,14 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from kubeproxy.live import LiveProxy  # noqa: E402
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
-from kubeproxy.live import LiveProxy  # noqa: E402
 from kubeproxy.proxy.changes import Changes  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
-from kubeproxy.proxy.model import NodeView, build_view  # noqa: E402
+from kubeproxy.proxy.node_model import NodeView, build_view  # noqa: E402
 from kubeproxy.proxy.options import node_options  # noqa: E402
 
 REFUSED = "10.253.253.253"

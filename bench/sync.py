@@ -58,6 +58,7 @@ sys.path.insert(0, str(HERE))
 os.environ["KP_BENCH_TREE"] = str(ROOT)  # bench/render.py's way of being told the tree
 __import__("kubeproxy")  # first: the package comes from ROOT whatever bench/render.py puts on the path
 
+from kubeproxy.live import LiveProxy  # noqa: E402
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters  # noqa: E402
@@ -66,9 +67,8 @@ from kubeproxy.backends.nftables.proxier import NftablesProxier  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.apiserver import ApiServer  # noqa: E402
-from kubeproxy.live import LiveProxy  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
-from kubeproxy.proxy.model import build_view  # noqa: E402
+from kubeproxy.proxy.node_model import build_view  # noqa: E402
 from kubeproxy.proxy.options import NFACCT_COUNTERS, node_options  # noqa: E402
 from kubeproxy.sources.api import ApiSource  # noqa: E402
 from kubeproxy.sources.connection import connect, load_config  # noqa: E402

@@ -56,9 +56,9 @@ from kubeproxy.backends.iptables.proxier import IptablesProxier  # noqa: E402
 from kubeproxy.backends.userspace.proxier import UserspaceProxier  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
-from kubeproxy.lab.objects import Backend, Port, endpoint_slice, service  # noqa: E402
+from kubeproxy.lab.builders import Backend, Port, endpoint_slice, service  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
-from kubeproxy.proxy.model import NodeView, build_view  # noqa: E402
+from kubeproxy.proxy.node_model import NodeView, build_view  # noqa: E402
 from kubeproxy.proxy.options import Family, NodeOptions, node_options  # noqa: E402
 
 NODE = "node"

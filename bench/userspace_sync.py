@@ -67,8 +67,8 @@ from userspace import BULK, NODE, NODE_IP, POD_IP, RR, SERVICE_IP, UDP, bed, com
 
 from kubeproxy.backends.userspace.proxier import UserspaceProxier, state_path  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
-from kubeproxy.lab.apiserver import server as apiserver  # noqa: E402
-from kubeproxy.lab.objects import Backend, endpoint_slice, service  # noqa: E402
+from kubeproxy.lab.apiserver import lifecycle as apiserver  # noqa: E402
+from kubeproxy.lab.builders import Backend, endpoint_slice, service  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 _SYNC = re.compile(r"SyncProxyRules complete.* elapsed=\"?([\d.]+)ms")
@@ -86,7 +86,7 @@ CONDITIONS = ("idle", "bulk", "rr", "bulk-sep", "rr-sep", "bulk-direct", "rr-dir
 DIAGNOSE = """
 import gc, sys, time, functools
 import kubeproxy.backends.userspace.proxier as P
-import kubeproxy.backends.userspace.server as S
+import kubeproxy.backends.userspace.relay_loop as S
 def _timed(owner, name):
     fn = getattr(owner, name)
     @functools.wraps(fn)

@@ -318,10 +318,10 @@ def demo(offline: bool, manifests: tuple[str, ...], hostname_override: str, clus
     service by service.
     """
     from kubeproxy import render as offline_render
-    from kubeproxy.demo import show
+    from kubeproxy.demo_report import show
 
     if not offline and not manifests:
-        from kubeproxy.lab import demo as live_demo
+        from kubeproxy.lab import live_demo
 
         reason = live_demo.unavailable()
         if reason is None:
@@ -376,9 +376,9 @@ def trace_cmd(
     from kubeproxy.netfilter import explain as nf_explain
     from kubeproxy.netfilter import ipvs as nf_ipvs
     from kubeproxy.netfilter import simulate as nf_simulate
-    from kubeproxy.netfilter.model import ParseError
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.netfilter.packet import PacketError, make_packet
+    from kubeproxy.netfilter.ruleset import ParseError
 
     if bool(in_iface) == from_host:
         raise click.UsageError("give exactly one of --in-iface IF or --from-host")

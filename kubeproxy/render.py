@@ -20,7 +20,7 @@ from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.cluster.validation import ParseOptions
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.node_model import NodeView, build_view
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family, NodeOptions, node_ips, node_options
 
 

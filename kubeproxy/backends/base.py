@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.proxy.config import ProxyConfig
     from kubeproxy.proxy.metrics import ProxyMetrics
-    from kubeproxy.proxy.model import NodeView
+    from kubeproxy.proxy.node_model import NodeView
     from kubeproxy.proxy.options import Family, NodeOptions
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 if TYPE_CHECKING:  # the rules model is imported when a command runs
-    from kubeproxy.netfilter.model import Ruleset
+    from kubeproxy.netfilter.ruleset import Ruleset
 
 DUMP_FORMATS = ("auto", "iptables-save", "iptables-list", "nft-json", "nft")
 
@@ -35,7 +35,7 @@ def read_dump_file(path: str) -> str:
 def parse_dump(path: str, fmt: str) -> Ruleset:
     """The ruleset of the dump at `path`; a dump that cannot be parsed ends the command naming it."""
     from kubeproxy.netfilter import detect
-    from kubeproxy.netfilter.model import ParseError
+    from kubeproxy.netfilter.ruleset import ParseError
 
     try:
         return detect.parse(read_dump_file(path), fmt)
@@ -88,8 +88,8 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
     from kubeproxy.doctor.core import DoctorInput, diagnose
     from kubeproxy.doctor.facts import FactError, NodeFacts, stats_from_flags, sysctls_from_flags
     from kubeproxy.doctor.live import LiveError, read_node
-    from kubeproxy.netfilter.model import ParseError
     from kubeproxy.netfilter.node import Node, NodeError
+    from kubeproxy.netfilter.ruleset import ParseError
     from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
 
     if bool(rules_paths) == live:
@@ -170,7 +170,7 @@ def graph(rules_path: str | None, fmt: str, live: bool, netns: str | None, servi
     new flows and the masquerade marks; in nftables mode the same through the maps."""
     from kubeproxy.doctor.graph import GraphError, build
     from kubeproxy.doctor.live import LiveError, read_rules
-    from kubeproxy.netfilter.model import ParseError
+    from kubeproxy.netfilter.ruleset import ParseError
 
     if bool(rules_path) == live:
         raise click.UsageError("give exactly one of --rules FILE or --live")

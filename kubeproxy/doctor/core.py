@@ -14,10 +14,10 @@ from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, nodepor
 from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import Ruleset
 from kubeproxy.netfilter.node import IfAddr, Node, Route
+from kubeproxy.netfilter.ruleset import Ruleset
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import Family
 
 

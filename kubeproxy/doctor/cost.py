@@ -9,7 +9,7 @@ a rule. The nftables mode measured 19,236 vs 17,901 conn/s: flat within noise.
 from __future__ import annotations
 
 from kubeproxy.doctor.findings import Finding
-from kubeproxy.netfilter.model import Ruleset
+from kubeproxy.netfilter.ruleset import Ruleset
 
 NS_PER_RULE = 7.1
 BASE_US = 53.2  # the per-connection time at 10 services in the same bench

@@ -8,8 +8,8 @@ from kubeproxy.backends.iptables.jumps import ENSURE_ORDER
 from kubeproxy.doctor.findings import Finding
 from kubeproxy.doctor.probe import Probe, hostport, is_dnat, is_drop, ours
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import Nat, Ruleset
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.netfilter.ruleset import Nat, Ruleset
+from kubeproxy.proxy.node_model import NodeView
 
 _SEP = "KUBE-SEP-"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import Jump, Nat, NNumgen, Rule, Ruleset, Statistic, Table, VMap
+from kubeproxy.netfilter.ruleset import Jump, Nat, NNumgen, Rule, Ruleset, Statistic, Table, VMap
 
 ROOTS_IPT = ("PREROUTING", "OUTPUT", "KUBE-SERVICES", "KUBE-NODEPORTS", "POSTROUTING", "KUBE-POSTROUTING")
 # Only these are filtered by the Service's comment; the others are shared by every Service.

@@ -24,8 +24,8 @@ from kubeproxy.doctor.facts import (
     parse_sysctl_value,
 )
 from kubeproxy.netfilter import iptables_save, nft_json
-from kubeproxy.netfilter.model import ParseError, Ruleset
 from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.ruleset import ParseError, Ruleset
 
 SYSCTLS = (UDP_TIMEOUT, "net.netfilter.nf_conntrack_udp_timeout_stream", TCP_TIME_WAIT, CT_MAX, CT_COUNT, PORT_RANGE)
 IPTABLES_SAVES = ("iptables-save", "iptables-legacy-save", "iptables-nft-save")

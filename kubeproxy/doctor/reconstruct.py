@@ -20,9 +20,9 @@ from typing import Any
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.doctor.probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import Addr, Jump, Nat, Port, Proto, Rule, Ruleset, Table
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
+from kubeproxy.netfilter.ruleset import Addr, Jump, Nat, Port, Proto, Rule, Ruleset, Table
 from kubeproxy.netfilter.simulate import Simulator
 
 # The node the rules were taken from: local endpoints (those of a KUBE-SVL chain) are placed on it.

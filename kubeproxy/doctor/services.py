@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from kubeproxy.cluster.objects import LABEL_ZONE
 from kubeproxy.doctor.findings import Finding
 from kubeproxy.doctor.probe import Probe
-from kubeproxy.netfilter.model import Ruleset
-from kubeproxy.proxy.model import NodeView, ServicePortName
+from kubeproxy.netfilter.ruleset import Ruleset
+from kubeproxy.proxy.node_model import NodeView, ServicePortName
 from kubeproxy.proxy.topology import categorize
 
 

@@ -60,10 +60,10 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     from kubeproxy.explain.rendered import read_render
     from kubeproxy.explain.text import render_text, to_json
     from kubeproxy.netfilter.ipvs import IpvsParseError, load_into
-    from kubeproxy.netfilter.model import ParseError
     from kubeproxy.netfilter.node import Node, NodeError
+    from kubeproxy.netfilter.ruleset import ParseError
     from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
-    from kubeproxy.proxy.model import build_view
+    from kubeproxy.proxy.node_model import build_view
 
     namespace, _, name = service.partition("/")
     if not namespace or not name or "/" in name:

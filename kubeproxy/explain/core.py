@@ -17,11 +17,11 @@ from typing import Any
 from kubeproxy.doctor.probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS, Frontend, frontends, hostport
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ipvs import IpvsState
-from kubeproxy.netfilter.model import Jump, NSet, Ruleset, Verdict
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
+from kubeproxy.netfilter.ruleset import Jump, NSet, Ruleset, Verdict
 from kubeproxy.netfilter.simulate import Hop, Simulator, TraceError
-from kubeproxy.proxy.model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family
 
 _PROTO_NAMES = {6: "tcp", 17: "udp", 132: "sctp"}

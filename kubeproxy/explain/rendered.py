@@ -11,8 +11,8 @@ import re
 
 from kubeproxy.netfilter import iptables_save, nft_json
 from kubeproxy.netfilter.ipvs import IpvsState, load_into
-from kubeproxy.netfilter.model import Ruleset
 from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.ruleset import Ruleset
 
 _FAMILY_HEADER = re.compile(r"^# (?:===== (IPv4|IPv6) =====|(?:ip6?tables-restore) \((IPv4|IPv6)\))$", re.M)
 _IPVS_PARTS = ("# ipset restore -exist\n", "# iptables-restore --noflush\n", "# ipvsadm-restore (ipvsadm-save -n)\n",

@@ -61,8 +61,8 @@ import yaml
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cluster.state import build_state
+from kubeproxy.lab import builders, node_rules
 from kubeproxy.lab import netns as L
-from kubeproxy.lab import node_rules, objects
 from kubeproxy.lab.node_rules import NodeRules
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.options import NFACCT_COUNTERS
@@ -146,8 +146,8 @@ class Pod:
     host_if: str  # the veth end in the node's namespace
     removed: bool = False
 
-    def backend(self, *, ready: bool = True, serving: bool = True, terminating: bool = False) -> objects.Backend:
-        return objects.Backend(self.ip, self.node_name, ready=ready, serving=serving, terminating=terminating)
+    def backend(self, *, ready: bool = True, serving: bool = True, terminating: bool = False) -> builders.Backend:
+        return builders.Backend(self.ip, self.node_name, ready=ready, serving=serving, terminating=terminating)
 
 
 Source = L.NetNS | Pod
@@ -170,10 +170,10 @@ class MiniCluster:
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
     _next_host: dict[str, int] = field(default_factory=dict, repr=False)
     _jumps_loaded: bool = field(default=False, repr=False)
-    _applied: dict[tuple[str, str, str], objects.JSON] = field(default_factory=dict, repr=False)
+    _applied: dict[tuple[str, str, str], builders.JSON] = field(default_factory=dict, repr=False)
     # Every Service published (files or kubectl), latest version: the nftables maps are keyed by
     # their addresses and ports, not by name, so the waits look a service port up here.
-    _services: dict[tuple[str, str, str], objects.JSON] = field(default_factory=dict, repr=False)
+    _services: dict[tuple[str, str, str], builders.JSON] = field(default_factory=dict, repr=False)
 
     # ---- building and tearing down -------------------------------------------------------
 
@@ -293,14 +293,14 @@ class MiniCluster:
     def manifests(self) -> Path:
         return self.workdir / "manifests"
 
-    def node_object(self) -> objects.JSON:
+    def node_object(self) -> builders.JSON:
         """node-1's Node: its podCIDR and InternalIP, so the proxy knows its own addresses."""
-        return objects.node(NODE_NAME, NODE_IP, POD_CIDR)
+        return builders.node(NODE_NAME, NODE_IP, POD_CIDR)
 
-    def backends(self, *names: str) -> list[objects.Backend]:
+    def backends(self, *names: str) -> list[builders.Backend]:
         return [self.pods[n].backend() for n in names]
 
-    def write_manifests(self, objs: Iterable[objects.JSON], filename: str = "cluster.yaml") -> Path:
+    def write_manifests(self, objs: Iterable[builders.JSON], filename: str = "cluster.yaml") -> Path:
         """Write objects as one multi-document YAML file, atomically: a watcher never sees half a file."""
         path = self.manifests / filename
         tmp = path.with_name(f".{filename}.tmp")
@@ -310,7 +310,7 @@ class MiniCluster:
         self._remember(objs)
         return path
 
-    def _remember(self, objs: Iterable[objects.JSON]) -> None:
+    def _remember(self, objs: Iterable[builders.JSON]) -> None:
         self._services.update((_object_key(obj), obj) for obj in objs if obj.get("kind") == "Service")
 
     # ---- objects through an API server and kubectl -----------------------------------------
@@ -359,7 +359,7 @@ class MiniCluster:
             raise ClusterError(f"kubectl {shlex.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
 
-    def kubectl_apply(self, objs: Iterable[objects.JSON]) -> str:
+    def kubectl_apply(self, objs: Iterable[builders.JSON]) -> str:
         """Make the API server hold `objs`, as an operator would: `kubectl apply -f` a file of them,
         then `kubectl delete -f` the ones an earlier call applied and `objs` lacks. Returns what
         kubectl said (`service/web created`, `... unchanged`, `... deleted`).
@@ -381,7 +381,7 @@ class MiniCluster:
 
     # ---- rules without a running proxy -----------------------------------------------------
 
-    def load_rendered(self, objs: Iterable[objects.JSON], cfg: ProxyConfig | None = None) -> str:
+    def load_rendered(self, objs: Iterable[builders.JSON], cfg: ProxyConfig | None = None) -> str:
         """Render `objs` as node-1 with the offline renderer and load the result into the node.
 
         The first load also adds the jumps from the built-in chains (as a proxy's start-up
@@ -507,10 +507,10 @@ class MiniCluster:
         what = f"{service_port} endpoints {sorted(want)} in the node's {self.proxy_mode} rules"
         self.wait_rules(what, check, timeout, lambda: f"the rules went to {sorted(seen[0]) if seen else 'nothing yet'}")
 
-    def wait_applied(self, objs: Sequence[objects.JSON], timeout: float = 15) -> None:
+    def wait_applied(self, objs: Sequence[builders.JSON], timeout: float = 15) -> None:
         """Wait until the node's rules send every service port in `objs` to the endpoints its
-        slices give it, and reject those without endpoints (see `objects.expected_endpoints`)."""
-        expected = objects.expected_endpoints(objs)
+        slices give it, and reject those without endpoints (see `builders.expected_endpoints`)."""
+        expected = builders.expected_endpoints(objs)
         mismatch: list[str] = []
 
         def applied(rules: NodeRules) -> bool:
@@ -692,7 +692,7 @@ def kubeproxy_binary() -> str:
     return found
 
 
-def _object_key(obj: objects.JSON) -> tuple[str, str, str]:
+def _object_key(obj: builders.JSON) -> tuple[str, str, str]:
     meta = obj.get("metadata") or {}
     return (str(obj.get("kind")), str(meta.get("namespace", "")), str(meta.get("name")))
 

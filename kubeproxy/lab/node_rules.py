@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from kubeproxy.backends.nftables.model import TABLE
 from kubeproxy.backends.nftables.render import (
     CLUSTER_IPS,
     FIREWALL_IPS,
@@ -33,6 +32,7 @@ from kubeproxy.backends.nftables.render import (
     SERVICE_IPS,
     SERVICE_NODEPORTS,
 )
+from kubeproxy.backends.nftables.table_objects import TABLE
 from kubeproxy.cluster.objects import kind_of, parse_service
 
 JSON = dict[str, Any]

@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from kubeproxy.lab import objects, rules_compare
+from kubeproxy.lab import builders, rules_compare
 from kubeproxy.lab.cluster import HTTP_GET, ClusterError
 from kubeproxy.lab.control_plane import kubeconfig
 from kubeproxy.lab.side_by_side import (
@@ -197,7 +197,7 @@ class FaultBed:
             faults.write_token()
             for name in ("web-0", "web-1"):
                 faults.add_pod(name, "web")
-            bed.apply(objects.service("web", "10.96.0.10", [objects.Port("http", 80, 8080)], spec={"selector": {"app": "web"}}))
+            bed.apply(builders.service("web", "10.96.0.10", [builders.Port("http", 80, 8080)], spec={"selector": {"app": "web"}}))
             faults.selectors["web"] = "web"
             bed.start_proxies(faults.proxy_kubeconfig)
             diffs = faults.converged()
@@ -218,7 +218,7 @@ class FaultBed:
         ip = self.add_pod(f"{name}-0", name)
         self._next_ip += 1
         cluster_ip = f"10.96.1.{self._next_ip}"
-        self.bed.apply(objects.service(name, cluster_ip, [objects.Port("http", 80, 8080)], spec={"selector": {"app": name}}))
+        self.bed.apply(builders.service(name, cluster_ip, [builders.Port("http", 80, 8080)], spec={"selector": {"app": name}}))
         self.selectors[name] = name
         return f"default/{name}:http", ip
 

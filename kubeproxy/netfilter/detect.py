@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from kubeproxy.netfilter.model import ParseError, Ruleset
+from kubeproxy.netfilter.ruleset import ParseError, Ruleset
 
 FORMATS = ("iptables-save", "iptables-list", "nft-json", "nft")
 LAZY_ABOVE_RULES = 20_000

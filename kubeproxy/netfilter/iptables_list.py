@@ -13,7 +13,7 @@ from fractions import Fraction
 
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.iptables_save import base_chain, dump_family
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.ruleset import (
     BUILTIN_CHAINS,
     Addr,
     AddrRange,

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.ruleset import (
     BUILTIN_CHAINS,
     IPT_NAT_SRC_PRIORITY,
     IPT_PRIORITY,

@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.ruleset import (
     Chain,
     Jump,
     Log,

@@ -32,7 +32,7 @@ from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ServiceHealthServers
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.quarantine import Quarantine
 from kubeproxy.proxy.view import ViewBuilder

@@ -63,7 +63,7 @@ from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.interfaces import interface_addresses
 from kubeproxy.proxy.memory import release_free_memory
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import NodeView, ServiceKey
+from kubeproxy.proxy.node_model import NodeView, ServiceKey
 from kubeproxy.proxy.options import (
     Family,
     NodeOptions,

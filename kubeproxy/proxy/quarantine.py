@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
 
 K = TypeVar("K", bound=Hashable)
 

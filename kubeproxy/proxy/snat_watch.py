@@ -29,7 +29,7 @@ from kubeproxy.backends.conntrack.flows import Flow
 from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.proxy import ctnetlink
 from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.model import NodeView, ServicePortName
+from kubeproxy.proxy.node_model import NodeView, ServicePortName
 
 log = logging.getLogger("kubeproxy.snat")
 

@@ -28,7 +28,7 @@ from kubeproxy.backends.userspace import factory as userspace_factory
 from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 
 Run = Callable[..., subprocess.CompletedProcess[str]]

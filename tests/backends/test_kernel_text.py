@@ -18,7 +18,7 @@ from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
 from kubeproxy.backends.userspace.render import render as render_userspace
 from kubeproxy.lab import netns as L
-from kubeproxy.proxy.model import NodeView, ServicePortName
+from kubeproxy.proxy.node_model import NodeView, ServicePortName
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
 HOSTILE = [

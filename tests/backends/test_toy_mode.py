@@ -24,7 +24,7 @@ from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig, validate
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.sources.events import WatchEvent
 from tests.backends.test_contract import contract
@@ -154,6 +154,7 @@ def test_kubeproxy_cleanup_removes_the_toys_rules_with_every_other_modes(monkeyp
 
 def test_the_live_proxy_runs_the_toy(monkeypatch: pytest.MonkeyPatch) -> None:
     from kubeproxy.live import LiveProxy
+
     from tests.live.test_live import _service
 
     node = FakeNode()

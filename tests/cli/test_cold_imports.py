@@ -18,7 +18,7 @@ from pathlib import Path
 from kubeproxy.cluster.manifests import parse_documents, read_text
 objects = list(parse_documents(read_text(Path(sys.argv[1])), sys.argv[1]))
 assert [o.obj["metadata"]["name"] for o in objects] == ["a"], objects
-print(",".join(sorted(m for m in ("yaml", "kubeproxy.netfilter.model") if m in sys.modules)))
+print(",".join(sorted(m for m in ("yaml", "kubeproxy.netfilter.ruleset") if m in sys.modules)))
 """
 
 SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "namespace": "default"},

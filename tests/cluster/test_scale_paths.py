@@ -20,7 +20,7 @@ from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.objects import Endpoint, _new_endpoint, parse_service
 from kubeproxy.cluster.state import build_state
-from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import Family
 
 

@@ -33,7 +33,7 @@ from kubeproxy.cluster.schema import Item, as_plain, decode_list, decode_typed
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.cluster.twins import maker
 from kubeproxy.cluster.validation import ParseOptions, dns1123_label, options_for
-from kubeproxy.lab import objects as lab
+from kubeproxy.lab import builders as lab
 from tests.cluster import hostile
 from tests.cluster.test_validation_hostile_strings import FIELDS, HOSTILE
 from tests.cluster.test_validation_hostile_strings import cluster as hostile_cluster

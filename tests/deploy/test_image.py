@@ -21,8 +21,8 @@ import pytest
 
 from kubeproxy import __version__
 from kubeproxy.lab import netns as L
+from kubeproxy.lab.builders import JSON
 from kubeproxy.lab.cluster import NODE_IP, MiniCluster, poll
-from kubeproxy.lab.objects import JSON
 from tests.e2e import scenarios
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from kubeproxy import __version__
+from kubeproxy.lab.builders import Port, endpoint_slice, service
 from kubeproxy.lab.cluster import NODE_IP, NODE_NAME, MiniCluster, poll
-from kubeproxy.lab.objects import Port, endpoint_slice, service
 from kubeproxy.proxy.flags import parse, resolve
 from kubeproxy.proxy.startup import config_warnings
 from tests.paths import REPO

@@ -11,7 +11,7 @@ from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding, Report
-from kubeproxy.lab import objects as O
+from kubeproxy.lab import builders as O
 from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node
 from kubeproxy.proxy.config import ProxyConfig, validate

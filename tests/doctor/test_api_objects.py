@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from kubeproxy import render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cli import main
-from kubeproxy.lab import objects as O
+from kubeproxy.lab import builders as O
 from kubeproxy.lab.apiserver import ApiServer
 from tests.doctor.helpers import CFG, NODE_IFACES, NODE_ROUTES, dns_world, state_of
 

@@ -11,7 +11,7 @@ from kubeproxy.backends.conntrack.flows import parse_flows
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
-from kubeproxy.lab import objects as O
+from kubeproxy.lab import builders as O
 from kubeproxy.netfilter import detect
 from kubeproxy.proxy.config import ProxyConfig, validate
 from kubeproxy.proxy.options import Family
@@ -218,7 +218,7 @@ def test_kube_services_length_cost() -> None:
 def test_snat_watch_sample_counts_masqueraded_flows_per_endpoint() -> None:
     from kubeproxy.backends.conntrack.flows import parse_flows
     from kubeproxy.doctor import watch
-    from kubeproxy.proxy.model import build_view
+    from kubeproxy.proxy.node_model import build_view
 
     state = state_of(dns_world(pods=2))
     view = build_view(state.services.values(), state.slices.values(), Family.IPV4, "node-1")

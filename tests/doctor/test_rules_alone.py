@@ -15,7 +15,7 @@ from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.reconstruct import from_iptables, from_nftables, state_from_rules
-from kubeproxy.lab import objects as O
+from kubeproxy.lab import builders as O
 from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node
 from kubeproxy.proxy.config import validate

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kubeproxy.proxy import ctnetlink
-from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import Family
 from kubeproxy.proxy.snat_watch import SNAT_PORTS, SnatWatch, sample_dump
 from tests.doctor.helpers import dns_world, state_of

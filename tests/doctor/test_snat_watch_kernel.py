@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
+from kubeproxy.lab.builders import Port, endpoint_slice, service
 from kubeproxy.lab.cluster import METRICS_BIND, NODE_IP, ClusterError, MiniCluster, poll
-from kubeproxy.lab.objects import Port, endpoint_slice, service
 
 pytestmark = pytest.mark.root
 

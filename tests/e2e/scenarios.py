@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubeproxy.backends.conntrack import parse_flows
+from kubeproxy.lab.builders import JSON, Port, endpoint_slice, service
 from kubeproxy.lab.cluster import (
     CLIENT_EXTRA_IPS,
     CLIENT_IP,
@@ -25,7 +26,6 @@ from kubeproxy.lab.cluster import (
     MiniCluster,
     poll,
 )
-from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
 
 Load = Callable[[list[JSON]], None]
 Scenario = Callable[[MiniCluster, Load], None]

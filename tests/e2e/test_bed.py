@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kubeproxy.lab.builders import JSON
 from kubeproxy.lab.cluster import CLIENT_EXTRA_IPS, CLIENT_IP, CLUSTER_CIDR, NODE_IP, NODE_NAME, MiniCluster
-from kubeproxy.lab.objects import JSON
 from kubeproxy.proxy.config import ProxyConfig
 from tests.e2e import scenarios
 

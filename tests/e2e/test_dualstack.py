@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubeproxy.live import LiveProxy
 
 from kubeproxy.backends.userspace.proxier import STATE_DIR, state_path
 from kubeproxy.lab import netns as L
-from kubeproxy.lab.objects import Backend, Port, endpoint_slice
-from kubeproxy.lab.objects import service as lab_service
-from kubeproxy.live import LiveProxy
+from kubeproxy.lab.builders import Backend, Port, endpoint_slice
+from kubeproxy.lab.builders import service as lab_service
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.options import Family
 from tests.e2e.scenarios import BOTH

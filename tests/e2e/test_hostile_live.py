@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.lab.builders import JSON, Port, endpoint_slice, service
 from kubeproxy.lab.cluster import HEALTHZ_BIND, NODE_IP, MiniCluster, poll
 from kubeproxy.lab.node_rules import MODES
-from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
 from tests.e2e import scenarios
 
 pytestmark = pytest.mark.root

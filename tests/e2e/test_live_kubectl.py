@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
+from kubeproxy.lab.builders import endpoint_slice, service
 from kubeproxy.lab.cluster import MiniCluster
 from kubeproxy.lab.node_rules import MODES
-from kubeproxy.lab.objects import endpoint_slice, service
 from tests.e2e import scenarios
 from tests.e2e.test_live_proxy import _has_run_command
 

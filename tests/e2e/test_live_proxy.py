@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from kubeproxy.lab.builders import Port, endpoint_slice, service
 from kubeproxy.lab.cluster import NODE_IP, ClusterError, MiniCluster, kubeproxy_binary
 from kubeproxy.lab.node_rules import MODES
-from kubeproxy.lab.objects import Port, endpoint_slice, service
 from tests.e2e import scenarios
 
 

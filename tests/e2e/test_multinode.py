@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from kubeproxy.lab.apiserver import ApiError
+from kubeproxy.lab.builders import Port, endpoint_slice, service
 from kubeproxy.lab.cluster import kubeproxy_binary, poll
 from kubeproxy.lab.multinode import MultiNodeCluster
 from kubeproxy.lab.multinode.bed import CLIENT_IP, CLIENT_IP6, ROUTER_IP, ROUTER_IP6, DualPod
 from kubeproxy.lab.multinode.scenario import LocalService, move_endpoint
 from kubeproxy.lab.node_rules import MODES
-from kubeproxy.lab.objects import Port, endpoint_slice, service
 from kubeproxy.proxy.options import Family
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from kubeproxy.lab.builders import Port, endpoint_slice, service
 from kubeproxy.lab.cluster import _METRICS_GET, METRICS_BIND, NODE_IP, MiniCluster, poll
-from kubeproxy.lab.objects import Port, endpoint_slice, service
 from tests.e2e import scenarios
 from tests.e2e.scenarios import DNS, NODE_PORT, at, destinations
 from tests.e2e.test_live_proxy import _has_run_command

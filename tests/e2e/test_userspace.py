@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
+from kubeproxy.lab.builders import Port, endpoint_slice, service
 from kubeproxy.lab.cluster import NODE_IP, MiniCluster
-from kubeproxy.lab.objects import Port, endpoint_slice, service
 from tests.e2e import scenarios
 from tests.e2e.scenarios import DNS, EXTERNAL_IP, HTTP, NODE_PORT, at, destinations, source_ips
 from tests.e2e.test_live_proxy import _has_run_command

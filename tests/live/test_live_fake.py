@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from kubeproxy.live import LiveProxy
 
 from kubeproxy.backends.base import SyncError, SyncReport
 from kubeproxy.backends.fake_node import FakeNode
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.sources.events import EventType, WatchEvent
 from tests.live.test_live import _service

@@ -31,7 +31,9 @@ import yaml
 from kubeproxy.lab import netns as L
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter import detect
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.packet import make_packet
+from kubeproxy.netfilter.ruleset import (
     Addr,
     CtState,
     Iface,
@@ -45,8 +47,6 @@ from kubeproxy.netfilter.model import (
     SetMatch,
     Verdict,
 )
-from kubeproxy.netfilter.node import Node
-from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import Outcome, trace
 
 CORPUS = Path(__file__).parent / "corpus"

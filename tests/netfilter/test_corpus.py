@@ -10,9 +10,9 @@ import pytest
 
 from kubeproxy.lab.netns import have_root
 from kubeproxy.netfilter import detect
-from kubeproxy.netfilter.model import Noop, UnknownTarget, Unsupported
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import make_packet
+from kubeproxy.netfilter.ruleset import Noop, UnknownTarget, Unsupported
 from kubeproxy.netfilter.simulate import MATCHERS, trace
 from tests.netfilter import corpus_bed as C
 
@@ -55,7 +55,7 @@ def test_every_match_and_target_is_exact(entry: C.Entry) -> None:
                         assert s.name not in C.BUILTIN_TARGETS, f"{entry.name}: line {r.line}: {s}"
                     if isinstance(s, Noop):
                         assert s.what in ("CHECKSUM",), f"{entry.name}: line {r.line}: {s}"
-                    assert type(s) in MATCHERS or type(s).__module__.endswith("model")
+                    assert type(s) in MATCHERS or type(s).__module__.endswith(".ruleset")
 
 
 def test_a_missing_ipset_is_named_and_can_be_given() -> None:
@@ -102,7 +102,7 @@ def test_the_harness_catches_the_old_guesses(monkeypatch: pytest.MonkeyPatch) ->
     interface's own address, 127.0.0.1 on lo), the same harness disagrees with the kernel."""
     if not have_root():
         pytest.skip("needs root: loads dumps into network namespaces")
-    from kubeproxy.netfilter.model import PhysDev
+    from kubeproxy.netfilter.ruleset import PhysDev
     from kubeproxy.netfilter.simulate import matchers
 
     def always(m: object, b: object, sim: object) -> bool:

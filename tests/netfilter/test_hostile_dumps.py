@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 from kubeproxy.cli import main
 from kubeproxy.netfilter import nft_json
 from kubeproxy.netfilter.dumpfile import DumpError, read_dump
-from kubeproxy.netfilter.model import ParseError
+from kubeproxy.netfilter.ruleset import ParseError
 
 TRACE = ["trace", "--proto", "tcp", "--src", "10.0.0.9:1000", "--dst", "10.96.0.1:80", "--in-iface", "eth0",
          "--iface", "eth0=10.0.0.1/24", "--rules"]  # fmt: skip

@@ -9,9 +9,9 @@ import pytest
 
 from kubeproxy.netfilter import detect, iptables_list
 from kubeproxy.netfilter.addr import fmt_ip
-from kubeproxy.netfilter.model import AddrType, Jump, Mark, Nat, ParseError, Port, Ruleset, SetMark, Statistic
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import make_packet
+from kubeproxy.netfilter.ruleset import AddrType, Jump, Mark, Nat, ParseError, Port, Ruleset, SetMark, Statistic
 from kubeproxy.netfilter.simulate import trace
 
 FIX = Path(__file__).parent / "fixtures"

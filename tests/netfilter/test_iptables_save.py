@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.netfilter import iptables_save
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.ruleset import (
     Addr,
     AddrType,
     Iface,

@@ -11,9 +11,9 @@ import pytest
 
 from kubeproxy.netfilter import detect, nft_json
 from kubeproxy.netfilter.addr import fmt_ip
-from kubeproxy.netfilter.model import ParseError, Ruleset
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import make_packet
+from kubeproxy.netfilter.ruleset import ParseError, Ruleset
 from kubeproxy.netfilter.simulate import trace
 
 FIX = Path(__file__).parent / "fixtures"

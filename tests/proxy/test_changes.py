@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.proxy.changes import Changes, ChangeTracker, StaleEndpoint
-from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
+from kubeproxy.proxy.node_model import NodeView, ServicePortName, build_view
 from kubeproxy.proxy.options import Family
 
 NODE = "node-a"
@@ -16,14 +16,14 @@ NODE = "node-a"
 def service(
     name: str, ip: str, *, proto: str = "UDP", port: int = 53, ns: str = "ns", labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    return objects.service(name, ip, [objects.Port("p", port, 5353, proto)], namespace=ns, labels=labels or {})
+    return builders.service(name, ip, [builders.Port("p", port, 5353, proto)], namespace=ns, labels=labels or {})
 
 
 def endpoint_slice(
     name: str, svc: str, ips: list[str], *, proto: str = "UDP", serving: bool = True, ns: str = "ns"
 ) -> dict[str, Any]:
-    backends = [objects.Backend(ip, "", ready=serving, serving=serving) for ip in ips]
-    return objects.endpoint_slice(svc, backends, [objects.Port("p", 53, 5353, proto)], namespace=ns, name=name)
+    backends = [builders.Backend(ip, "", ready=serving, serving=serving) for ip in ips]
+    return builders.endpoint_slice(svc, backends, [builders.Port("p", 53, 5353, proto)], namespace=ns, name=name)
 
 
 def node(labels: dict[str, str]) -> dict[str, Any]:

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubeproxy.live import LiveProxy
 
 from kubeproxy.backends.base import OfflineOptions
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.registry import offline_renderer
 from kubeproxy.cluster.state import build_state
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.options import Family
 from kubeproxy.sources.events import WatchEvent
@@ -472,7 +472,7 @@ def test_ipvs_dual_stack_programs_each_family_beside_the_other() -> None:
 def test_ipvs_check_uses_per_family_scratch_sets() -> None:
     """check() loads the entries into throwaway sets: IPv6 ones must be inet6 sets of their own name."""
     from kubeproxy.backends.ipvs.proxier import IpvsProxier
-    from kubeproxy.proxy.model import build_view
+    from kubeproxy.proxy.node_model import build_view
     from kubeproxy.proxy.options import NodeOptions
 
     fake = FakeNode()
@@ -499,7 +499,7 @@ def test_ipvs_cleanup_removes_only_its_family_sets() -> None:
 
 def test_ipvs_render_prints_the_ipv6_set_names() -> None:
     from kubeproxy.backends.ipvs.render import SET_BY_NAME, create_line, render, render_text, set_name
-    from kubeproxy.proxy.model import build_view
+    from kubeproxy.proxy.node_model import build_view
     from kubeproxy.proxy.options import NodeOptions
 
     assert set_name("KUBE-LOAD-BALANCER-SOURCE-CIDR", Family.IPV6) == "KUBE-6-LOAD-BALANCER-SOURCE-CID"

@@ -1,6 +1,6 @@
 """The node view's fast constructors (issue 17) make exactly what the dataclass constructors make.
 
-`proxy/model.py` builds ServicePortName, ServicePortInfo and EndpointInfo without their frozen
+`proxy/node_model.py` builds ServicePortName, ServicePortInfo and EndpointInfo without their frozen
 __init__ (see `_twin`). Here each maker is compared with its constructor, and `build_view` with
 a straightforward reference built from the constructors alone, on a cluster with what the
 fast loops could get wrong: several ports per slice, IPv6, an endpoint listed by two slices
@@ -20,8 +20,8 @@ import pytest
 from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.objects import EndpointSlice, Service
 from kubeproxy.cluster.state import build_state
-from kubeproxy.proxy import model
-from kubeproxy.proxy.model import EndpointInfo, ServicePortInfo, ServicePortName, build_view
+from kubeproxy.proxy import node_model
+from kubeproxy.proxy.node_model import EndpointInfo, ServicePortInfo, ServicePortName, build_view
 from kubeproxy.proxy.options import Family
 from tests.backends.nftables.helpers import endpoint, port, service, slice_
 
@@ -29,7 +29,7 @@ NODE = "node-a"
 
 
 def test_the_fast_port_name_is_the_constructed_one() -> None:
-    fast = model._new_port_name("ns", "web", "http", "TCP")
+    fast = node_model._new_port_name("ns", "web", "http", "TCP")
     made = ServicePortName("ns", "web", "http", "TCP")
     assert type(fast) is ServicePortName
     assert fast == made and hash(fast) == hash(made) and fast.service == made.service == ("ns", "web")
@@ -59,7 +59,7 @@ def test_the_fast_port_info_is_the_constructed_one() -> None:
         "external_policy_local": True,
         "annotations": {"a": "b"},
     }
-    fast = model._new_port_info(*values.values())
+    fast = node_model._new_port_info(*values.values())
     made = ServicePortInfo(**values)
     assert type(fast) is ServicePortInfo and fast == made and repr(fast) == repr(made)
     with pytest.raises(AttributeError):
@@ -87,12 +87,12 @@ def _objects() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _reference(services: Iterable[Service], slices: Iterable[EndpointSlice], family: Family) -> model.NodeView:
+def _reference(services: Iterable[Service], slices: Iterable[EndpointSlice], family: Family) -> node_model.NodeView:
     """build_view as the model describes it, with the constructors and nothing clever."""
     version = 6 if family == Family.IPV6 else 4
     ports: dict[ServicePortName, ServicePortInfo] = {}
     for svc in services:
-        for name, info in model.ports_of_service(svc, family).items():
+        for name, info in node_model.ports_of_service(svc, family).items():
             built = ServicePortInfo(**{f: getattr(info, f) for f in ServicePortInfo.__dataclass_fields__})
             ports[ServicePortName(name.namespace, name.name, name.port, name.protocol)] = built
     by_port: dict[ServicePortName, dict[str, EndpointInfo]] = {}
@@ -112,7 +112,7 @@ def _reference(services: Iterable[Service], slices: Iterable[EndpointSlice], fam
                 if ep_info.address not in bucket or local:
                     bucket[ep_info.address] = ep_info
     endpoints = {name: sorted(b.values(), key=lambda e: e.address) for name, b in by_port.items() if b}
-    return model.NodeView(ports, endpoints)
+    return node_model.NodeView(ports, endpoints)
 
 
 @pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
@@ -152,5 +152,5 @@ def test_the_view_shares_the_slices_address_text_and_makes_ip_port_only_when_ask
     assert infos and all(id(e.ip) in texts for e in infos)
     render_nft(view, options6() if family == Family.IPV6 else options())
     assert all(e._address is None for e in infos)
-    assert [e.address for e in infos] == [model.address_text(e) for e in infos]
+    assert [e.address for e in infos] == [node_model.address_text(e) for e in infos]
     assert all(e._address is e.address for e in infos)  # made once, then kept

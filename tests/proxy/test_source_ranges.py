@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kubeproxy.cluster.objects import parse_service
-from kubeproxy.proxy import model
+from kubeproxy.proxy import node_model
 from kubeproxy.proxy.options import Family
 from tests.backends.nftables.helpers import port, service
 
@@ -16,7 +16,7 @@ def _ranges(source_ranges: list[str], family: Family) -> set[tuple[str, ...]]:
     svc = parse_service(service("ns", "lb", "172.30.0.2", port("http", 80), type="LoadBalancer",
                                 clusterIPs=["172.30.0.2", "fd00::2"], ipFamilies=["IPv4", "IPv6"],
                                 ipFamilyPolicy="RequireDualStack", loadBalancerSourceRanges=source_ranges))  # fmt: skip
-    return {tuple(str(c) for c in info.load_balancer_source_ranges) for info in model.ports_of_service(svc, family).values()}
+    return {tuple(str(c) for c in info.load_balancer_source_ranges) for info in node_model.ports_of_service(svc, family).values()}
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kubeproxy.cluster.objects import LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
-from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.node_model import NodeView, build_view
 from kubeproxy.proxy.options import Family
 from kubeproxy.proxy.view import ViewBuilder
 

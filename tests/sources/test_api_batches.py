@@ -20,7 +20,7 @@ import pytest
 
 from kubeproxy.cluster.schema import Item, as_plain
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.sources.api import Reflector, ResourceSpec, endpoint_slices, services
 from kubeproxy.sources.backoff import Backoff
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def eps(name: str, address: str, service: str = "web", port: Any = 8080) -> dict[str, Any]:
-    return objects.endpoint_slice(service, [objects.Backend(address, "")], [objects.Port("http", 80, port)], name=name)
+    return builders.endpoint_slice(service, [builders.Backend(address, "")], [builders.Port("http", 80, port)], name=name)
 
 
 @contextlib.asynccontextmanager
@@ -155,7 +155,7 @@ VALID = [
 # Within the schema, but refused by the state's checks: the typed path leaves them to the dict parsers.
 REFUSED_VALUES = [
     svc("Upper-Case"),
-    objects.service("bad-ip", "10.96.0.300", [objects.Port("", 80, 80)]),
+    builders.service("bad-ip", "10.96.0.300", [builders.Port("", 80, 80)]),
     eps("bad-endpoint", "10.1.0.999"),
     eps("bad-port", "10.1.0.3", port=70000),
 ]

@@ -16,7 +16,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.apiserver import ApiServer, status_object
 from kubeproxy.sources.api import NOT_HEADLESS, ApiSource, Reflector, services
 from kubeproxy.sources.backoff import Backoff
@@ -359,7 +359,7 @@ def test_headless_services_are_left_out_by_the_server(api: ApiServer, tmp_path: 
     honours it on lists and watches, as the real one does for Services."""
 
     def headless(name: str) -> dict[str, Any]:
-        return objects.service(name, "None", [objects.Port("", 80, 80)])
+        return builders.service(name, "None", [builders.Port("", 80, 80)])
 
     status, body = request(api, "GET", "/api/v1/services?fieldSelector=spec.clusterIP%21%3DNone")
     assert status == 200

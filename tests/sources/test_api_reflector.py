@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.sources.api import ApiSource, Reflector, ResourceSpec, node, services
 from kubeproxy.sources.backoff import Backoff
@@ -32,7 +32,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def svc(name: str, port: Any = 80, ns: str = "default", **labels: str) -> dict[str, Any]:
-    return objects.service(name, "", [objects.Port("", port, port)], namespace=ns, labels=labels)
+    return builders.service(name, "", [builders.Port("", port, port)], namespace=ns, labels=labels)
 
 
 @contextlib.asynccontextmanager

@@ -17,7 +17,7 @@ import yaml
 
 from kubeproxy.cluster import manifests
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.sources import files
 from kubeproxy.sources.events import WatchEvent
 from kubeproxy.sources.files import FileSource
@@ -33,7 +33,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 def svc(name: str, port: int = 80, ns: str | None = "default") -> dict[str, Any]:
     """A Service; `ns=None` leaves the namespace out, as a hand-written manifest may."""
-    obj = objects.service(name, "", [objects.Port("", port, port)])
+    obj = builders.service(name, "", [builders.Port("", port, port)])
     if ns is None:
         del obj["metadata"]["namespace"]
     else:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.apiserver import SERVICE, ApiServer, strategic_merge_patch
 from tests.sources.conftest import RawWatch, request
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def svc(name: str, port: int = 80, ns: str = "default", **labels: str) -> dict[str, Any]:
-    return objects.service(name, "", [objects.Port("", port, port)], namespace=ns, labels=labels)
+    return builders.service(name, "", [builders.Port("", port, port)], namespace=ns, labels=labels)
 
 
 def test_discovery_documents(apiserver: ApiServer) -> None:

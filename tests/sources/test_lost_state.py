@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.apiserver import ApiServer, status_object, too_large_resource_version
 from kubeproxy.sources.api import (
     Gone,
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def eps(name: str, address: str, service: str = "web") -> dict[str, Any]:
-    return objects.endpoint_slice(service, [objects.Backend(address, "")], [objects.Port("http", 80, 8080)], name=name)
+    return builders.endpoint_slice(service, [builders.Backend(address, "")], [builders.Port("http", 80, 8080)], name=name)
 
 
 @pytest.fixture

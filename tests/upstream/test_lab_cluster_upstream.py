@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.cluster import kubeproxy_binary
 from kubeproxy.lab.multinode import MultiNodeCluster
 from kubeproxy.lab.multinode.bed import CLIENT_IP
@@ -34,8 +34,8 @@ def test_cluster_ip_and_node_port_answer_with_upstreams_control_plane(upstream_b
         assert isinstance(bed.api, UpstreamControl)
         pod = bed.add_pod("web-0", "node-1")
         bed.report_pod("web-0", {"app": "web"})
-        port = objects.Port("http", 80, 8080, node_port=NODE_PORT)
-        bed.apply(objects.service("web", CLUSTER_IP, [port], type="NodePort", spec={"selector": {"app": "web"}}))
+        port = builders.Port("http", 80, 8080, node_port=NODE_PORT)
+        bed.apply(builders.service("web", CLUSTER_IP, [port], type="NodePort", spec={"selector": {"app": "web"}}))
         bed.start_proxies()
         bed.wait_synced(timeout=60)
         endpoint = f"{pod.ip}:8080"

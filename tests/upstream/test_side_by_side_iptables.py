@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.side_by_side import OURS_NODE, POD_HOST_NODE, UPSTREAM_NODE, SideBySide
 
 pytestmark = pytest.mark.root
@@ -61,21 +61,21 @@ class Scenario:
         assert not diffs, f"after {step}:\n" + "\n".join(diffs)
 
 
-def _services() -> list[objects.JSON]:
-    http = [objects.Port("http", 80, 8080)]
+def _services() -> list[builders.JSON]:
+    http = [builders.Port("http", 80, 8080)]
 
-    def port(node_port: int) -> list[objects.Port]:
-        return [objects.Port("http", 80, 8080, node_port=node_port)]
+    def port(node_port: int) -> list[builders.Port]:
+        return [builders.Port("http", 80, 8080, node_port=node_port)]
 
     web = {"selector": {"app": "web"}}
     return [
-        objects.service("web", "10.96.0.10", http, affinity_timeout=300, spec=web),
-        objects.service("web-np", "10.96.0.11", port(30011), type="NodePort", spec=web),
-        objects.service("web-lb", "10.96.0.12", port(30012), type="LoadBalancer", load_balancer_ips=["203.0.113.12"], spec=web),
-        objects.service("web-ext", "10.96.0.13", http, external_ips=["198.51.100.13"], spec=web),
-        objects.service("lweb-local", "10.96.0.14", port(30014), type="LoadBalancer", load_balancer_ips=["203.0.113.14"],
+        builders.service("web", "10.96.0.10", http, affinity_timeout=300, spec=web),
+        builders.service("web-np", "10.96.0.11", port(30011), type="NodePort", spec=web),
+        builders.service("web-lb", "10.96.0.12", port(30012), type="LoadBalancer", load_balancer_ips=["203.0.113.12"], spec=web),
+        builders.service("web-ext", "10.96.0.13", http, external_ips=["198.51.100.13"], spec=web),
+        builders.service("lweb-local", "10.96.0.14", port(30014), type="LoadBalancer", load_balancer_ips=["203.0.113.14"],
                         external_traffic_policy="Local", health_check_node_port=32014, spec={"selector": {"app": "lweb"}}),
-        objects.service("lweb-itp", "10.96.0.15", http, internal_traffic_policy="Local", spec={"selector": {"app": "lweb"}}),
+        builders.service("lweb-itp", "10.96.0.15", http, internal_traffic_policy="Local", spec={"selector": {"app": "lweb"}}),
     ]  # fmt: skip
 
 
@@ -127,29 +127,29 @@ def test_iptables_rules_equal_to_upstream_at_every_step(upstream_binaries: Path)
         s.check("the Local LoadBalancer deleted")
 
 
-def _dual_stack_services() -> list[objects.JSON]:
-    http = [objects.Port("http", 80, 8080)]
+def _dual_stack_services() -> list[builders.JSON]:
+    http = [builders.Port("http", 80, 8080)]
     v6 = {"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv6"]}
 
     def dual(policy: str, ips: list[str], app: str, families: tuple[str, ...] = ("IPv4", "IPv6")) -> dict[str, object]:
         return {"ipFamilyPolicy": policy, "ipFamilies": list(families), "clusterIPs": ips, "selector": {"app": app}}
 
-    def port(node_port: int) -> list[objects.Port]:
-        return [objects.Port("http", 80, 8080, node_port=node_port)]
+    def port(node_port: int) -> list[builders.Port]:
+        return [builders.Port("http", 80, 8080, node_port=node_port)]
 
     return [
-        objects.service("six", "fd00:10:96::10", http, affinity_timeout=600, spec={**v6, "selector": {"app": "six"}}),
-        objects.service("six-lb", "fd00:10:96::11", port(30111), type="LoadBalancer", load_balancer_ips=["2001:db8:1::11"],
+        builders.service("six", "fd00:10:96::10", http, affinity_timeout=600, spec={**v6, "selector": {"app": "six"}}),
+        builders.service("six-lb", "fd00:10:96::11", port(30111), type="LoadBalancer", load_balancer_ips=["2001:db8:1::11"],
                         source_ranges=["2001:db8:2::/64"], external_ips=["2001:db8:3::11"],
                         spec={**v6, "selector": {"app": "six"}}),
-        objects.service("prefer", "10.96.1.20", port(30120), type="NodePort",
+        builders.service("prefer", "10.96.1.20", port(30120), type="NodePort",
                         spec=dual("PreferDualStack", ["10.96.1.20", "fd00:10:96::20"], "dual")),
-        objects.service("prefer-six-first", "fd00:10:96::21", http,
+        builders.service("prefer-six-first", "fd00:10:96::21", http,
                         spec=dual("PreferDualStack", ["fd00:10:96::21", "10.96.1.21"], "dual", ("IPv6", "IPv4"))),
-        objects.service("require-lb", "10.96.1.22", port(30122), type="LoadBalancer",
+        builders.service("require-lb", "10.96.1.22", port(30122), type="LoadBalancer",
                         load_balancer_ips=["203.0.113.22", "2001:db8:1::22"], external_traffic_policy="Local",
                         health_check_node_port=32122, spec=dual("RequireDualStack", ["10.96.1.22", "fd00:10:96::22"], "ldual")),
-        objects.service("require-itp", "10.96.1.23", http, internal_traffic_policy="Local", affinity_timeout=60,
+        builders.service("require-itp", "10.96.1.23", http, internal_traffic_policy="Local", affinity_timeout=60,
                         spec=dual("RequireDualStack", ["10.96.1.23", "fd00:10:96::23"], "ldual")),
     ]  # fmt: skip
 

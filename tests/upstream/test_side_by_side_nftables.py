@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.packet_equivalence import CLIENT_IPS, Outcome, Probe, ProbeBed, await_same_packets
 from kubeproxy.lab.side_by_side import OURS_NODE, POD_HOST_NODE, UPSTREAM_NODE, SideBySide
 
@@ -28,27 +28,27 @@ WEB_LB, WEB_LB_RANGES, LWEB_LB, WEB_EXTERNAL = "203.0.113.24", "203.0.113.25", "
 WITNESSES = {"pod → web ClusterIP tcp": "web", "pod → lweb ClusterIP tcp": "lweb"}
 
 
-def _services() -> list[objects.JSON]:
-    http = [objects.Port("http", 80, 8080)]
+def _services() -> list[builders.JSON]:
+    http = [builders.Port("http", 80, 8080)]
     web = {"selector": {"app": "web"}}
     lweb = {"selector": {"app": "lweb"}}
     return [
-        objects.service("web", "10.96.0.20", [*http, objects.Port("dns", 53, 8080, "UDP")], spec=web),
-        objects.service("web-aff", "10.96.0.21", http, affinity_timeout=300, spec=web),
-        objects.service("web-np", "10.96.0.22", [objects.Port("http", 80, 8080, node_port=30022),
-                        objects.Port("dns", 53, 8080, "UDP", node_port=30023)], type="NodePort", spec=web),
-        objects.service("web-lb", "10.96.0.24", [objects.Port("http", 80, 8080, node_port=30024)], type="LoadBalancer",
+        builders.service("web", "10.96.0.20", [*http, builders.Port("dns", 53, 8080, "UDP")], spec=web),
+        builders.service("web-aff", "10.96.0.21", http, affinity_timeout=300, spec=web),
+        builders.service("web-np", "10.96.0.22", [builders.Port("http", 80, 8080, node_port=30022),
+                        builders.Port("dns", 53, 8080, "UDP", node_port=30023)], type="NodePort", spec=web),
+        builders.service("web-lb", "10.96.0.24", [builders.Port("http", 80, 8080, node_port=30024)], type="LoadBalancer",
                         load_balancer_ips=[WEB_LB], spec=web),
-        objects.service("web-lbsr", "10.96.0.25", [objects.Port("http", 80, 8080, node_port=30025)], type="LoadBalancer",
+        builders.service("web-lbsr", "10.96.0.25", [builders.Port("http", 80, 8080, node_port=30025)], type="LoadBalancer",
                         load_balancer_ips=[WEB_LB_RANGES], source_ranges=SOURCE_RANGES, spec=web),
-        objects.service("web-ext", "10.96.0.26", http, external_ips=[WEB_EXTERNAL], spec=web),
-        objects.service("lweb-local", "10.96.0.27", [objects.Port("http", 80, 8080, node_port=30027)], type="LoadBalancer",
+        builders.service("web-ext", "10.96.0.26", http, external_ips=[WEB_EXTERNAL], spec=web),
+        builders.service("lweb-local", "10.96.0.27", [builders.Port("http", 80, 8080, node_port=30027)], type="LoadBalancer",
                         load_balancer_ips=[LWEB_LB], external_traffic_policy="Local", health_check_node_port=32027,
                         spec=lweb),
-        objects.service("lweb-itp", "10.96.0.28", http, internal_traffic_policy="Local", spec=lweb),
-        objects.service("lweb", "10.96.0.29", http, spec=lweb),
+        builders.service("lweb-itp", "10.96.0.28", http, internal_traffic_policy="Local", spec=lweb),
+        builders.service("lweb", "10.96.0.29", http, spec=lweb),
         # The client pods' own Service, node-local: a pod reaching itself through it (hairpin).
-        objects.service("cli-itp", "10.96.0.30", http, internal_traffic_policy="Local", spec={"selector": {"app": "cli"}}),
+        builders.service("cli-itp", "10.96.0.30", http, internal_traffic_policy="Local", spec={"selector": {"app": "cli"}}),
     ]  # fmt: skip
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from kubeproxy.lab.builders import JSON, Port, endpoint_slice, expected_endpoints, service
 from kubeproxy.lab.cluster import REMOTE_NODE_NAME, MiniCluster, Pod
-from kubeproxy.lab.objects import JSON, Port, endpoint_slice, expected_endpoints, service
 
 # The scenarios' asserts say what they got (pytest rewrites only test modules by itself).
 pytest.register_assert_rewrite("tests.e2e.scenarios", "tests.vm.guest_hostile")

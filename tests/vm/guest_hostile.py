@@ -26,8 +26,8 @@ import re
 
 import yaml
 
+from kubeproxy.lab.builders import JSON, Port, endpoint_slice, service
 from kubeproxy.lab.cluster import HEALTHZ_BIND, NODE_IP, NODE_NAME, MiniCluster
-from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
 from tests.e2e.scenarios import NODE_PORT, Load
 
 WEB = Port("p", 80, 8080, node_port=NODE_PORT)  # the port the hostile EndpointSlices of "web" name

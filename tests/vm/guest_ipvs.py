@@ -18,7 +18,7 @@ from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import ipvsadm_save_text
 from kubeproxy.cluster.addresses import AddressText, valid_ip
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 from tests.vm.guest_ipvs_trace import trace_check
 

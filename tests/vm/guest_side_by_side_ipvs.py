@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.control_plane import upstream_bin
 from kubeproxy.lab.side_by_side import OURS_NODE, POD_HOST_NODE, UPSTREAM_NODE, SideBySide
 
@@ -97,24 +97,24 @@ class Walk:
         self.out.write_text(json.dumps(self.report, indent=1))
 
 
-def services(*, web_port: int = 80, affinity: int = 300) -> list[objects.JSON]:
-    def port(node_port: int = 0, name: str = "http", number: int = 80) -> list[objects.Port]:
-        return [objects.Port(name, number, 8080, node_port=node_port)]
+def services(*, web_port: int = 80, affinity: int = 300) -> list[builders.JSON]:
+    def port(node_port: int = 0, name: str = "http", number: int = 80) -> list[builders.Port]:
+        return [builders.Port(name, number, 8080, node_port=node_port)]
 
     web = {"selector": {"app": "web"}}
     lweb = {"selector": {"app": "lweb"}}
     return [
-        objects.service("web", "10.96.0.10", port(number=web_port), affinity_timeout=affinity, spec=web),
-        objects.service("web-np", "10.96.0.11", port(30011), type="NodePort", spec=web),
-        objects.service("web-lb", "10.96.0.12", port(30012), type="LoadBalancer", load_balancer_ips=["203.0.113.12"],
+        builders.service("web", "10.96.0.10", port(number=web_port), affinity_timeout=affinity, spec=web),
+        builders.service("web-np", "10.96.0.11", port(30011), type="NodePort", spec=web),
+        builders.service("web-lb", "10.96.0.12", port(30012), type="LoadBalancer", load_balancer_ips=["203.0.113.12"],
                         source_ranges=["198.51.100.0/24"], spec=web),
-        objects.service("web-ext", "10.96.0.13", port(), external_ips=["198.51.100.13"], spec=web),
-        objects.service("web-dns", "10.96.0.16", [objects.Port("dns", 53, 5353, "UDP", node_port=30016)], type="NodePort",
+        builders.service("web-ext", "10.96.0.13", port(), external_ips=["198.51.100.13"], spec=web),
+        builders.service("web-dns", "10.96.0.16", [builders.Port("dns", 53, 5353, "UDP", node_port=30016)], type="NodePort",
                         spec=web),
-        objects.service("lweb-local", "10.96.0.14", port(30014), type="LoadBalancer", load_balancer_ips=["203.0.113.14"],
+        builders.service("lweb-local", "10.96.0.14", port(30014), type="LoadBalancer", load_balancer_ips=["203.0.113.14"],
                         external_traffic_policy="Local", health_check_node_port=32014, external_ips=["198.51.100.14"],
                         spec=lweb),
-        objects.service("lweb-itp", "10.96.0.15", port(), internal_traffic_policy="Local", spec=lweb),
+        builders.service("lweb-itp", "10.96.0.15", port(), internal_traffic_policy="Local", spec=lweb),
     ]  # fmt: skip
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kubeproxy.lab.builders import Port, service
 from kubeproxy.lab.ipvs_rules import IpvsRules
 from kubeproxy.lab.node_rules import service_ports
-from kubeproxy.lab.objects import Port, service
 from tests.vm.test_e2e_vm import parse_junit
 
 WEB = service("web", "10.96.0.10", [Port("http", 80, 8080, node_port=30080), Port("dns", 53, 5353, "UDP")],

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from kubeproxy.backends import registry
 from kubeproxy.backends.conntrack.flows import Flow
 from kubeproxy.proxy.changes import Changes
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.conntrack")

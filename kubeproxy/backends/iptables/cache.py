@@ -20,7 +20,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 
 if TYPE_CHECKING:

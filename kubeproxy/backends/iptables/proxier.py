@@ -50,7 +50,7 @@ from kubeproxy.backends.iptables.render import (
     restore_chunks,
 )
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.iptables")

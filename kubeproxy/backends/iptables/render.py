@@ -46,7 +46,7 @@ from kubeproxy.backends.iptables.cache import RenderCache
 from kubeproxy.backends.kernel_text import word
 from kubeproxy.cluster.addresses import CheckedIP
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo
 from kubeproxy.proxy.options import NFACCT_CT_INVALID, NFACCT_LOCALHOST_NODEPORT, Family, NodeOptions
 from kubeproxy.proxy.topology import Categorized, categorize
 

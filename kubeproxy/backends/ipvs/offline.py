@@ -16,7 +16,7 @@ from kubeproxy.backends.ipvs.options import ipvs_options
 from kubeproxy.backends.ipvs.render import IpvsOptions, IpvsRendered, render
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.node_model import NodeView, build_view
 from kubeproxy.proxy.options import Family, NodeOptions, node_ips, node_options
 from kubeproxy.render import choose_node, node_families, primary_family
 

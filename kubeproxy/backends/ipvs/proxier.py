@@ -33,7 +33,7 @@ from kubeproxy.backends.ipvs.render import (
 )
 from kubeproxy.proxy.interfaces import interface_addresses
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.ipvs")

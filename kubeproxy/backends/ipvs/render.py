@@ -22,7 +22,7 @@ from typing import NewType
 
 from kubeproxy.backends.iptables.render import local_detector_args
 from kubeproxy.cluster.addresses import AddressText, CheckedNet, ip_text
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.topology import Categorized, categorize
 

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from kubeproxy.backends.nftables.model import ELEMENTS_PER_LINE, TABLE_COMMENT, Element, add_lines, element_lines, quote
 from kubeproxy.backends.nftables.rendered_table import NftRendering
+from kubeproxy.backends.nftables.table_objects import ELEMENTS_PER_LINE, TABLE_COMMENT, Element, add_lines, element_lines, quote
 
 
 class NeedsFullSync(Exception):

@@ -8,7 +8,7 @@ each connection to one of the service port's endpoints (the Cluster-policy ones,
 node-local ones for externalTrafficPolicy: Local); a NodePort without endpoints gets no
 listener. Other protocols are rejected and counted by the rules (render.py).
 
-The relay is the userspace mode's (backends/userspace/server.py): its own thread and loop, so a
+The relay is the userspace mode's (backends/userspace/relay_loop.py): its own thread and loop, so a
 sync never waits on traffic. Differences from upstream's relay, kept: endpoints are taken in
 round robin rather than at random, and a failed connect is retried on the next endpoint.
 """
@@ -20,9 +20,9 @@ import socket
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.userspace.balancer import PortTable
-from kubeproxy.backends.userspace.server import Listener, RelayServer
+from kubeproxy.backends.userspace.relay_loop import Listener, RelayServer
 from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.model import NodeView, ServicePortName
+from kubeproxy.proxy.node_model import NodeView, ServicePortName
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.topology import categorize
 

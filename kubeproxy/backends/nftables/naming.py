@@ -13,7 +13,7 @@ import hashlib
 
 from kubeproxy.backends.kernel_text import nft_name
 from kubeproxy.cluster.addresses import AddressText
-from kubeproxy.proxy.model import ServicePortName
+from kubeproxy.proxy.node_model import ServicePortName
 
 NAME_LENGTH_MAX = 256  # nft's limit (NFT_NAME_MAXLEN)
 _PREFIX_LENGTH_MAX = 16

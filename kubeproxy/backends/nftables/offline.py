@@ -13,7 +13,7 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.node_model import NodeView, build_view
 from kubeproxy.proxy.options import Family, NodeOptions, node_options
 from kubeproxy.render import choose_node, node_families, primary_family
 

@@ -22,7 +22,7 @@ from kubeproxy.backends.nftables.localhost import LocalhostNodePorts
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.nftables")

@@ -85,7 +85,6 @@ from sys import intern
 
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
-from kubeproxy.backends.nftables.model import BaseHook, Chain, CtTimeout, Element, NftCounter, NftSet, Packed, Rule, pack
 from kubeproxy.backends.nftables.rendered_table import (
     Book,
     Builder,
@@ -96,8 +95,9 @@ from kubeproxy.backends.nftables.rendered_table import (
     index_ports,
     new_fragment,
 )
+from kubeproxy.backends.nftables.table_objects import BaseHook, Chain, CtTimeout, Element, NftCounter, NftSet, Packed, Rule, pack
 from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.proxy.topology import categorize
 

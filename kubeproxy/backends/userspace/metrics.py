@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
-from kubeproxy.backends.userspace.server import RelayStats
+from kubeproxy.backends.userspace.relay_loop import RelayStats
 from kubeproxy.proxy.options import Family
 
 # Each lane's (family, backend), read at every scrape: lanes come and go with the node's families.

@@ -14,7 +14,7 @@ from kubeproxy.backends.userspace import render as R
 from kubeproxy.backends.userspace.ports import parse_port_range
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import Family, node_options
 
 EXAMPLE_FIRST_PORT = 36000

@@ -36,10 +36,10 @@ from kubeproxy.backends.userspace import render as R
 from kubeproxy.backends.userspace.balancer import PortTable
 from kubeproxy.backends.userspace.ports import Binder, PortsExhausted, parse_port_range
 from kubeproxy.backends.userspace.relay import HAVE_SPLICE
-from kubeproxy.backends.userspace.server import DEFAULT_UDP_TIMEOUT, Listener, RelayServer, fd_budget, raise_nofile
+from kubeproxy.backends.userspace.relay_loop import DEFAULT_UDP_TIMEOUT, Listener, RelayServer, fd_budget, raise_nofile
 from kubeproxy.proxy.logs import kv
 from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.topology import categorize
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from kubeproxy.backends.kernel_text import iptables_comment, word
 from kubeproxy.cluster.addresses import AddressText, ip_text
-from kubeproxy.proxy.model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 
 KUBE_PORTALS_CONTAINER = "KUBE-PORTALS-CONTAINER"

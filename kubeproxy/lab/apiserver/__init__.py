@@ -60,6 +60,7 @@ from kubeproxy.lab.apiserver.errors import (
     status_object,
     too_large_resource_version,
 )
+from kubeproxy.lab.apiserver.lifecycle import ApiServer
 from kubeproxy.lab.apiserver.patches import json_patch, merge_patch, strategic_merge_patch
 from kubeproxy.lab.apiserver.resources import (
     CLUSTER_ROLE,
@@ -80,7 +81,6 @@ from kubeproxy.lab.apiserver.resources import (
 )
 from kubeproxy.lab.apiserver.rules import Cause
 from kubeproxy.lab.apiserver.selectors import Selector, selector_matches
-from kubeproxy.lab.apiserver.server import ApiServer
 from kubeproxy.lab.apiserver.store import Event, Store
 
 __all__ = [

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
+from kubeproxy.lab.apiserver.lifecycle import ApiServer
 from kubeproxy.lab.apiserver.resources import DEFAULT_RESOURCES, DEPLOY_RESOURCES
-from kubeproxy.lab.apiserver.server import ApiServer
 
 log = logging.getLogger("kubeproxy.lab.apiserver")
 

@@ -25,7 +25,7 @@ from kubeproxy.lab.apiserver.resources import NAMESPACE, ResourceType, Route, ro
 from kubeproxy.lab.apiserver.selectors import Selector
 
 if TYPE_CHECKING:
-    from kubeproxy.lab.apiserver.server import ApiServer
+    from kubeproxy.lab.apiserver.lifecycle import ApiServer
 
 # One logger for the whole server, whichever module logs.
 log = logging.getLogger("kubeproxy.lab.apiserver")

@@ -15,7 +15,7 @@ from kubeproxy.lab.apiserver.selectors import Selector
 from kubeproxy.lab.apiserver.store import Event
 
 if TYPE_CHECKING:
-    from kubeproxy.lab.apiserver.server import ApiServer
+    from kubeproxy.lab.apiserver.lifecycle import ApiServer
 
 
 # Seconds before a watch's timeout at which it gets its BOOKMARK (apiserver v0.37.2,

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import yaml
 
+from kubeproxy.lab import builders
 from kubeproxy.lab import netns as L
-from kubeproxy.lab import objects
+from kubeproxy.lab.builders import JSON, Port, endpoint_slice, service
 from kubeproxy.lab.cluster import (
     CLUSTER_CIDR,
     NODE_IP,
@@ -40,7 +41,6 @@ from kubeproxy.lab.cluster import (
 )
 from kubeproxy.lab.dns.bind import ANSWER_IP, ANSWER_NAME, DNS_PORT, BindServer
 from kubeproxy.lab.dns.scenarios import Scenario
-from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
 
 SERVICE_NAMESPACE, SERVICE_NAME = "dns", "bind"
 CLUSTER_IP = "10.96.0.53"
@@ -221,7 +221,7 @@ def check_proxy_mode(mode: str, wait: float = 3.0) -> None:
     """
     with L.netns("kpmode") as ns, tempfile.TemporaryDirectory(prefix="kp-mode-") as tmp:
         manifests = Path(tmp) / "node.yaml"
-        manifests.write_text(yaml.safe_dump(objects.node(NODE_NAME, NODE_IP, POD_CIDR)))
+        manifests.write_text(yaml.safe_dump(builders.node(NODE_NAME, NODE_IP, POD_CIDR)))
         argv = [kubeproxy_binary(), "run", "--proxy-mode", mode, "--manifests", str(manifests), "--hostname-override",
                 NODE_NAME, "--healthz-bind-address", "", "--metrics-bind-address", ""]  # fmt: skip
         proc = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from kubeproxy.cluster.objects import LABEL_ZONE
+from kubeproxy.lab import builders, node_rules
 from kubeproxy.lab import netns as L
-from kubeproxy.lab import node_rules, objects
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.cluster import (
     HTTP_GET,
@@ -138,8 +138,8 @@ class DualPod(Pod):
 
     def backend(
         self, *, ready: bool = True, serving: bool = True, terminating: bool = False, family: Family = Family.IPV4
-    ) -> objects.Backend:
-        return objects.Backend(self.address(family), self.node_name, ready=ready, serving=serving, terminating=terminating)
+    ) -> builders.Backend:
+        return builders.Backend(self.address(family), self.node_name, ready=ready, serving=serving, terminating=terminating)
 
 
 Source = L.NetNS | Pod | Node
@@ -161,7 +161,7 @@ class MultiNodeCluster:
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
     # Every Service published: the nftables maps are keyed by address and port, not by name,
     # so the rule waits look a service port up here (lab/node_rules.py).
-    _services: dict[tuple[str, str], objects.JSON] = field(default_factory=dict, repr=False)
+    _services: dict[tuple[str, str], builders.JSON] = field(default_factory=dict, repr=False)
     # Pods the lab kubelet reported to upstream's API server, by name.
     _reported: dict[str, PodInfo] = field(default_factory=dict, repr=False)
 
@@ -359,11 +359,11 @@ class MultiNodeCluster:
 
     # ---- objects ------------------------------------------------------------------------------
 
-    def node_object(self, name: str, *, taints: Sequence[str] = (), deleting: bool = False) -> objects.JSON:
+    def node_object(self, name: str, *, taints: Sequence[str] = (), deleting: bool = False) -> builders.JSON:
         """`name`'s Node: podCIDR, InternalIP, zone label; `taints` (keys, NoSchedule) and a
         deletionTimestamp when `deleting`, as a draining cluster autoscaler sets them."""
         node = self.node(name)
-        obj = objects.node(node.name, node.ip, node.pod_cidr)
+        obj = builders.node(node.name, node.ip, node.pod_cidr)
         if node.ip6:
             obj["spec"]["podCIDRs"].append(node.pod_cidr6)
             obj["status"]["addresses"].insert(1, {"type": "InternalIP", "address": node.ip6})
@@ -380,7 +380,7 @@ class MultiNodeCluster:
         as being deleted (deletionTimestamp); upstream's /healthz fails for both."""
         self.apply(self.node_object(name, taints=() if deleting else (TO_BE_DELETED_TAINT,), deleting=deleting))
 
-    def apply(self, *objs: objects.JSON) -> None:
+    def apply(self, *objs: builders.JSON) -> None:
         """Create or replace objects in the API server; every proxy's watch gets them."""
         for obj in objs:
             if obj.get("kind") == "Service":

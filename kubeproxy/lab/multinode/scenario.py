@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from kubeproxy.lab import objects
+from kubeproxy.lab import builders
 from kubeproxy.lab.multinode.balancer import LoadBalancer
 from kubeproxy.lab.multinode.bed import DualPod, MultiNodeCluster
 from kubeproxy.proxy.options import Family
@@ -30,8 +30,8 @@ class LocalService:
         return Family.of(ipaddress.ip_address(self.cluster_ip))
 
     @property
-    def port(self) -> objects.Port:
-        return objects.Port("http", 80, self.target_port, node_port=self.node_port)
+    def port(self) -> builders.Port:
+        return builders.Port("http", 80, self.target_port, node_port=self.node_port)
 
     @property
     def service_port(self) -> str:
@@ -41,13 +41,13 @@ class LocalService:
     def selector(self) -> dict[str, str]:
         return {"app": self.name}
 
-    def service(self, *, selecting: bool = False) -> objects.JSON:
+    def service(self, *, selecting: bool = False) -> builders.JSON:
         """The Service; `selecting` its pods by `selector` (for upstream's EndpointSlice
         controller), else without a selector (the lab publishes its slices itself)."""
-        spec: objects.JSON = {"ipFamilies": [self.family.value], "ipFamilyPolicy": "SingleStack"}
+        spec: builders.JSON = {"ipFamilies": [self.family.value], "ipFamilyPolicy": "SingleStack"}
         if selecting:
             spec["selector"] = self.selector
-        return objects.service(
+        return builders.service(
             self.name,
             self.cluster_ip,
             [self.port],
@@ -57,8 +57,8 @@ class LocalService:
             spec=spec,
         )
 
-    def slice(self, *backends: objects.Backend) -> objects.JSON:
-        return objects.endpoint_slice(self.name, backends, [self.port], address_type=self.family.value)
+    def slice(self, *backends: builders.Backend) -> builders.JSON:
+        return builders.endpoint_slice(self.name, backends, [self.port], address_type=self.family.value)
 
 
 def move_endpoint(bed: MultiNodeCluster, lb: LoadBalancer, svc: LocalService, old: DualPod, new_name: str, node: str) -> DualPod:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import CopyMark, Log, Nat, Noop, Notrack, NSetMark, SetMark
+from kubeproxy.netfilter.ruleset import CopyMark, Log, Nat, Noop, Notrack, NSetMark, SetMark
 from kubeproxy.netfilter.simulate.branch import PORT_PROTOS, Branch
 from kubeproxy.netfilter.simulate.nft import NftEvaluator
 

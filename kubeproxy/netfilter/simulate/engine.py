@@ -10,7 +10,9 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.packet import Packet
+from kubeproxy.netfilter.ruleset import (
     Addr,
     Chain,
     Jump,
@@ -26,8 +28,6 @@ from kubeproxy.netfilter.model import (
     Verdict,
     VMap,
 )
-from kubeproxy.netfilter.node import Node
-from kubeproxy.netfilter.packet import Packet
 from kubeproxy.netfilter.simulate import actions
 from kubeproxy.netfilter.simulate.branch import ONE, Branch, Hop, Outcome, TraceError, TraceResult, Unknown
 from kubeproxy.netfilter.simulate.matchers import MATCHERS

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.ruleset import (
     Addr,
     AddrRange,
     AddrType,

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from kubeproxy.netfilter import addr as A
-from kubeproxy.netfilter.model import (
+from kubeproxy.netfilter.node import Node
+from kubeproxy.netfilter.ruleset import (
     Nat,
     NBinop,
     NConcat,
@@ -24,7 +25,6 @@ from kubeproxy.netfilter.model import (
     Ruleset,
     VMap,
 )
-from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.simulate.branch import PORT_PROTOS, Branch
 
 

@@ -50,7 +50,7 @@ from kubeproxy.backends.conntrack.fake import FakeConntrack
 from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.lab.netns import NetNS, link, netns
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family
 from tests.backends.conntrack.test_kernel import ADDRS, NODE_PORT, POD_PORT, SEND, SERVER, SVC_PORT, Addrs, load
 

@@ -21,7 +21,7 @@ import pytest
 from kubeproxy.backends.conntrack import NodePorts, Reconciler, list_flows, reconcile
 from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.lab.netns import NetNS, link, netns
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family
 
 pytestmark = pytest.mark.root

@@ -47,7 +47,7 @@ from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.cluster.objects import parse_endpoint_slice, parse_service
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
-from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
+from kubeproxy.proxy.node_model import NodeView, ServicePortName, build_view
 from kubeproxy.proxy.options import Family, NodeOptions
 
 # -- upstream's fixture: one service with TCP, UDP and SCTP ports on the same numbers

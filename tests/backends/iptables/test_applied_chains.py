@@ -25,7 +25,7 @@ from kubeproxy.backends.iptables.last_restore import AppliedChains
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.lab import netns as netns_mod
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS
 from kubeproxy.render import NodeRendering
 

@@ -28,7 +28,7 @@ from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.changes import ChangeTracker
-from kubeproxy.proxy.model import EndpointInfo, NodeView, build_view
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, build_view
 from kubeproxy.proxy.options import NFACCT_COUNTERS, NodeOptions
 from tests.backends.iptables.canonical import diff, uncommented
 from tests.backends.iptables.rules_invariants import check_invariants

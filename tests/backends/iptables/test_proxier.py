@@ -20,7 +20,7 @@ from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import NodeView
+from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
 from kubeproxy.render import NodeRendering
 from tests.paths import DEMO

@@ -27,7 +27,7 @@ from kubeproxy.cli import build_config, main
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import ChangeTracker
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import NodeView, ServicePortName, build_view
+from kubeproxy.proxy.node_model import NodeView, ServicePortName, build_view
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.view import ViewBuilder
 from tests.backends.iptables.canonical import diff

@@ -14,7 +14,7 @@ from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import NodeOptions, node_options
 from tests.backends.iptables.canonical import diff
 from tests.backends.iptables.rules_invariants import check_invariants, parse

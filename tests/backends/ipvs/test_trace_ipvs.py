@@ -25,7 +25,7 @@ from kubeproxy.cli import main
 from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.netfilter.ipvs import IpvsParseError, parse_ipset_save, parse_ipvs
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 
 NODE_IP = "192.168.0.2"

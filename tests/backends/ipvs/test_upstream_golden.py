@@ -23,7 +23,7 @@ import yaml
 from kubeproxy.backends.ipvs.render import FILTER_CHAINS, NAT_CHAINS, IpvsOptions, IpvsRendered, ipvsadm_save_text, render
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import build_state
-from kubeproxy.proxy.model import build_view
+from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import Family, NodeOptions
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.model import NodeView, build_view
+from kubeproxy.proxy.node_model import NodeView, build_view
 from kubeproxy.proxy.options import Family, NodeOptions
 
 NODE = "test-node"

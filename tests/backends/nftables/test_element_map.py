@@ -10,7 +10,8 @@ import copy
 
 import pytest
 
-from kubeproxy.backends.nftables.model import (
+from kubeproxy.backends.nftables.rendered_table import COMPACT_MIN, Layered
+from kubeproxy.backends.nftables.table_objects import (
     ELEMENTS_PER_LINE,
     NO_VALUE,
     Element,
@@ -20,7 +21,6 @@ from kubeproxy.backends.nftables.model import (
     pack,
     unpack,
 )
-from kubeproxy.backends.nftables.rendered_table import COMPACT_MIN, Layered
 
 SHAPES = [
     Element("10.0.0.1"),  # a set element

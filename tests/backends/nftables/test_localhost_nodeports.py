@@ -8,7 +8,7 @@ import pytest
 
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.lab.objects import Port, service
+from kubeproxy.lab.builders import Port, service
 from kubeproxy.proxy.config import ProxyConfig, validate
 from kubeproxy.proxy.options import Family
 

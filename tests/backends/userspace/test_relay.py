@@ -17,8 +17,8 @@ import pytest
 from kubeproxy.backends.userspace.balancer import PortTable
 from kubeproxy.backends.userspace.ports import Binder
 from kubeproxy.backends.userspace.relay import HAVE_SPLICE
-from kubeproxy.backends.userspace.server import Listener, RelayServer
-from kubeproxy.proxy.model import ServicePortName
+from kubeproxy.backends.userspace.relay_loop import Listener, RelayServer
+from kubeproxy.proxy.node_model import ServicePortName
 from kubeproxy.proxy.options import Family
 
 WEB = ServicePortName("default", "web", "http", "TCP")

@@ -40,7 +40,7 @@ from kubeproxy.backends.userspace.relay import (
     reset,
 )
 from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.model import ServicePortName
+from kubeproxy.proxy.node_model import ServicePortName
 
 log = logging.getLogger("kubeproxy.userspace")
 

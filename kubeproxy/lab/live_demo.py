@@ -28,6 +28,7 @@ from typing import Any
 from rich.console import Console
 
 from kubeproxy.lab import netns as L
+from kubeproxy.lab.builders import JSON, Port, endpoint_slice, service
 from kubeproxy.lab.cluster import (
     CLIENT_EXTRA_IPS,
     CLIENT_IP,
@@ -40,7 +41,6 @@ from kubeproxy.lab.cluster import (
     MiniCluster,
     Source,
 )
-from kubeproxy.lab.objects import JSON, Port, endpoint_slice, service
 from kubeproxy.ui import FittingTable
 
 HTTP = Port("http", 80, 8080)
