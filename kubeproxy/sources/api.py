@@ -100,8 +100,9 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from lightkube.resources.networking_v1 import ServiceCIDR
 
 from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.cluster.schema import Item, Metadata, decode_list
-from kubeproxy.sources import wire
+from kubeproxy.cluster.proto_schema import KINDS
+from kubeproxy.cluster.schema import Item, Metadata, as_plain, decode_list
+from kubeproxy.sources import protobuf, wire
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.events import BatchSink, EventType, Sink, WatchEvent, deliver
 from kubeproxy.sources.retry_log import failed_to_watch
@@ -289,6 +290,9 @@ class Reflector:
     # Get the state by a watch-list where the server offers it (client-go's WatchListClient: a
     # watch that streams the state, then the changes); a plain list otherwise, or when False.
     watch_list: bool = False
+    # The media type asked for (clientConnection.contentType): protobuf is asked for, with JSON
+    # as the fallback, for the kinds `proto_schema` decodes; JSON for the others.
+    content_type: str = "application/json"
     # Bounds on what one answer may hold (see wire.py for why these values) and on how long a
     # list or check may take: twice the API server's own request timeout (60 s).
     max_frame_bytes: int = wire.MAX_FRAME_BYTES
@@ -330,6 +334,7 @@ class Reflector:
     def __post_init__(self) -> None:
         if self.watch_timeout <= 0 or (self.max_silence is not None and self.max_silence <= 0):
             raise ValueError(f"watch timeout ({self.watch_timeout}s) and max silence ({self.max_silence}s) must be positive")
+        self._accept = ACCEPT_PROTOBUF if self.content_type == protobuf.MEDIA_TYPE and self.spec.kind in KINDS else ACCEPT_JSON
 
     @property
     def silence_bound(self) -> float:
@@ -484,7 +489,7 @@ class Reflector:
             "limit": "1",
         }
         url, content = await self._get(params, wire.MAX_FRAME_BYTES)
-        head = self._list_head(url, _decode(url, content))
+        head = self._list_head(url, self._proto_list(url, content)[0] if protobuf.is_protobuf(content) else _decode(url, content))
         rv = head.metadata.resourceVersion if head.metadata else None
         if not rv:
             raise SourceError(url, 200, "BadList", "the list has no resourceVersion")
@@ -542,9 +547,11 @@ class Reflector:
             budget -= len(content)
             # A list within the typed schema decodes straight into structs (no dicts at all);
             # anything else (an unknown field, a value of another type) the general way.
-            typed = decode_list(content) if self.typed_lists else None
+            typed = decode_list(content) if self.typed_lists and not protobuf.is_protobuf(content) else None
             page: list[Any]
-            if typed is not None:
+            if protobuf.is_protobuf(content):
+                body, page = self._proto_list(url, content)
+            elif typed is not None:
                 body, page = typed
             else:
                 body = _decode(url, content)
@@ -569,6 +576,16 @@ class Reflector:
         raise SourceError(
             url, 200, "TooManyPages", f"the list did not end within {self.max_list_pages} pages (its continue token never ends)"
         )
+
+    def _proto_list(self, url: str, content: bytes) -> tuple[dict[str, Any], list[Any]]:
+        """A protobuf list answer as (its head, as JSON's dicts; its items, as structs with
+        `typed_lists`, else as JSON's dicts); SourceError naming the object that is malformed."""
+        try:
+            with paused_gc():
+                head, items = protobuf.decode_list(content, self.spec.kind)
+        except wire.WireError as e:
+            raise SourceError(url, 200, "BadList", str(e)[:300]) from None
+        return head, items if self.typed_lists else [as_plain(item) for item in items]
 
     def _list_head(self, url: str, body: Any) -> wire.ListHead:
         """A list answer's typed envelope, of this resource's kind; SourceError otherwise."""
@@ -614,7 +631,8 @@ class Reflector:
             # waited for up to the deadline, never abandoned and sent again.
             timeout = httpx2.Timeout(10.0, read=self.request_deadline)
             async with asyncio.timeout(self.request_deadline):
-                async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout) as resp:
+                headers = {"Accept": self._accept}
+                async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout, headers=headers) as resp:
                     url = str(resp.url)
                     if resp.status_code != 200:
                         raise await _error_of(url, resp)
@@ -692,9 +710,8 @@ class Reflector:
                 # bookmark that ends a watch-list's initial events in its compressor until the
                 # next event, which may never come (seen against upstream's binary: the ADDED
                 # events arrive, the bookmark does not).
-                async with self.client.stream(
-                    "GET", self.spec.path, params=params, timeout=timeout, headers={"Accept-Encoding": "identity"}
-                ) as resp:
+                headers = {"Accept-Encoding": "identity", "Accept": self._accept}
+                async with self.client.stream("GET", self.spec.path, params=params, timeout=timeout, headers=headers) as resp:
                     url = str(resp.url)
                     if resp.status_code != 200:
                         error = await _error_of(url, resp)
@@ -703,11 +720,17 @@ class Reflector:
                     answered = loop.time()
                     if not initial:
                         self._answered()
-                    async for line in _lines(url, resp, self.max_frame_bytes):
-                        if line.strip():
+                    if resp.headers.get("content-type", "").startswith(protobuf.MEDIA_TYPE):
+                        async for frame in _frames(url, resp, self.max_frame_bytes):
                             lines += 1
-                            await self._on_line(url, line)
+                            await self._on_frame(url, frame)
                             silence.reschedule(self._heard_at + self.silence_bound)
+                    else:
+                        async for line in _lines(url, resp, self.max_frame_bytes):
+                            if line.strip():
+                                lines += 1
+                                await self._on_line(url, line)
+                                silence.reschedule(self._heard_at + self.silence_bound)
         except TimeoutError:
             if not silence.expired():
                 self._check = True
@@ -752,7 +775,39 @@ class Reflector:
             key = wire.object_key(frame.object, f"the {frame.type} event's object", named=frame.type != "BOOKMARK")
         except wire.WireError as e:
             raise SourceError(url, 500, "MalformedEvent", f"{e}: {line[:200]!r}") from None
-        type_, obj, rv = frame.type, frame.object, key.resource_version
+        await self._on_event(url, frame.type, frame.object, key)
+
+    async def _on_frame(self, url: str, frame: bytes) -> None:
+        """One protobuf watch frame, read as `_on_line` reads a JSON line: the object as the
+        typed decoder's struct (plain dicts without `typed_lists`; a bookmark's always)."""
+        try:
+            event = protobuf.watch_event(frame)
+            if event.type not in wire.EVENT_TYPES:
+                raise wire.WireError(
+                    f"the watch event's type {event.type[:40]!r} is not one of {', '.join(sorted(wire.EVENT_TYPES))}"
+                )
+            if event.type == "ERROR":
+                raise _status_error(url, 500, protobuf.event_status(event))
+            obj: Raw
+            if event.kind != self.spec.kind:
+                obj, key = {}, wire.ObjectKey(event.kind, event.api_version, "", "", "")
+            else:
+                item = protobuf.event_object(event)
+                meta = item.metadata if isinstance(item.metadata, Metadata) else Metadata()
+                name, namespace, rv = (
+                    value if isinstance(value, str) else "" for value in (meta.name, meta.namespace, meta.resourceVersion)
+                )
+                if not name and event.type != "BOOKMARK":
+                    raise wire.WireError(f"the {event.type} event's object has no metadata.name")
+                key = wire.ObjectKey(event.kind, event.api_version, namespace, name, rv)
+                obj = item if self.typed_lists and event.type != "BOOKMARK" else as_plain(item)
+        except wire.WireError as e:
+            raise SourceError(url, 500, "MalformedEvent", str(e)[:300]) from None
+        await self._on_event(url, event.type, obj, key)
+
+    async def _on_event(self, url: str, type_: str, obj: Raw, key: wire.ObjectKey) -> None:
+        """A watch event, decoded and keyed: kept (in a watch-list's initial events), applied or skipped."""
+        rv = key.resource_version
         if key.kind and key.kind != self.spec.kind:
             # client-go's reflector skips an event of another kind than it watches, with an error.
             log.warning("%s: skipping a %s event for a %.60s, not a %s", self.spec, type_, key.kind, self.spec.kind)
@@ -781,12 +836,12 @@ class Reflector:
             self._heard()
             await self._advance(rv)
 
-    async def _on_initial(self, type_: str, obj: dict[str, Any], key: wire.ObjectKey) -> None:
+    async def _on_initial(self, type_: str, obj: Raw, key: wire.ObjectKey) -> None:
         """An event of a watch-list's initial state: kept until the bookmark that ends them."""
         state = self._initial
         assert state is not None
         if type_ == "BOOKMARK":
-            if key.resource_version and _ends_initial_events(obj):
+            if key.resource_version and isinstance(obj, dict) and _ends_initial_events(obj):
                 self._initial = None
                 await self._replace(state, key.resource_version, "streamed")
             return
@@ -851,6 +906,11 @@ class Reflector:
             self.resource_version = rv
             self._progress.notify_all()
 
+
+ACCEPT_JSON = "application/json"
+# As client-go asks when protobuf is the content type, JSON named (not */*) so that no other
+# encoding (YAML, CBOR) can come back.
+ACCEPT_PROTOBUF = f"{protobuf.MEDIA_TYPE}, application/json"
 
 # The events a watch-list's initial state is made of, and its end (an ERROR is not).
 _STATE_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
@@ -922,7 +982,7 @@ async def _error_of(url: str, resp: httpx2.Response) -> SourceError:
     if size > MAX_ERROR_BYTES:
         return SourceError(url, resp.status_code, "", f"(an error body over {MAX_ERROR_BYTES} bytes)", retry_after)
     try:
-        body: Any = wire.decode_json(content)
+        body: Any = protobuf.status(content) if protobuf.is_protobuf(content) else wire.decode_json(content)
     except wire.WireError:
         body = content[:300].decode("utf-8", "replace")
     return _status_error(url, resp.status_code, body, retry_after)
@@ -945,6 +1005,31 @@ async def _lines(url: str, resp: httpx2.Response, limit: int) -> AsyncIterator[b
             raise _frame_too_large(url, limit)
     if pending.strip():
         yield bytes(pending)  # the last event, if the server ended without its newline
+
+
+async def _frames(url: str, resp: httpx2.Response, limit: int) -> AsyncIterator[bytes]:
+    """The body's length-delimited frames (one protobuf watch event each); SourceError for a
+    frame over `limit` bytes (before any of it is read) or a stream that ends inside a frame."""
+    pending = bytearray()
+    size: int | None = None
+    async for chunk in resp.aiter_bytes():
+        pending += chunk
+        while True:
+            if size is None:
+                if len(pending) < protobuf.FRAME_HEADER:
+                    break
+                size = protobuf.frame_length(pending)
+                if size > limit:
+                    raise SourceError(url, 200, "FrameTooLarge", f"a watch frame of {size} bytes is over {limit}, the most read")
+                del pending[: protobuf.FRAME_HEADER]
+            if len(pending) < size:
+                break
+            frame = bytes(pending[:size])
+            del pending[:size]
+            size = None
+            yield frame
+    if pending or size is not None:
+        raise SourceError(url, 500, "MalformedEvent", "the watch stream ended inside a protobuf frame")
 
 
 def _frame_too_large(url: str, limit: int) -> SourceError:
@@ -988,6 +1073,7 @@ class ApiSource:
     batch_sink: BatchSink | None = None  # see Reflector
     typed_lists: bool = False  # see Reflector
     watch_list: bool = True  # see Reflector
+    content_type: str = "application/json"  # see Reflector
     reflectors: list[Reflector] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -1005,6 +1091,7 @@ class ApiSource:
                 batch_sink=self.batch_sink,
                 typed_lists=self.typed_lists,
                 watch_list=self.watch_list,
+                content_type=self.content_type,
             )
             for spec in specs
         ]
