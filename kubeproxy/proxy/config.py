@@ -354,7 +354,7 @@ def unused_settings(cfg: ProxyConfig) -> list[str]:
     if cfg.config_sync_period != default.config_sync_period:
         out.append("configSyncPeriod (--config-sync-period): kubeproxy's watches do not resync periodically; ignored")
     if cfg.client_content_type not in ("", DEFAULT_CONTENT_TYPE, "application/json"):
-        out.append(f"clientConnection.contentType: {cfg.client_content_type}: kubeproxy always asks for JSON; ignored")
+        out.append(f"clientConnection.contentType: {cfg.client_content_type}: kubeproxy asks for protobuf or JSON; JSON used")
     if mode_sections(cfg.mode)[0] != "ipvs":
         for key, value in sorted(cfg.ipvs.items()):
             if value not in (None, "", 0, "0s", False, [], {}):

@@ -326,10 +326,11 @@ def _source(inv: upstream_flags.Invocation, proxy: Any, api: ApiConnection | Non
     where = api.where
     # Whole lists at once, as structs where they fit the schema (sources/api.py); watch-lists as
     # client-go's WatchListClient gate says.
+    from kubeproxy.proxy.config import DEFAULT_CONTENT_TYPE
     from kubeproxy.proxy.features import gate_enabled
 
     watch_list = gate_enabled(inv.cfg.feature_gates, "WatchListClient")
     source = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True,
-                       watch_list=watch_list)  # fmt: skip
+                       watch_list=watch_list, content_type=inv.cfg.client_content_type or DEFAULT_CONTENT_TYPE)  # fmt: skip
     return source, f"API server ({where})"
 
