@@ -86,10 +86,10 @@ from sys import intern
 from kubeproxy.backends.nftables import naming
 from kubeproxy.backends.nftables.annotations import udp_conntrack_timeout
 from kubeproxy.backends.nftables.rendered_table import (
-    Book,
     Builder,
     Fragment,
     FragmentSource,
+    IncrementalState,
     NftRendering,
     SharedObjects,
     index_ports,
@@ -171,7 +171,7 @@ class _Options:
     service_cidrs: tuple[str, ...]
 
 
-class _Ctx:
+class _FamilyWords:
     """Family-specific words and option-derived matches, computed once per render."""
 
     def __init__(self, o: _Options) -> None:
@@ -236,7 +236,7 @@ def render(
 def _render(
     view: NodeView, o: _Options, previous: NftRendering | None, changed_services: Collection[tuple[str, str]] | None
 ) -> NftRendering:
-    ctx = _Ctx(o)
+    ctx = _FamilyWords(o)
     expand = partial(_expand, ctx)
     # Incremental renders take place only between equal options: the same ctx, so the same fragments.
     remake = partial(_remade, ctx)
@@ -249,7 +249,7 @@ def _render(
         and book.options == o
     )
     if not incremental:
-        builder = Builder(ctx.family, Book(options=o), None, expand, remake)
+        builder = Builder(ctx.family, IncrementalState(options=o), None, expand, remake)
         for c in _base_chains(ctx):
             builder.put_chain(c)
         for s in _base_sets(ctx):
@@ -291,7 +291,7 @@ def _ports_in(view: NodeView, changed: frozenset[tuple[str, str]]) -> list[Servi
     return [n for n in view.services if n.service in changed]
 
 
-def _remade(ctx: _Ctx, source: FragmentSource) -> Fragment:
+def _remade(ctx: _FamilyWords, source: FragmentSource) -> Fragment:
     return fragment(ctx, *source)
 
 
@@ -299,7 +299,7 @@ def _remade(ctx: _Ctx, source: FragmentSource) -> Fragment:
 # Base objects: depend on the options only
 
 
-def _base_sets(ctx: _Ctx) -> list[NftSet]:
+def _base_sets(ctx: _FamilyWords) -> list[NftSet]:
     a = ctx.addr_type
     key3 = f"{a} . inet_proto . inet_service"
     sets = [
@@ -335,7 +335,7 @@ def _base_sets(ctx: _Ctx) -> list[NftSet]:
     return sets
 
 
-def _nodeport_ips(ctx: _Ctx) -> list[str]:
+def _nodeport_ips(ctx: _FamilyWords) -> list[str]:
     if ctx.match_all:
         return []
     # Upstream's nftables mode has no localhost NodePorts (no route_localnet games).
@@ -346,7 +346,7 @@ def _nodeport_ips(ctx: _Ctx) -> list[str]:
     ]
 
 
-def _base_chains(ctx: _Ctx) -> list[Chain]:
+def _base_chains(ctx: _FamilyWords) -> list[Chain]:
     ipx, mark = ctx.ipx, ctx.mark
     tuple3 = f"{ipx} daddr . meta l4proto . th dport"
     new = "ct state new"
@@ -426,7 +426,7 @@ def timeout_name(seconds: int) -> str:
     return f"udp-timeout-{seconds}s"
 
 
-def _expand(ctx: _Ctx, key: Hashable) -> SharedObjects:
+def _expand(ctx: _FamilyWords, key: Hashable) -> SharedObjects:
     assert isinstance(key, tuple)
     kind = key[0]
     ipx = ctx.ipx
@@ -521,7 +521,7 @@ def _expand(ctx: _Ctx, key: Hashable) -> SharedObjects:
     raise ValueError(f"unknown shared object {key!r}")
 
 
-def _allowed_sources(ctx: _Ctx, svc: ServicePortInfo) -> list[str]:
+def _allowed_sources(ctx: _FamilyWords, svc: ServicePortInfo) -> list[str]:
     """A service port's loadBalancerSourceRanges as disjoint intervals.
 
     An interval set refuses overlapping elements ("File exists"), and valid Services overlap
@@ -543,7 +543,7 @@ def _allowed_sources(ctx: _Ctx, svc: ServicePortInfo) -> list[str]:
 # One service port
 
 
-class _Frag:
+class _PortFragment:
     """Collects one service port's elements and needs."""
 
     def __init__(self) -> None:
@@ -567,7 +567,7 @@ class _Frag:
             self.shared.append(key)
 
 
-def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo]) -> Fragment:
+def fragment(ctx: _FamilyWords, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo]) -> Fragment:
     """Everything one service port puts in the table."""
     opts = ctx.opts
     spn = svc.name
@@ -587,7 +587,7 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
     if has_endpoints:
         internal_verdict = external_verdict = DROP  # Local policy without local endpoints
 
-    f = _Frag()
+    f = _PortFragment()
     cip = str(svc.cluster_ip)
     external_addrs = [str(ip) for ip in (*svc.external_ips, *svc.load_balancer_vips)]
 
@@ -654,8 +654,8 @@ def fragment(ctx: _Ctx, svc: ServicePortInfo, endpoints: Sequence[EndpointInfo])
 
 
 def _selectors(
-    ctx: _Ctx,
-    f: _Frag,
+    ctx: _FamilyWords,
+    f: _PortFragment,
     svc: ServicePortInfo,
     cluster: list[EndpointInfo],
     local: list[EndpointInfo],
@@ -731,8 +731,8 @@ def _selectors(
 
 
 def _affinity_chains(
-    ctx: _Ctx,
-    f: _Frag,
+    ctx: _FamilyWords,
+    f: _PortFragment,
     svc: ServicePortInfo,
     cluster: list[EndpointInfo],
     local: list[EndpointInfo],

@@ -48,7 +48,7 @@ _GONE: Any = object()  # an overlay's mark for a key deleted from its base
 COMPACT_MIN = 4096  # an overlay this large (and a quarter of its base) is folded into a new base
 
 
-class Layered(Mapping[K, V], Generic[K, V]):
+class OverlayMap(Mapping[K, V], Generic[K, V]):
     """A mapping that is a read-only `base` plus a small `overlay` of changes (`_GONE`: deleted).
 
     An incremental render writes a few keys of maps of 100k elements (the selector maps at 10k
@@ -67,9 +67,9 @@ class Layered(Mapping[K, V], Generic[K, V]):
         self._len = len(base) if length is None else length
 
     @classmethod
-    def over(cls, parent: Mapping[K, V]) -> Layered[K, V]:
+    def over(cls, parent: Mapping[K, V]) -> OverlayMap[K, V]:
         """A writable child of `parent` (which stays as it is)."""
-        if isinstance(parent, Layered):
+        if isinstance(parent, OverlayMap):
             if len(parent.overlay) > max(COMPACT_MIN, len(parent.base) // 4):
                 # A dict's copy in C (an ElementMap's too: its packed dict), then the overlay.
                 merged: MutableMapping[K, V] = copy(parent.base)  # type: ignore[arg-type]  # bases are dicts or ElementMaps
@@ -209,7 +209,7 @@ def _rank(e: Element) -> tuple[str, str]:
     return (e.value or "", e.comment or "")
 
 
-class Claims:
+class ElementClaims:
     """Which elements fragments claim, per (set, key). The effective element is the lowest-ranked
     distinct claim, so the result depends only on what is claimed, never on the order of claims.
 
@@ -283,11 +283,11 @@ class Claims:
 
 
 @dataclass
-class Book:
+class IncrementalState:
     """Bookkeeping that lets the next render be incremental; owned by one rendering at a time."""
 
     options: Any  # what the base objects and shared expansions depend on: renders must agree
-    claims: Claims = field(default_factory=Claims)
+    claims: ElementClaims = field(default_factory=ElementClaims)
     refs: Counter[Hashable] = field(default_factory=Counter)
     warnings: Counter[str] = field(default_factory=Counter)
     no_local_internal: int = 0
@@ -325,7 +325,7 @@ class Book:
 
 
 def index_ports(names: Iterable[ServicePortName]) -> dict[tuple[str, str], tuple[ServicePortName, ...]]:
-    """`names` by Service, each Service's in the order met (see `Book.ports`)."""
+    """`names` by Service, each Service's in the order met (see `IncrementalState.ports`)."""
     grouped: dict[tuple[str, str], list[ServicePortName]] = {}
     for spn in names:
         grouped.setdefault(spn.service, []).append(spn)
@@ -349,7 +349,7 @@ class NftRendering:
     token: object = field(default_factory=object, repr=False)
     derived_from: object | None = field(default=None, repr=False)  # the parent's token
     touched: Touched | None = field(default=None, repr=False)
-    book: Book | None = field(default=None, repr=False)
+    book: IncrementalState | None = field(default=None, repr=False)
 
     @property
     def table(self) -> str:
@@ -389,7 +389,7 @@ class Builder:
     def __init__(
         self,
         family: str,
-        book: Book,
+        book: IncrementalState,
         parent: NftRendering | None,
         expand: Callable[[Hashable], SharedObjects],
         remake: Callable[[FragmentSource], Fragment],
@@ -405,9 +405,9 @@ class Builder:
         self.objects: dict[str, NftObject] = dict(parent.objects) if parent else {}
         self.elements: dict[str, Mapping[str, Element]] = dict(parent.elements) if parent else {}
         # A full render owns plain dicts; an incremental one layers its few changes over its
-        # parent's (see Layered), which it leaves as they were.
-        self.sources: dict[ServicePortName, FragmentSource] | Layered[ServicePortName, FragmentSource] = (
-            Layered.over(parent.sources) if parent else {}
+        # parent's (see OverlayMap), which it leaves as they were.
+        self.sources: dict[ServicePortName, FragmentSource] | OverlayMap[ServicePortName, FragmentSource] = (
+            OverlayMap.over(parent.sources) if parent else {}
         )
         self._own: set[str] = set()  # element dicts already copied for this rendering
 
@@ -447,10 +447,10 @@ class Builder:
     def set_element(self, set_name: str, key: str, e: Element | None) -> None:
         d = self.elements.get(set_name)
         if set_name not in self._own or d is None:
-            d = Layered.over(d) if d is not None else ElementMap()
+            d = OverlayMap.over(d) if d is not None else ElementMap()
             self.elements[set_name] = d
             self._own.add(set_name)
-        assert isinstance(d, (ElementMap, Layered))
+        assert isinstance(d, (ElementMap, OverlayMap))
         if e is None:
             d.pop(key, None)
         else:

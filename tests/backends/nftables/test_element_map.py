@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from kubeproxy.backends.nftables.rendered_table import COMPACT_MIN, Layered
+from kubeproxy.backends.nftables.rendered_table import COMPACT_MIN, OverlayMap
 from kubeproxy.backends.nftables.table_objects import (
     ELEMENTS_PER_LINE,
     NO_VALUE,
@@ -64,11 +64,11 @@ def test_a_layered_set_folds_into_a_packed_copy_and_leaves_its_base_alone() -> N
     base = ElementMap()
     for i in range(COMPACT_MIN * 2):
         base[f"k{i}"] = Element(f"k{i}", f"v{i}")
-    child = Layered.over(base)
+    child = OverlayMap.over(base)
     for i in range(COMPACT_MIN + 1):
         child[f"n{i}"] = Element(f"n{i}", None, "c")
     child.pop("k0")
-    grandchild = Layered.over(child)  # the overlay outgrew COMPACT_MIN: folded into a new base
+    grandchild = OverlayMap.over(child)  # the overlay outgrew COMPACT_MIN: folded into a new base
     assert isinstance(grandchild.base, ElementMap) and grandchild.base is not base
     assert "k0" in base and "k0" not in grandchild and grandchild["n3"] == Element("n3", None, "c")
     assert dict(grandchild) == dict(child) and len(grandchild) == len(child)

@@ -11,7 +11,7 @@ import pytest
 from kubeproxy.backends.nftables import rendered_table
 from kubeproxy.backends.nftables.diff import ElementOp, chunks, create_plan, plan, weight
 from kubeproxy.backends.nftables.render import render
-from kubeproxy.backends.nftables.rendered_table import Layered, NftRendering
+from kubeproxy.backends.nftables.rendered_table import NftRendering, OverlayMap
 from kubeproxy.proxy.node_model import NodeView
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
@@ -212,7 +212,7 @@ def test_chunks_respect_the_limit_and_never_split_a_unit() -> None:
 
 
 def test_layered_map_acts_as_a_dict_and_leaves_its_parent_alone() -> None:
-    """Incremental renders layer their writes over the parent's maps (rendered_table.Layered): a child
+    """Incremental renders layer their writes over the parent's maps (rendered_table.OverlayMap): a child
     reads, iterates and counts as a copied dict would, and the parent never changes."""
     rng = random.Random(7)
     base = {f"k{i}": i for i in range(50)}
@@ -220,7 +220,7 @@ def test_layered_map_acts_as_a_dict_and_leaves_its_parent_alone() -> None:
     expected = dict(base)
     for _ in range(60):
         snapshot = dict(parent)
-        child = Layered.over(parent)
+        child = OverlayMap.over(parent)
         for _ in range(rng.randrange(1, 12)):
             key = f"k{rng.randrange(70)}"
             if rng.random() < 0.4:
