@@ -413,36 +413,34 @@ class Builder:
 
     # ----------------------------------------------------------------- plain objects
     def put_chain(self, chain: Chain) -> None:
-        self.chains[chain.name] = chain
-        if self.touched is not None:
-            self.touched.chains.add(chain.name)
+        self._put(self.chains, chain.name, chain, self.touched.chains if self.touched else None)
 
     def drop_chain(self, name: str) -> None:
-        self.chains.pop(name, None)
-        if self.touched is not None:
-            self.touched.chains.add(name)
+        self._put(self.chains, name, None, self.touched.chains if self.touched else None)
 
     def put_set(self, s: NftSet) -> None:
-        self.sets[s.name] = s
-        if self.touched is not None:
-            self.touched.sets.add(s.name)
+        self._put(self.sets, s.name, s, self.touched.sets if self.touched else None)
 
     def drop_set(self, name: str) -> None:
-        self.sets.pop(name, None)
+        self._put(self.sets, name, None, self.touched.sets if self.touched else None)
         self.elements.pop(name, None)
         self._own.discard(name)
-        if self.touched is not None:
-            self.touched.sets.add(name)
 
     def put_object(self, o: NftObject) -> None:
-        self.objects[o.name] = o
-        if self.touched is not None:
-            self.touched.objects.add(o.name)
+        self._put(self.objects, o.name, o, self.touched.objects if self.touched else None)
 
     def drop_object(self, name: str) -> None:
-        self.objects.pop(name, None)
-        if self.touched is not None:
-            self.touched.objects.add(name)
+        self._put(self.objects, name, None, self.touched.objects if self.touched else None)
+
+    @staticmethod
+    def _put(named: dict[str, V], name: str, value: V | None, touched: set[str] | None) -> None:
+        """Store `value` under `name` (None: remove it), and note the name for the diff."""
+        if value is None:
+            named.pop(name, None)
+        else:
+            named[name] = value
+        if touched is not None:
+            touched.add(name)
 
     def set_element(self, set_name: str, key: str, e: Element | None) -> None:
         d = self.elements.get(set_name)
