@@ -212,7 +212,7 @@ sys.exit(main())
 # module: (function or Class.method, label); "{kind}": the reflector's resource.
 PHASES = {
     "kubeproxy.sources.api": [("Reflector._list_all", "list {kind}"), ("Reflector._deliver", "deliver {kind}")],
-    "kubeproxy.live": [("LiveProxy._view", "view"), ("LiveProxy._apply", "render + kernel")],
+    "kubeproxy.proxy.family_lanes": [("FamilyLane.take", "view"), ("FamilyLane.program", "render + kernel")],
     "kubeproxy.backends.nftables.proxier": [("render", "  render (nftables)")],
     "kubeproxy.backends.nftables.apply": [("NftApplier.apply", "  kernel (nftables)")],
 }

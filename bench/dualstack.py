@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.lab import netns
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from tests.proxy.test_dualstack import Source, endpoints, node, service
 
 CFG = ProxyConfig(min_sync_period=0.0, sync_period=300.0, healthz_bind_address="", metrics_bind_address="")

@@ -153,7 +153,7 @@ def _analyse(out: Path) -> None:
     """On the proxy's loop once it has synced: tracemalloc groups, holders, modules; JSON to `out`."""
     import tracemalloc
 
-    from kubeproxy.live import LiveProxy
+    from kubeproxy.proxy.live_loop import LiveProxy
 
     status = _status(os.getpid())
     snap = tracemalloc.take_snapshot()
@@ -180,7 +180,7 @@ def _analyse(out: Path) -> None:
 def _trim(out: Path) -> None:
     """On the proxy's loop once it has synced: RSS around gc.collect, malloc_trim and gc.freeze; JSON to `out`.
 
-    The proxy (live.py) freezes the heap after its first sync, before any collection: unfreeze
+    The proxy (proxy/memory.py) freezes the heap after its first sync, before any collection: unfreeze
     first so the collection sees the cold start's cyclic garbage too, then freeze again.
     """
     from kubeproxy.proxy.memory import release_free_memory
@@ -237,10 +237,10 @@ _STEPS = (
     ("kubeproxy.sources.files", "_read_if_changed", "file read + decode (files._read_if_changed)"),
     ("kubeproxy.sources.files", "_parse", "  decode (files._parse)"),
     ("kubeproxy.sources.files", "FileSource._apply", "stored copies + diff (FileSource._apply)"),
-    ("kubeproxy.live", "LiveProxy.on_events", "state build (LiveProxy.on_events)"),
-    ("kubeproxy.live", "LiveProxy.sync", "sync (LiveProxy.sync)"),
-    ("kubeproxy.live", "LiveProxy._view", "  view (LiveProxy._view)"),
-    ("kubeproxy.live", "LiveProxy._apply", "  render + apply (LiveProxy._apply)"),
+    ("kubeproxy.proxy.live_loop", "LiveProxy.on_events", "state build (LiveProxy.on_events)"),
+    ("kubeproxy.proxy.live_loop", "LiveProxy.sync", "sync (LiveProxy.sync)"),
+    ("kubeproxy.proxy.family_lanes", "FamilyLane.take", "  view (FamilyLane.take)"),
+    ("kubeproxy.proxy.family_lanes", "FamilyLane.program", "  render + apply (FamilyLane.program)"),
     ("kubeproxy.backends.nftables.proxier", "render", "    render (nftables render)"),
     ("kubeproxy.backends.nftables.apply", "NftApplier.apply", "    apply (NftApplier.apply)"),
     ("kubeproxy.backends.iptables.proxier", "render_tables", "    render (iptables render_tables)"),

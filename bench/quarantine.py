@@ -3,7 +3,7 @@
 
 Usage: .venv/bin/python bench/quarantine.py [--sizes 1000,10000] [--modes iptables,nftables] [--variant legacy]
 
-In a throwaway namespace (needs root), the live proxy's sync path (`LiveProxy._apply`) with the
+In a throwaway namespace (needs root), the live proxy's sync path (`FamilyLane.program`) with the
 kernel tools wrapped so that they refuse any transaction mentioning one endpoint address (as a
 kernel refusing one Service's rules would). Columns, in seconds:
 
@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from kubeproxy.live import LiveProxy  # noqa: E402
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.proxy.changes import Changes  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
 from kubeproxy.proxy.node_model import NodeView, build_view  # noqa: E402
 from kubeproxy.proxy.options import node_options  # noqa: E402
 
@@ -69,15 +69,16 @@ def views(objs: list[dict]) -> tuple[NodeView, NodeView, tuple[str, str]]:
 
 def proxy_in(ns: netns.NetNS, mode: str, variant: str) -> tuple[LiveProxy, list[int]]:
     proxy = LiveProxy(dataclasses.replace(CFG, mode=mode), "node-0", run_cmd=refusing(ns), iptables_variant=variant)
-    proxy.backend.prepare()
+    backend = proxy.lanes[0].backend
+    backend.prepare()
     checks = [0]
-    real = proxy.backend.check
+    real = backend.check
 
     def counted(view: NodeView, opts: Any) -> str | None:
         checks[0] += 1
         return real(view, opts)
 
-    proxy.backend.check = counted  # type: ignore[method-assign]
+    backend.check = counted  # type: ignore[method-assign]
     return proxy, checks
 
 
@@ -87,18 +88,18 @@ def row(mode: str, size: int, variant: str) -> str:
     with netns.netns("kpq") as ns:
         proxy, checks = proxy_in(ns, mode, variant)
         started = time.perf_counter()
-        proxy._apply(good, opts, Changes(full=True))
+        proxy.lanes[0].program(good, opts, Changes(full=True), primary=True)
         full = time.perf_counter() - started
         started = time.perf_counter()
-        proxy._apply(bad, opts, Changes(full=False, services=frozenset({key})))
+        proxy.lanes[0].program(bad, opts, Changes(full=False, services=frozenset({key})), primary=True)
         partial, partial_checks = time.perf_counter() - started, checks[0]
-        assert proxy.quarantine.names() == [f"{key[0]}/{key[1]}"], proxy.quarantine.names()
+        assert proxy.lanes[0].quarantine.names() == [f"{key[0]}/{key[1]}"], proxy.lanes[0].quarantine.names()
     with netns.netns("kpq") as ns:
         proxy, checks = proxy_in(ns, mode, variant)
         started = time.perf_counter()
-        proxy._apply(bad, opts, Changes(full=True))
+        proxy.lanes[0].program(bad, opts, Changes(full=True), primary=True)
         at_start = time.perf_counter() - started
-        assert proxy.quarantine.names() == [f"{key[0]}/{key[1]}"], proxy.quarantine.names()
+        assert proxy.lanes[0].quarantine.names() == [f"{key[0]}/{key[1]}"], proxy.lanes[0].quarantine.names()
     return f"{mode:>8} {size:>8} | {full:>7.2f} | {partial:>8.2f} {partial_checks:>6} | {at_start:>8.2f} {checks[0]:>6}"
 
 

@@ -20,7 +20,7 @@ before libnftables was used in-process (backends/libnft.py): run both for the co
 (memory is not measured for it: `kubeproxy run` always uses the library where it loads).
 
 The proxy is wired as `kubeproxy run` wires it (lists as one batch, typed where they fit, the
-collector managed as in its own process: live.py). The test API server runs in this process and
+collector managed as in its own process: proxy/memory.py). The test API server runs in this process and
 keeps a history of 1,000 events: its watch scans the whole history on every write, so with the
 20k objects of the cold start in it (the bench kept 100,000 before) the server's scan took 30-50
 ms of every change and the GIL from the proxy. `cpu/change` is this process's CPU (proxy and
@@ -58,7 +58,6 @@ sys.path.insert(0, str(HERE))
 os.environ["KP_BENCH_TREE"] = str(ROOT)  # bench/render.py's way of being told the tree
 __import__("kubeproxy")  # first: the package comes from ROOT whatever bench/render.py puts on the path
 
-from kubeproxy.live import LiveProxy  # noqa: E402
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters  # noqa: E402
@@ -68,6 +67,7 @@ from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.apiserver import ApiServer  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
 from kubeproxy.proxy.node_model import build_view  # noqa: E402
 from kubeproxy.proxy.options import NFACCT_COUNTERS, node_options  # noqa: E402
 from kubeproxy.sources.api import ApiSource  # noqa: E402

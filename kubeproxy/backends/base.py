@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.proxy.config import ProxyConfig
-    from kubeproxy.proxy.metrics import ProxyMetrics
+    from kubeproxy.proxy.metrics import FamilyMetrics
     from kubeproxy.proxy.node_model import NodeView
     from kubeproxy.proxy.options import Family, NodeOptions
 
@@ -92,6 +92,6 @@ class Backend(Protocol):
 
     def check(self, view: NodeView, opts: NodeOptions) -> str | None: ...
 
-    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None: ...
+    def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None: ...
 
     def cleanup(self) -> list[str]: ...

@@ -7,8 +7,9 @@ per family. What must be separate per family is everything that remembers the pr
 the backend (its tables: `iptables`/`ip6tables`, `ip`/`ip6 kube-proxy`), the change tracker's
 last view, the view builder, the quarantine and its last accepted view, and the health-check
 listeners (bound to that family's addresses, counting that family's local endpoints). That is a
-`FamilyLane`; `LiveProxy` syncs every lane in turn, and a lane that fails leaves the other's
-rules and health alone.
+`FamilyLane`, with its metrics bound to its family; `LiveProxy` syncs every lane in turn, and a
+lane that fails leaves the other's rules and health alone. A lane is swapped whole: when the
+node's primary family changes, the lanes change places (`FamilyLanes.active`).
 
 Which families the live proxy runs (`live_families`): as upstream's platformCheckSupported
 (cmd/kube-proxy/app/server_linux.go), both in upstream's modes whatever the node's addresses, the
@@ -21,19 +22,25 @@ kernel to ask, and renders the families the node's addresses or --cluster-cidr n
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kubeproxy.backends import registry
+from kubeproxy.backends import conntrack, registry
 from kubeproxy.backends.base import Backend, SyncReport
 from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.objects import Node
+from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.health import ServiceHealthServers
+from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers
+from kubeproxy.proxy.interfaces import interface_addresses
+from kubeproxy.proxy.logs import kv
+from kubeproxy.proxy.metrics import FamilyMetrics, ProxyMetrics
 from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.proxy.options import Family, NodeOptions, node_options, nodeport_addresses, nodeport_cidrs, nodeport_matches_all
 from kubeproxy.proxy.quarantine import Quarantine
 from kubeproxy.proxy.view import ViewBuilder
 from kubeproxy.render import node_families, primary_family
@@ -50,6 +57,9 @@ log = logging.getLogger("kubeproxy.proxy")
 PROC_IPV6 = Path("/proc/sys/net/ipv6")
 
 
+TCP_BE_LIBERAL = Path("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
+
+
 @dataclass
 class FamilyLane:
     """What one family's syncs remember; see the module docstring."""
@@ -58,15 +68,202 @@ class FamilyLane:
     backend: Backend
     tracker: ChangeTracker
     service_health: ServiceHealthServers
+    metrics: FamilyMetrics  # labelled with `family`
     view_builder: ViewBuilder = field(default_factory=ViewBuilder)
-    quarantine: Quarantine = field(default_factory=Quarantine)
-    last_good: NodeView | None = None  # the view the kernel last accepted
+    quarantine: Quarantine = field(default_factory=Quarantine)  # and the view the kernel last accepted
     last_report: SyncReport | None = None
     last_changes: Changes | None = None
     opts: NodeOptions | None = None  # of the last sync
-    # Refusals the quarantine worked around in the worker thread, counted by the loop after it.
-    refusals: list[Exception] = field(default_factory=list)
     prepared: bool = False
+
+    @property
+    def last_good(self) -> NodeView | None:
+        """The view the kernel last accepted."""
+        return self.quarantine.last_good
+
+    def moved_to(self, family: Family, metrics: ProxyMetrics) -> FamilyLane:
+        """This lane's state, now programming `family` (the node's only family changed)."""
+        return replace(self, family=family, metrics=metrics.for_family(family))
+
+    def take(
+        self, state: ClusterState, cfg: ProxyConfig, node_name: str, interface_ips: tuple[str, ...] | None
+    ) -> tuple[NodeView, NodeOptions, Changes]:
+        """This family's view of `state`, the options to program it with and the changes since
+        the last sync; the held Services those changes touch leave the quarantine."""
+        opts = node_options(
+            cfg,
+            family=self.family,
+            hostname=node_name,
+            node=state.nodes.get(node_name),
+            nfacct_counters=self.backend.nfacct_counters,
+            conntrack_tcp_liberal=_tcp_liberal(),
+            interface_ips=interface_ips,
+            service_cidrs=state.service_cidr_list(),
+        )
+        self.backend.family = self.family
+        self.opts = opts
+        self.service_health.set_bind_ips(_health_check_ips(opts))
+        # Only the services touched since the last sync are recomputed (see ViewBuilder).
+        view = self.view_builder.update(state, self.tracker.pending(), family=self.family, node_name=opts.node_name)
+        changes = self.last_changes = self.tracker.take(view)
+        log.info(kv(f"Syncing {cfg.mode} rules", ipFamily=self.family, full=changes.full, services=len(changes.services)))
+        for key in self.quarantine.release(changes.services):
+            log.info(kv("Quarantined service changed, trying it again", service=f"{key[0]}/{key[1]}", ipFamily=self.family))
+        return view, opts, changes
+
+    def program(self, view: NodeView, opts: NodeOptions, changes: Changes, *, primary: bool) -> tuple[SyncReport, NodeView]:
+        """Program `view` (in a worker thread); see Quarantine.program."""
+        if not self.prepared and not primary:
+            self.backend.prepare()  # the primary's is prepared by the live loop, before the first sync
+            # `opts` was made before the nfacct counters were ensured: the first sync's rules
+            # count with them too, as every later one's.
+            opts = replace(opts, nfacct_counters=self.backend.nfacct_counters)
+            self.opts = opts
+        self.prepared = True
+        return self.quarantine.program(self.backend, view, opts, changes)
+
+    async def serve_health(self, view: NodeView) -> None:
+        """This family's health-check listeners, on its addresses, counting its own local
+        endpoints (as upstream)."""
+        ports = {}
+        local: dict[tuple[str, str], int] = {}
+        for name, info in view.services.items():
+            if info.health_check_node_port:
+                ports[name.service] = info.health_check_node_port
+                local[name.service] = sum(1 for ep in view.endpoints.get(name, []) if ep.is_local and ep.ready)
+        await self.service_health.sync_services(ports)
+        self.service_health.sync_endpoints(local)
+
+    def count_failures(self, failures: list[Exception], changes: Changes) -> None:
+        """Failed restores, each counted in the mode's metric (refusals the quarantine worked around too)."""
+        for exc in failures:
+            self.backend.record_failure(self.metrics, exc, partial=not changes.full)
+
+    async def clean_conntrack(
+        self, cleaner: conntrack.Reconciler, view: NodeView, opts: NodeOptions, changes: Changes, mode: str
+    ) -> None:
+        """Clear the stale UDP flows this sync's changes left, if any; NodePort flows only to
+        where this sync's rules accept NodePorts."""
+        if not conntrack.cleanup_required(changes):
+            return
+        started = time.perf_counter()
+        deleted = await asyncio.to_thread(cleaner.reconcile, view, self.family, conntrack.NodePorts.of(opts, mode))
+        self.metrics.conntrack_reconciler_sync_duration.observe(time.perf_counter() - started)
+        self.metrics.conntrack_reconciler_deleted_entries_total.inc(deleted)
+        if deleted:
+            log.info(kv("Deleted stale UDP conntrack entries", ipFamily=self.family, count=deleted))
+
+
+@dataclass
+class FamilyLanes:
+    """The lanes of one proxy, the primary first: lanes[0] sees the events, and its tracker's
+    changes are passed on to the others before each sync."""
+
+    cfg: ProxyConfig
+    node_name: str
+    run: Runner
+    variant: str
+    health: ProxyHealth
+    metrics: ProxyMetrics
+    all: list[FamilyLane] = field(default_factory=list)
+    lacking: dict[Family, str] = field(default_factory=dict)  # families the kernel lacks, logged once
+    _interface_ips: tuple[str, ...] | None = field(default=None, init=False)  # the last read
+
+    def __post_init__(self) -> None:
+        if not self.all:
+            self.all.append(self.new_lane(Family.IPV4, ServiceHealthServers(self.health, node_name=self.node_name)))
+        # A mode with state of its own (the userspace relay) shows it in /metrics and /healthz.
+        seen = registry.observers(self.cfg.mode, lambda: [(lane.family, lane.backend) for lane in self.all])
+        if seen is not None:
+            self.metrics.registry.register(seen.collector)
+            if seen.health_key:
+                self.health.details[seen.health_key] = seen.health
+
+    @property
+    def primary(self) -> FamilyLane:
+        return self.all[0]
+
+    def new_lane(self, family: Family, service_health: ServiceHealthServers) -> FamilyLane:
+        cfg = self.cfg
+        backend = registry.create(cfg.mode, run=self.run, sync_period=cfg.sync_period, variant=self.variant, cfg=cfg)
+        backend.family = family
+        return FamilyLane(family, backend, ChangeTracker(self.node_name), service_health, self.metrics.for_family(family))
+
+    async def active(self, node: Node | None, proc_ipv6: Path = PROC_IPV6) -> list[FamilyLane]:
+        """The lanes of the families this node proxies now, the primary first; creates the
+        second lane when the node turns dual-stack. A family the kernel lacks is logged once and
+        left out, and so is a second family in a mode that programs one family only."""
+        families = live_families(self.cfg, node)
+        if self.primary.family != families[0]:
+            # The node's primary address changed family (or became known): a second lane of
+            # that family (its tables, listeners and quarantine) takes the lead, whole.
+            log.info(kv("Primary IP family", ipFamily=families[0]))
+            second = next((lane for lane in self.all[1:] if lane.family == families[0]), None)
+            if second is None:
+                self.all[0] = self.primary.moved_to(families[0], self.metrics)
+            else:
+                at = self.all.index(second)
+                self.all[0], self.all[at] = second, self.all[0]
+                self.all[at].tracker.request_full_sync()
+            self.primary.tracker.request_full_sync()
+        active = [self.primary]
+        for family in families[1:]:
+            found = next((lane for lane in self.all[1:] if lane.family == family), None)
+            if found is None:
+                found = await self._second(family, families[0], proc_ipv6)
+            if found is not None:
+                active.append(found)
+        # The primary lane's tracker sees every event; the others learn what it saw.
+        pending = self.primary.tracker.pending()
+        for lane in active[1:]:
+            if pending is None:
+                lane.tracker.request_full_sync()
+            else:
+                lane.tracker.touch(pending)
+        return active
+
+    def show_quarantine(self) -> None:
+        """Each family's quarantine in its metric, and every held Service's name in /healthz."""
+        names: dict[str, None] = {}
+        for lane in self.all:
+            lane.metrics.quarantined_services.set(len(lane.quarantine))
+            names.update(dict.fromkeys(lane.quarantine.names()))
+        self.health.quarantined = tuple(names)
+
+    async def interface_ips(self, family: Family, node: Node | None) -> tuple[str, ...] | None:
+        """The interfaces' addresses that nodePortAddresses CIDRs select from, read at each sync
+        as upstream does, and only when CIDRs select among them (None otherwise). A failed read
+        is logged and the last good one kept (the Node's addresses before any, None): the
+        NodePorts programmed on them stay."""
+        if nodeport_matches_all(nodeport_cidrs(self.cfg, node, family)):
+            return None
+        try:
+            self._interface_ips = tuple(a.ip for a in await asyncio.to_thread(interface_addresses, self.run))
+        except Exception as exc:  # whatever the runner raises: the sync goes on without a fresh list
+            log.error(kv("Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",
+                         err=str(exc) or type(exc).__name__, CIDRs=list(nodeport_addresses(self.cfg))))
+        return self._interface_ips
+
+    async def _second(self, family: Family, primary: Family, proc_ipv6: Path) -> FamilyLane | None:
+        """A lane for the second family, or None (logged once) if this node cannot run one."""
+        reason = self.lacking.get(family)
+        if reason is None:
+            reason = await asyncio.to_thread(
+                kernel_lacks, family, self.cfg.mode, self.run, variant=self.variant, proc_ipv6=proc_ipv6
+            )
+        if reason is not None:
+            if family not in self.lacking:
+                log.warning(kv("Not proxying an IP family, the other keeps working", ipFamily=family, reason=reason))
+                self.lacking[family] = reason
+            return None
+        log.info(kv("kube-proxy running in dual-stack mode", primaryIPFamily=primary))
+        first = self.primary.service_health
+        # Its own listeners (on this family's addresses), one connection budget for all.
+        lane = self.new_lane(family, ServiceHealthServers(
+            self.health, node_name=self.node_name, budget=first.budget, errors=first.errors, on_failure=first.on_failure,
+        ))  # fmt: skip
+        self.all.append(lane)
+        return lane
 
 
 def other(family: Family) -> Family:
@@ -110,3 +307,18 @@ def kernel_lacks(family: Family, mode: str, run: Runner, *, variant: str = "", p
     if proc.returncode != 0:
         return f"`{' '.join(argv)}` failed: {(proc.stderr or '').strip() or f'exit status {proc.returncode}'}"
     return None
+
+
+def _tcp_liberal() -> bool:
+    try:
+        return TCP_BE_LIBERAL.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def _health_check_ips(opts: NodeOptions) -> tuple[str, ...]:
+    """Where health-check node ports listen, as upstream: on the node's addresses that
+    --nodeport-addresses selects, or on every address of the family when it selects all."""
+    if opts.nodeport_match_all:
+        return ("::",) if opts.family == Family.IPV6 else ("0.0.0.0",)
+    return opts.nodeport_ips

@@ -256,9 +256,9 @@ def announce(state: Any, inv: upstream_flags.Invocation, node_name: str, node_fr
 
 def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler], api: ApiConnection | None,
            startup_events: Sequence[tuple[str, str, str]] = ()) -> int:
-    from kubeproxy import live
     from kubeproxy.backends.base import SyncError
     from kubeproxy.cluster.state import ClusterState
+    from kubeproxy.proxy import live_loop
 
     cfg = inv.cfg
     hostname = socket.gethostname().strip().lower()
@@ -268,7 +268,7 @@ def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler],
         state = ClusterState(options=cfg.parse_options(from_api_server=False))
     else:
         state = ClusterState(options=cfg.parse_options(from_api_server=True))
-    proxy = live.LiveProxy(cfg, node_name, iptables_variant=inv.iptables_variant, state=state)
+    proxy = live_loop.LiveProxy(cfg, node_name, iptables_variant=inv.iptables_variant, state=state)
     try:
         inner, source = _source(inv, proxy, api)
     except (ManifestError, ConfigError) as exc:
@@ -281,10 +281,10 @@ def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler],
     if recorder is not None:
         for reason, action, note in startup_events:
             recorder.record(KubeEvent(node_ref(node_name), "Warning", reason, action, note))
-        proxy.service_health.on_failure = _health_check_events(recorder)
+        proxy.lanes[0].service_health.on_failure = _health_check_events(recorder)
     status = 0
     try:
-        asyncio.run(live.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source, recorder)))
+        asyncio.run(live_loop.run_until_signalled(proxy, _Announcing(inner, proxy, inv, node_from, source, recorder)))
     except* ConfigFileChanged as group:
         log.error(kv("Error running ProxyServer", err=str(_leaf(group))))
         status = 1

@@ -1,23 +1,23 @@
 """kube-proxy's Prometheus metrics, with upstream's names, types, labels and buckets (v1.33+).
 
 `ProxyMetrics` owns its registry (no process-global state) and registers what upstream
-registers for the proxy mode: the common set for every mode, plus the iptables or nftables
-extras. Metrics of another mode still exist as attributes, so a caller may update them
-unconditionally; they are just not exposed, as upstream.
+registers for the proxy mode: the common set for every mode, plus the families the mode's
+record lists (`Mode.metrics` in backends/registry.py). Metrics of another mode still exist,
+so a caller may update them unconditionally; they are just not exposed, as upstream.
 
-Since v1.33 most metrics carry an `ip_family` label ("IPv4"/"IPv6"). The proxier runs one
-family, so the family-labelled attributes are bound to `metrics.ip_family`:
+Most metrics carry an `ip_family` label ("IPv4"/"IPv6"). Each family's syncs update them
+through the view `for_family` gives, whose series carry that family's label:
 
-    metrics.ip_family = "IPv6"
-    metrics.sync_duration.observe(0.12)                       # ...{ip_family="IPv6"}
-    metrics.iptables_total.labels(table="nat").set(1200)      # ...{ip_family="IPv6",table="nat"}
+    v6 = metrics.for_family("IPv6")
+    v6.sync_duration.observe(0.12)                       # ...{ip_family="IPv6"}
+    v6.iptables_total.labels(table="nat").set(1200)      # ...{ip_family="IPv6",table="nat"}
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -26,6 +26,9 @@ from prometheus_client.registry import Collector
 
 from kubeproxy.backends import registry
 from kubeproxy.proxy.component_metrics import BuildInfo, FeatureEnabled
+
+if TYPE_CHECKING:
+    from kubeproxy.backends.base import SyncReport
 
 log = logging.getLogger(__name__)
 
@@ -84,63 +87,88 @@ LOCALHOST_NODEPORT_REJECTED_PACKETS = (
 NfacctReader = Callable[[str], int | None]
 
 
-class _FamilyChild:
-    """Reading the attribute gives the metric's child for the owner's current `ip_family`."""
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class _Child(Generic[M]):
+    """The owner's family's series of ProxyMetrics's vector of the same name. A series is made
+    on first use, not before: a labelled series exists only once it is used, in Go as here."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._vec = f"_{name}"
 
-    def __get__(self, obj: ProxyMetrics | None, objtype: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return getattr(obj, self._vec).labels(ip_family=obj.ip_family)
+    def __get__(self, obj: FamilyMetrics, objtype: type | None = None) -> M:
+        vec: M = getattr(obj.metrics, self._vec)
+        return vec.labels(ip_family=obj.family)
 
 
-class _FamilyLabels:
-    """Like `_FamilyChild` for metrics with more labels: `.labels(**others)` adds `ip_family`."""
+class _Labelled(Generic[M]):
+    """Like `_Child` for a vector with more labels: `.labels(**others)` adds `ip_family`."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._vec = f"_{name}"
 
-    def __get__(self, obj: ProxyMetrics | None, objtype: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return _BoundLabels(getattr(obj, self._vec), obj.ip_family)
+    def __get__(self, obj: FamilyMetrics, objtype: type | None = None) -> _BoundLabels[M]:
+        return _BoundLabels(getattr(obj.metrics, self._vec), obj.family)
 
 
-class _BoundLabels:
-    def __init__(self, vec: Any, family: str) -> None:
-        self._vec, self._family = vec, family
+class _BoundLabels(Generic[M]):
+    def __init__(self, vec: M, family: str) -> None:
+        self._vec: M = vec
+        self._family = family
 
-    def labels(self, **labels: str) -> Any:
+    def labels(self, **labels: str) -> M:
         return self._vec.labels(ip_family=self._family, **labels)
+
+
+class FamilyMetrics:
+    """ProxyMetrics's series for one IP family: what that family's syncs update."""
+
+    sync_duration = _Child[Histogram]()
+    sync_full_duration = _Child[Histogram]()
+    sync_partial_duration = _Child[Histogram]()
+    last_timestamp = _Child[Gauge]()
+    last_queued_timestamp = _Child[Gauge]()
+    network_programming_duration = _Child[Histogram]()
+    restore_failures_total = _Child[Counter]()
+    partial_restore_failures_total = _Child[Counter]()
+    nftables_sync_failures_total = _Child[Counter]()
+    nftables_cleanup_failures_total = _Child[Counter]()
+    conntrack_reconciler_sync_duration = _Child[Histogram]()
+    conntrack_reconciler_deleted_entries_total = _Child[Counter]()
+    quarantined_services = _Child[Gauge]()
+    iptables_total = _Labelled[Gauge]()
+    iptables_last = _Labelled[Gauge]()
+    no_local_endpoints_total = _Labelled[Gauge]()
+
+    def __init__(self, metrics: ProxyMetrics, family: str) -> None:
+        if family not in IP_FAMILIES:
+            raise ValueError(f"ip_family {family!r}: want one of {', '.join(IP_FAMILIES)}")
+        self.metrics = metrics
+        self.family = str(family)
+
+    def record_sync(self, report: SyncReport, elapsed: float, now: float, latencies: Iterable[float]) -> None:
+        """A successful sync of this family: its duration, rule counts and programming latencies."""
+        self.sync_duration.observe(elapsed)
+        (self.sync_full_duration if report.full else self.sync_partial_duration).observe(elapsed)
+        self.last_timestamp.set(now)
+        for table, count in report.rule_counts.items():
+            self.iptables_total.labels(table=table).set(count)
+        for table, count in report.written_rule_counts.items():
+            self.iptables_last.labels(table=table).set(count)
+        self.no_local_endpoints_total.labels(traffic_policy="internal").set(report.no_local_endpoints_internal)
+        self.no_local_endpoints_total.labels(traffic_policy="external").set(report.no_local_endpoints_external)
+        for latency in latencies:
+            self.network_programming_duration.observe(latency)
 
 
 class ProxyMetrics:
     """The metrics one proxy updates and `/metrics` exposes."""
 
-    sync_duration = _FamilyChild()
-    sync_full_duration = _FamilyChild()
-    sync_partial_duration = _FamilyChild()
-    last_timestamp = _FamilyChild()
-    last_queued_timestamp = _FamilyChild()
-    network_programming_duration = _FamilyChild()
-    restore_failures_total = _FamilyChild()
-    partial_restore_failures_total = _FamilyChild()
-    nftables_sync_failures_total = _FamilyChild()
-    nftables_cleanup_failures_total = _FamilyChild()
-    conntrack_reconciler_sync_duration = _FamilyChild()
-    conntrack_reconciler_deleted_entries_total = _FamilyChild()
-    iptables_total = _FamilyLabels()
-    iptables_last = _FamilyLabels()
-    no_local_endpoints_total = _FamilyLabels()
-    quarantined_services = _FamilyChild()
-
     def __init__(
         self,
         proxy_mode: str = "iptables",
         *,
-        ip_family: str = "IPv4",
         nfacct: NfacctReader | None = None,
         feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
@@ -148,7 +176,7 @@ class ProxyMetrics:
         iptables mode, the two nfacct-backed counters are exposed, read at scrape time.
         `feature_gates`: the proxy's settings, for `kubernetes_feature_enabled`."""
         self.proxy_mode = proxy_mode
-        self.ip_family = ip_family
+        self._families: dict[str, FamilyMetrics] = {}
         self.registry = CollectorRegistry()
         fam = ["ip_family"]
 
@@ -293,15 +321,12 @@ class ProxyMetrics:
         self.registry.register(BuildInfo())
         self.registry.register(FeatureEnabled(feature_gates))
 
-    @property
-    def ip_family(self) -> str:
-        return self._ip_family
-
-    @ip_family.setter
-    def ip_family(self, family: str) -> None:
-        if family not in IP_FAMILIES:
-            raise ValueError(f"ip_family {family!r}: want one of {', '.join(IP_FAMILIES)}")
-        self._ip_family = family
+    def for_family(self, family: str) -> FamilyMetrics:
+        """The series labelled with `family` ("IPv4" or "IPv6"; ValueError for another)."""
+        bound = self._families.get(family)
+        if bound is None:
+            bound = self._families[family] = FamilyMetrics(self, family)
+        return bound
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format 0.0.4, as upstream's /metrics writes it."""

@@ -13,16 +13,27 @@ the Services that cause it:
   working rules than before the bad change; it is tried again as soon as its objects change
   (fixed, or deleted).
 
-Pure logic over a `passes` callable and views: the live loop supplies the backend's check.
+`isolate` and `substitute` are pure logic over a `passes` callable and views;
+`Quarantine.program` runs them with a backend's check and sync (in the live loop's worker thread).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from kubeproxy.backends.base import SyncError
+from kubeproxy.proxy.logs import kv
 from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
+
+if TYPE_CHECKING:
+    from kubeproxy.backends.base import Backend, SyncReport
+    from kubeproxy.proxy.changes import Changes
+    from kubeproxy.proxy.options import NodeOptions
+
+log = logging.getLogger("kubeproxy.proxy")
 
 K = TypeVar("K", bound=Hashable)
 
@@ -86,9 +97,14 @@ class Held:
 
 @dataclass
 class Quarantine:
-    """Services set aside by `isolate`, keyed by (namespace, name)."""
+    """One family's Services set aside by `isolate`, keyed by (namespace, name), and the view
+    the kernel last accepted."""
 
     held: dict[ServiceKey, Held] = field(default_factory=dict)
+    last_good: NodeView | None = None
+    # Refusals `program` worked around, each a failed restore for the metrics: counted by the
+    # event loop (`take_refusals`), not by the worker thread that met them.
+    refusals: list[SyncError] = field(default_factory=list)
 
     def __contains__(self, key: object) -> bool:
         return key in self.held
@@ -116,6 +132,55 @@ class Quarantine:
         if not keys:
             return view
         return substitute(view, {key: self.held.get(key) for key in keys})
+
+    def take_refusals(self) -> list[SyncError]:
+        refusals, self.refusals = self.refusals, []
+        return refusals
+
+    def program(self, backend: Backend, view: NodeView, opts: NodeOptions, changes: Changes) -> tuple[SyncReport, NodeView]:
+        """Program `view` through `backend`; if the kernel refuses it, hold the Services it
+        refuses and program the rest.
+
+        Returns the report and the view actually programmed (held Services as the kernel last
+        accepted them). Raises the kernel's error when no Service is to blame (the check fails
+        even with every candidate set aside).
+        """
+        programmed = self.apply(view)
+        try:
+            report = backend.sync(programmed, opts, changes.changed_services)
+        except SyncError as exc:
+            refused = exc
+        else:
+            self.last_good = programmed
+            return report, programmed
+        # A failed partial sync names its suspects; after a failed full sync every Service is one.
+        suspects = [key for key in sorted(view.by_service if changes.full else changes.services) if key not in self]
+        last_good = self.last_good
+        log.warning(kv("Rules refused, looking for the services that cause it", suspects=len(suspects), err=refused))
+
+        def passes(aside: frozenset[ServiceKey]) -> bool:
+            trial = substitute(programmed, {key: Held.of(key, "", last_good) for key in aside})
+            return backend.check(trial, opts) is None
+
+        culprits = isolate(suspects, passes)
+        if not culprits:
+            raise refused
+        self.refusals.append(refused)
+        reason = str(refused).strip()
+        for key in culprits:
+            self.hold(key, reason, last_good)
+            log.warning(
+                kv(
+                    "Service quarantined: the kernel refuses its rules; it keeps its last accepted rules until it changes",
+                    service=f"{key[0]}/{key[1]}",
+                    ipFamily=opts.family,
+                    err=reason,
+                )
+            )
+        programmed = self.apply(view)
+        report = backend.sync(programmed, opts, None)
+        self.last_good = programmed
+        return report, programmed
 
 
 def substitute(view: NodeView, replacements: dict[ServiceKey, Held | None]) -> NodeView:

@@ -142,7 +142,7 @@ def contract(mode: str, host: Host) -> None:
         refusing.refuse = False
         assert programmed(host) == two  # a refused sync changes nothing
         metrics = ProxyMetrics(mode)
-        backend.record_failure(metrics, refused.value, False)
+        backend.record_failure(metrics.for_family("IPv4"), refused.value, False)
         assert metrics.registry.get_sample_value(registry.mode(mode).failure_metric, {"ip_family": "IPv4"}) == 1
 
         backend.sync(_view((DNS_SVC, ["10.244.2.20"])), OPTS, None)  # the delete, after the refusal

@@ -23,7 +23,7 @@ from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.proxy.config import ProxyConfig, validate
-from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.metrics import FamilyMetrics
 from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.sources.events import WatchEvent
@@ -87,7 +87,7 @@ class ToyBackend:
     def check(self, view: NodeView, opts: NodeOptions) -> str | None:
         return None
 
-    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+    def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None:
         metrics.restore_failures_total.inc()
 
     def cleanup(self) -> list[str]:
@@ -153,8 +153,7 @@ def test_kubeproxy_cleanup_removes_the_toys_rules_with_every_other_modes(monkeyp
 
 
 def test_the_live_proxy_runs_the_toy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubeproxy.live import LiveProxy
-
+    from kubeproxy.proxy.live_loop import LiveProxy
     from tests.live.test_live import _service
 
     node = FakeNode()

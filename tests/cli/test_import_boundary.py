@@ -20,7 +20,7 @@ ROOT = REPO
 
 PROBE = """
 import sys
-import kubeproxy.cli, kubeproxy.live, kubeproxy.proxy.kube_proxy
+import kubeproxy.cli, kubeproxy.proxy.live_loop, kubeproxy.proxy.kube_proxy
 heavy = sorted(m for m in sys.modules if m.startswith(("kubeproxy.lab", "kubeproxy.doctor", "matplotlib")))
 print(",".join(heavy))
 """
@@ -107,7 +107,7 @@ def test_the_proxys_import_closure_needs_no_extra() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = {_distribution(dep) for dep in project["dependencies"]}
     provided_by = metadata.packages_distributions()
-    modules, third_party = proxy_closure("kubeproxy.proxy.kube_proxy", "kubeproxy.live")
+    modules, third_party = proxy_closure("kubeproxy.proxy.kube_proxy", "kubeproxy.proxy.live_loop")
     # Each third-party module the proxy can import comes with a base dependency (or one of theirs).
     needs = {module: {_distribution(d) for d in provided_by.get(module, [])} for module in third_party}
     reachable = set(base)
@@ -148,7 +148,9 @@ def test_the_backends_do_not_import_the_application() -> None:
     modules, _ = proxy_closure(*(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in files))
     application = {
         "kubeproxy.cli",
-        "kubeproxy.live",
+        "kubeproxy.proxy.live_loop",
+        "kubeproxy.proxy.event_intake",
+        "kubeproxy.proxy.status_servers",
         "kubeproxy.proxy.kube_proxy",
         "kubeproxy.proxy.flags",
         "kubeproxy.proxy.family_lanes",

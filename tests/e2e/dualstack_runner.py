@@ -20,8 +20,8 @@ import json
 import sys
 from typing import Any
 
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from tests.proxy.test_dualstack import Source
 
 NODE = "node-1"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.live import LiveProxy
+from kubeproxy.proxy.live_loop import LiveProxy
 from tests.netfilter.kernel_bed import bed
 from tests.proxy.test_dualstack import CFG, Source, endpoints, node, run_proxy, service
 

@@ -27,8 +27,8 @@ from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import connect, load_config
@@ -174,7 +174,7 @@ def _record_syncs(proxy: LiveProxy) -> list[tuple[bool, bool]]:
     """From now on, (was full, failed) for each backend sync, in order: periodic syncs go on while
     a test waits, so `last_report` may already be a later one."""
     calls: list[tuple[bool, bool]] = []
-    real_sync = proxy.backend.sync
+    real_sync = proxy.lanes[0].backend.sync
 
     def recording(view, opts, changed):  # type: ignore[no-untyped-def]
         try:
@@ -185,7 +185,7 @@ def _record_syncs(proxy: LiveProxy) -> list[tuple[bool, bool]]:
         calls.append((changed is None or report.full, False))
         return report
 
-    proxy.backend.sync = recording  # type: ignore[method-assign]
+    proxy.lanes[0].backend.sync = recording  # type: ignore[method-assign]
     return calls
 
 
@@ -211,7 +211,7 @@ def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns: NetNS, server
 
     async def body(proxy: LiveProxy) -> None:
         calls = _record_syncs(proxy)
-        recording = proxy.backend.sync
+        recording = proxy.lanes[0].backend.sync
 
         def marked(view, opts, changed):  # type: ignore[no-untyped-def]
             recorded["on"] = True
@@ -220,7 +220,7 @@ def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns: NetNS, server
             finally:
                 recorded["on"] = False
 
-        proxy.backend.sync = marked  # type: ignore[method-assign]
+        proxy.lanes[0].backend.sync = marked  # type: ignore[method-assign]
         failures["left"] = 1
         before = proxy.failed_syncs
         for obj in _service("late", "10.96.8.8", ["10.244.1.88"]):

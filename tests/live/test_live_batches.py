@@ -20,8 +20,8 @@ import pytest
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.cluster.schema import Item
 from kubeproxy.cluster.typed import as_item
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.events import WatchEvent
 from tests.live.test_live import _service
 
@@ -79,7 +79,7 @@ def _observed(proxy: LiveProxy) -> dict[str, Any]:
         "services": proxy.state.services,
         "slices": proxy.state.slices,
         "nodes": proxy.state.nodes,
-        "touched": proxy.tracker.pending(),
+        "touched": proxy.lanes[0].tracker.pending(),
         "triggers": proxy._triggers.take(),
         "metrics": {name: registry.get_sample_value(name) for name in METRICS},
         "queued": registry.get_sample_value("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", {"ip_family": "IPv4"}),
@@ -117,19 +117,19 @@ def test_a_batch_of_refused_objects_queues_nothing() -> None:
     proxy.on_events([WatchEvent("ADDED", "Service", {**web, "spec": {"clusterIP": "10.96.0.300"}})])
     seen = _observed(proxy)
     assert seen["metrics"] == dict.fromkeys(METRICS, 0.0) and seen["queued"] is None
-    assert proxy.tracker.pending() is None  # full sync still due: nothing touched
+    assert proxy.lanes[0].tracker.pending() is None  # full sync still due: nothing touched
 
 
 def test_one_failing_event_does_not_lose_the_rest_of_the_batch(caplog: pytest.LogCaptureFixture) -> None:
     proxy = _proxy()
-    real = proxy.tracker.apply
+    real = proxy.lanes[0].tracker.apply
 
     def apply(state, obj, *, deleted=False):  # type: ignore[no-untyped-def]
         if obj["metadata"]["name"] == "dns":
             raise RuntimeError("a bug (injected)")
         return real(state, obj, deleted=deleted)
 
-    proxy.tracker.apply = apply  # type: ignore[method-assign]
+    proxy.lanes[0].tracker.apply = apply  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="kubeproxy.proxy"):
         proxy.on_events(_events())
     assert set(proxy.state.services) == {("default", "web")}

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from kubeproxy.live import LiveProxy
 
 from kubeproxy.backends.base import SyncError, SyncReport
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import NodeOptions
 from kubeproxy.sources.events import EventType, WatchEvent
@@ -100,11 +100,11 @@ def test_a_refused_service_is_quarantined_with_its_last_rules(mode: str) -> None
         await _next_sync(proxy)
         rules = _programmed(node, mode)
         assert "10.244.1.62" in rules and "10.244.1.61" in rules and REFUSED not in rules
-        assert proxy.quarantine.names() == ["default/moody"] and proxy.failed_syncs == 0
+        assert proxy.lanes[0].quarantine.names() == ["default/moody"] and proxy.failed_syncs == 0
         assert proxy.health.quarantined == ("default/moody",)
         source.publish(*_service("moody", "10.96.6.1", ["10.244.1.63"]))
         await _next_sync(proxy)
-        assert len(proxy.quarantine) == 0 and "10.244.1.63" in _programmed(node, mode)
+        assert len(proxy.lanes[0].quarantine) == 0 and "10.244.1.63" in _programmed(node, mode)
 
     _run(mode, node, _service("moody", "10.96.6.1", ["10.244.1.61"]), body)
 
@@ -114,7 +114,7 @@ def test_a_refusal_no_service_explains_fails_the_sync_and_retries_in_full(mode: 
     refuse = {"left": 0}
 
     async def body(proxy: LiveProxy, source: Source) -> None:
-        real = proxy.backend.sync
+        real = proxy.lanes[0].backend.sync
         calls: list[bool] = []
 
         def sync(view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport:
@@ -124,12 +124,32 @@ def test_a_refusal_no_service_explains_fails_the_sync_and_retries_in_full(mode: 
                 raise SyncError("the kernel is busy (injected)")
             return real(view, opts, changed_services)
 
-        proxy.backend.sync = sync  # type: ignore[method-assign]
+        proxy.lanes[0].backend.sync = sync  # type: ignore[method-assign]
         refuse["left"] = 1
         source.publish(*_service("late", "10.96.8.8", ["10.244.1.88"]))
         while "10.244.1.88" not in _programmed(node, mode):
             await _next_sync(proxy)
-        assert proxy.failed_syncs == 1 and len(proxy.quarantine) == 0
+        assert proxy.failed_syncs == 1 and len(proxy.lanes[0].quarantine) == 0
         assert calls[:2] == [False, True]  # the partial sync failed, the retry was full
 
     _run(mode, node, _service("web", "10.96.0.10", ["10.244.1.10"]), body)
+
+
+def test_each_sync_is_timed_as_full_or_partial(mode: str) -> None:
+    """Upstream's iptables and nftables modes both export the full and the partial sync latency."""
+    node = FakeNode()
+
+    def count(proxy: LiveProxy, kind: str) -> float | None:
+        name = f"kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count"
+        return proxy.metrics.registry.get_sample_value(name, {"ip_family": "IPv4"})
+
+    async def body(proxy: LiveProxy, source: Source) -> None:
+        assert (count(proxy, "full"), count(proxy, "partial")) == (1, None)
+        source.publish(*_service("web", "10.96.7.1", ["10.244.1.71", "10.244.1.72"]))
+        await _next_sync(proxy)
+        assert proxy.lanes[0].last_report is not None and not proxy.lanes[0].last_report.full
+        assert (count(proxy, "full"), count(proxy, "partial")) == (1, 1)
+        page = proxy.metrics.exposition().decode()
+        assert 'kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1.0' in page
+
+    _run(mode, node, _service("web", "10.96.7.1", ["10.244.1.71"]), body)

@@ -21,7 +21,7 @@ import pytest
 from kubeproxy.backends.exec import Runner
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.live import LiveProxy
+from kubeproxy.proxy.live_loop import LiveProxy
 from tests.live import test_live
 from tests.live.test_live import _dnats_to, _get, _port, _rules, _service, _until, _with_proxy
 
@@ -60,7 +60,7 @@ def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(
         bystander = _service("bystander", "10.96.6.2", ["10.244.1.62"])
         for obj in [*refused, *bystander]:
             server.apply(obj)
-        await _until(proxy, lambda: ("default", "moody") in proxy.quarantine, "moody's quarantine")
+        await _until(proxy, lambda: ("default", "moody") in proxy.lanes[0].quarantine, "moody's quarantine")
         await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.62"), "the bystander, in the same sync")
         assert _dnats_to(netns, mode, "10.244.1.61")  # moody's last accepted rules are still there
         assert REFUSED not in _rules(netns, mode)
@@ -79,7 +79,7 @@ def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(
         for obj in [newcomer_service, *_service("late", "10.96.6.4", ["10.244.1.64"])]:
             server.apply(obj)
         await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.64"), "a change after the quarantine")
-        await _until(proxy, lambda: ("default", "newcomer") in proxy.quarantine, "newcomer's quarantine")
+        await _until(proxy, lambda: ("default", "newcomer") in proxy.lanes[0].quarantine, "newcomer's quarantine")
         assert "10.96.6.3" not in _rules(netns, mode)
         assert _dnats_to(netns, mode, "10.244.1.62") and _dnats_to(netns, mode, "10.244.1.61")
 
@@ -88,7 +88,7 @@ def test_a_refused_service_is_quarantined_and_the_others_keep_syncing(
             server.apply(obj)
         server.delete("Service", "default", "newcomer")
         server.delete("EndpointSlice", "default", "newcomer-1")
-        await _until(proxy, lambda: len(proxy.quarantine) == 0, "the end of the quarantine")
+        await _until(proxy, lambda: len(proxy.lanes[0].quarantine) == 0, "the end of the quarantine")
         await _until(proxy, lambda: _dnats_to(netns, mode, "10.244.1.65"), "moody's fixed version")
         assert proxy.metrics._quarantined_services.labels(ip_family="IPv4")._value.get() == 0
         status, doc = await asyncio.to_thread(_healthz, proxy)
@@ -139,6 +139,6 @@ def test_valid_objects_that_used_to_take_the_node_down(
         if eps:
             assert _dnats_to(netns, mode, "10.244.1.71")
         assert _dnats_to(netns, mode, "10.244.1.3", 53)  # the demo's services are all still there
-        assert proxy.failed_syncs == before and len(proxy.quarantine) == 0
+        assert proxy.failed_syncs == before and len(proxy.lanes[0].quarantine) == 0
 
     asyncio.run(_with_proxy(netns, server, tmp_path, mode, body))

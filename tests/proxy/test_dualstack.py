@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeproxy.live import LiveProxy
 
 from kubeproxy.backends.base import OfflineOptions
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.registry import offline_renderer
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.options import Family
 from kubeproxy.sources.events import WatchEvent
 

@@ -350,7 +350,7 @@ def test_port_taken_by_another_service_is_logged_and_retried(caplog: pytest.LogC
 
 def test_metrics_server_serves_metrics_proxy_mode_and_ping() -> None:
     metrics = ProxyMetrics("iptables")
-    metrics.sync_duration.observe(0.003)
+    metrics.for_family("IPv4").sync_duration.observe(0.003)
 
     async def main() -> None:
         server = await serve_metrics(metrics, "127.0.0.1:0", "iptables")
@@ -366,7 +366,7 @@ def test_metrics_server_serves_metrics_proxy_mode_and_ping() -> None:
             status, headers, body = await get(port, "/metrics")
             assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
             assert b'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 1.0' in body
-            metrics.sync_duration.observe(0.003)
+            metrics.for_family("IPv4").sync_duration.observe(0.003)
             body = (await get(port, "/metrics"))[2]
             assert b'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 2.0' in body
 

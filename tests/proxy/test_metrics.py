@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,6 +36,8 @@ IPTABLES = {
     "kubeproxy_sync_proxy_rules_iptables_last": ("gauge", {"ip_family", "table"}),
 }
 NFTABLES = {
+    "kubeproxy_sync_full_proxy_rules_duration_seconds": ("histogram", {"ip_family"}),
+    "kubeproxy_sync_partial_proxy_rules_duration_seconds": ("histogram", {"ip_family"}),
     "kubeproxy_sync_proxy_rules_nftables_sync_failures_total": ("counter", {"ip_family"}),
     "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total": ("counter", {"ip_family"}),
 }
@@ -42,32 +46,33 @@ IPVS = {"kubeproxy_sync_proxy_rules_iptables_restore_failures_total": ("counter"
 
 def touch_everything(m: ProxyMetrics) -> None:
     """Use every metric once: labelled series exist only after their first use, in Go as here."""
+    v4 = m.for_family("IPv4")
     for histogram in (
-        m.sync_duration,
-        m.sync_full_duration,
-        m.sync_partial_duration,
-        m.network_programming_duration,
-        m.conntrack_reconciler_sync_duration,
+        v4.sync_duration,
+        v4.sync_full_duration,
+        v4.sync_partial_duration,
+        v4.network_programming_duration,
+        v4.conntrack_reconciler_sync_duration,
     ):
         histogram.observe(0.01)
     for counter in (
-        m.restore_failures_total,
-        m.partial_restore_failures_total,
-        m.nftables_sync_failures_total,
-        m.nftables_cleanup_failures_total,
-        m.conntrack_reconciler_deleted_entries_total,
+        v4.restore_failures_total,
+        v4.partial_restore_failures_total,
+        v4.nftables_sync_failures_total,
+        v4.nftables_cleanup_failures_total,
+        v4.conntrack_reconciler_deleted_entries_total,
         m.endpoint_changes_total,
         m.service_changes_total,
     ):
         counter.inc()
-    m.last_timestamp.set(1)
-    m.last_queued_timestamp.set(1)
+    v4.last_timestamp.set(1)
+    v4.last_queued_timestamp.set(1)
     m.endpoint_changes_pending.set(1)
     m.service_changes_pending.set(1)
-    m.quarantined_services.set(1)
-    m.iptables_total.labels(table="nat").set(1)
-    m.iptables_last.labels(table="nat").set(1)
-    m.no_local_endpoints_total.labels(traffic_policy="internal").set(1)
+    v4.quarantined_services.set(1)
+    v4.iptables_total.labels(table="nat").set(1)
+    v4.iptables_last.labels(table="nat").set(1)
+    v4.no_local_endpoints_total.labels(traffic_policy="internal").set(1)
     m.proxy_healthz_total.labels(code="200").inc()
     m.proxy_livez_total.labels(code="200").inc()
 
@@ -103,7 +108,7 @@ def test_buckets_are_upstreams() -> None:
     assert len(NETWORK_PROGRAMMING_BUCKETS) == 1 + 2 + 59 + 12 + 7
 
     m = ProxyMetrics()
-    m.network_programming_duration.observe(61)
+    m.for_family("IPv4").network_programming_duration.observe(61)
     text = m.exposition().decode()
     assert 'kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="60.0"} 0.0' in text
     assert 'kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="65.0"} 1.0' in text
@@ -111,9 +116,9 @@ def test_buckets_are_upstreams() -> None:
 
 def test_observations_change_the_text() -> None:
     m = ProxyMetrics()
-    m.sync_duration.observe(0.003)
+    m.for_family("IPv4").sync_duration.observe(0.003)
     m.service_changes_total.inc(4)
-    m.iptables_total.labels(table="filter").set(12)
+    m.for_family("IPv4").iptables_total.labels(table="filter").set(12)
     text = m.exposition().decode()
     assert 'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.002"} 0.0' in text
     assert 'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 1.0' in text
@@ -125,18 +130,43 @@ def test_observations_change_the_text() -> None:
     assert "process_cpu_seconds_total" in text
 
 
-def test_family_labels_follow_ip_family() -> None:
-    m = ProxyMetrics(ip_family="IPv6")
-    m.sync_duration.observe(1)
-    m.ip_family = "IPv4"
-    m.sync_duration.observe(1)
-    m.no_local_endpoints_total.labels(traffic_policy="external").set(2)
+def test_each_family_has_its_own_series() -> None:
+    m = ProxyMetrics()
+    v4, v6 = m.for_family("IPv4"), m.for_family("IPv6")
+    assert m.for_family("IPv6") is v6  # one binding per family
+    v6.sync_duration.observe(1)
+    v4.sync_duration.observe(1)
+    v4.sync_duration.observe(2)
+    v4.no_local_endpoints_total.labels(traffic_policy="external").set(2)
     get = m.registry.get_sample_value
     assert get("kubeproxy_sync_proxy_rules_duration_seconds_count", {"ip_family": "IPv6"}) == 1
-    assert get("kubeproxy_sync_proxy_rules_duration_seconds_count", {"ip_family": "IPv4"}) == 1
+    assert get("kubeproxy_sync_proxy_rules_duration_seconds_count", {"ip_family": "IPv4"}) == 2
     assert get("kubeproxy_sync_proxy_rules_no_local_endpoints_total", {"ip_family": "IPv4", "traffic_policy": "external"}) == 2
+    assert get("kubeproxy_sync_proxy_rules_no_local_endpoints_total", {"ip_family": "IPv6", "traffic_policy": "external"}) is None
     with pytest.raises(ValueError, match="ip_family 'ipv4'"):
-        m.ip_family = "ipv4"
+        m.for_family("ipv4")
+
+
+def test_a_sync_is_recorded_by_kind_in_the_modes_that_expose_it() -> None:
+    """Full and partial sync durations: upstream's iptables and nftables modes register and
+    observe them (pkg/proxy/metrics/metrics.go, nftables/proxier.go's deferred observation)."""
+    full = SimpleNamespace(full=True, rule_counts={}, written_rule_counts={}, no_local_endpoints_internal=0,
+                           no_local_endpoints_external=1)  # fmt: skip
+    partial = SimpleNamespace(**{**vars(full), "full": False})
+    for mode in ("iptables", "nftables", "ipvs"):
+        m = ProxyMetrics(mode)
+        v6 = m.for_family("IPv6")
+        v6.record_sync(full, 0.5, 1000.0, [2.0])
+        v6.record_sync(partial, 0.003, 1001.0, [])
+        text = m.exposition().decode()
+        exposed = mode != "ipvs"
+        assert ('kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1.0' in text) is exposed
+        assert ('kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1.0' in text) is exposed
+        assert ('kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.004"} 1.0' in text) is exposed
+        assert 'kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 2.0' in text
+        assert 'kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 1001.0' in text
+        assert 'kubeproxy_network_programming_duration_seconds_count{ip_family="IPv6"} 1.0' in text
+        assert 'ip_family="IPv4"' not in text
 
 
 def test_instances_are_independent() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends.fake_node import FakeNode
-from kubeproxy.live import LiveProxy
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.options import Family, NodeOptions
 from tests.proxy.test_dualstack import CFG, Source, endpoints, node, run_proxy, service
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from kubeproxy.cluster.objects import parse_endpoint_slice
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.programming import TRIGGER_TIME_ANNOTATION, TriggerTimes, latencies, trigger_time
 from kubeproxy.sources.events import WatchEvent
 
@@ -62,8 +62,9 @@ def observed(proxy: LiveProxy, now: float) -> tuple[float, float]:
     report = SimpleNamespace(
         full=True, no_local_endpoints_internal=0, no_local_endpoints_external=0, rule_counts={}, written_rule_counts={}
     )
-    proxy._record(proxy.lanes[0], report, 0.01, proxy._triggers.take())
-    hist = proxy.metrics.network_programming_duration
+    lane = proxy.lanes[0]
+    lane.metrics.record_sync(report, 0.01, now, latencies(proxy._triggers.take(), now))
+    hist = lane.metrics.network_programming_duration
     samples = {s.name: s.value for m in hist.collect() for s in m.samples}
     return samples["kubeproxy_network_programming_duration_seconds_count"], samples[
         "kubeproxy_network_programming_duration_seconds_sum"

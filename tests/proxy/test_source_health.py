@@ -22,10 +22,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kubeproxy.backends.fake_node import FakeNode
-from kubeproxy.live import LiveProxy
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import rfc3339
 from kubeproxy.proxy.http import Response
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.logs import STARTUP_LOGGER
 from kubeproxy.proxy.source_watch import METRIC, SourceWatch
 from tests.live.test_live import _service
@@ -123,14 +123,14 @@ def test_an_update_queued_longer_than_the_health_timeout_fails_both_endpoints() 
     async def body(proxy: LiveProxy, source: Source, clock: FakeClock) -> None:
         # The next sync hangs in the kernel (as a stuck iptables-restore would) until released.
         entered, release = threading.Event(), threading.Event()
-        real = proxy.backend.sync
+        real = proxy.lanes[0].backend.sync
 
         def stuck(*args: Any) -> Any:
             entered.set()
             release.wait(10)
             return real(*args)
 
-        proxy.backend.sync = stuck  # type: ignore[method-assign,assignment]
+        proxy.lanes[0].backend.sync = stuck  # type: ignore[method-assign,assignment]
         source.publish(*_service("web", "10.96.0.10", ["10.244.1.6"]))
         await asyncio.to_thread(entered.wait, 10)
         try:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 # in a worker thread of the event loop, served by the proxy's own signal handling.
 _STUCK_PROXY = """
 import asyncio, logging, sys
-from kubeproxy import live
+from kubeproxy.proxy import live_loop
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 
@@ -35,7 +35,7 @@ class StuckSource:
     async def serve(self, source):
         await asyncio.to_thread(stuck_read, sys.argv[1])
 
-asyncio.run(live.run_until_signalled(StuckSource(), None, join_timeout=float(sys.argv[2])))
+asyncio.run(live_loop.run_until_signalled(StuckSource(), None, join_timeout=float(sys.argv[2])))
 """
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.live import LiveProxy
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.api import ApiSource
 from tests.live.test_live import _dnats_to, _get, _port, _service, _until, _with_proxy, mode, server  # noqa: F401
 

@@ -49,7 +49,7 @@ from kubeproxy.backends.iptables.render import (
     render_tables,
     restore_chunks,
 )
-from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.metrics import FamilyMetrics
 from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family, NodeOptions
 
@@ -132,7 +132,7 @@ class IptablesProxier:
         self.nfacct_counters = tuple(sorted(ensure_nfacct_counters(NFACCT_COUNTERS, self.run)))
         self.ensure_canary()
 
-    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+    def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None:
         log.error('"Failed to execute iptables-restore" err="%s"', exc)
         metrics.restore_failures_total.inc()
         if partial:

@@ -32,7 +32,7 @@ from kubeproxy.backends.ipvs.render import (
     set_name,
 )
 from kubeproxy.proxy.interfaces import interface_addresses
-from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.metrics import FamilyMetrics
 from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 
@@ -175,7 +175,7 @@ class IpvsProxier:
             self.run(["ipset", "destroy", tmp], check=False)
         return None if proc.returncode == 0 else f"ipset restore failed: {proc.stderr.strip()}"
 
-    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+    def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None:
         log.error('"Failed to sync ipvs rules" err="%s"', exc)
         metrics.restore_failures_total.inc()
 

@@ -21,7 +21,7 @@ from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
 from kubeproxy.backends.nftables.localhost import LocalhostNodePorts
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
-from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.metrics import FamilyMetrics
 from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions
 
@@ -76,7 +76,7 @@ class NftablesProxier:
     def prepare(self) -> None:
         """Nothing to set up before the first sync: the table carries its own base chains."""
 
-    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+    def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None:
         log.error('"nftables sync failed" err="%s"', exc)
         metrics.nftables_sync_failures_total.inc()
 

@@ -38,7 +38,7 @@ from kubeproxy.backends.userspace.ports import Binder, PortsExhausted, parse_por
 from kubeproxy.backends.userspace.relay import HAVE_SPLICE
 from kubeproxy.backends.userspace.relay_loop import DEFAULT_UDP_TIMEOUT, Listener, RelayServer, fd_budget, raise_nofile
 from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.proxy.metrics import FamilyMetrics
 from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family, NodeOptions
 from kubeproxy.proxy.topology import categorize
@@ -240,7 +240,7 @@ class UserspaceProxier:
         text = R.render(view, opts, ports, self._listen_ip(opts)).text
         return check_restore(text, self.run, family=self.family, variant=self.variant)
 
-    def record_failure(self, metrics: ProxyMetrics, exc: Exception, partial: bool) -> None:
+    def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None:
         log.error('"Failed to execute iptables-restore" err="%s"', exc)
         metrics.restore_failures_total.inc()
         if partial:

@@ -7,13 +7,13 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-from kubeproxy.live import LiveProxy
 
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.ipvs.apply import IpvsUnavailable
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
 from kubeproxy.cluster.addresses import ip_text, valid_ip
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import NodeOptions
 from tests.live.test_live import _service

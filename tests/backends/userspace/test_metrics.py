@@ -7,13 +7,13 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from kubeproxy.live import LiveProxy
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kubeproxy.backends.userspace.metrics import RelayCollector, relay_health
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
 from kubeproxy.backends.userspace.relay_loop import RelayServer
 from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.options import Family
 from tests.backends.userspace.test_relay import WEB, TcpBackend, free_port, serve, wait_for
 
