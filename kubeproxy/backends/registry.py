@@ -223,6 +223,8 @@ MODES: dict[str, Mode] = {
         ipv6_probe=_nft_probe,
         observers=_nftables_observers,
         metrics=(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
             "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
         ),
