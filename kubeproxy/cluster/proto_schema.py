@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
-from msgspec import UNSET, Struct
+from msgspec import Struct
 
 from kubeproxy.cluster import schema as S
 from kubeproxy.cluster.protowire import BYTES, VARINT, WIRE_TYPES, ProtoError, fields, signed64, varint
@@ -45,6 +46,12 @@ class Message:
     name: str
     struct: type[Struct]
     fields: Mapping[int, Field] = field(default_factory=dict)
+    # By the field's whole key (number << 3 | wire type), as read off the wire: one lookup.
+    plan: Mapping[int, tuple[str, int, Message | None, bool, bool]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        plan = {n << 3 | _WIRE_OF[f.kind]: (f.attr, f.kind, f.message, f.repeated, f.keep) for n, f in self.fields.items()}
+        object.__setattr__(self, "plan", plan)
 
 
 def _f(attr: str, kind: int = STR, message: Message | None = None, *, repeated: bool = False, keep: bool = False) -> Field:
@@ -129,66 +136,76 @@ LIST_ITEMS = 2  # a List's `items` (its `metadata` is 1, a ListMeta)
 
 
 def decode(buf: bytes, pos: int, end: int, message: Message) -> Any:
-    """The message in buf[pos:end] as `message.struct`; ProtoError naming the field that is wrong."""
-    obj = message.struct()
-    table = message.fields
+    """The message in buf[pos:end] as `message.struct`; ProtoError naming the field that is wrong.
+    Run once per field of every listed object (~60 per EndpointSlice): the common cases (a
+    one-byte key, a length under 128) are read inline."""
+    values: dict[str, Any] = {}
+    plan = message.plan
     while pos < end:
         key = buf[pos]
         if key < 0x80:
             pos += 1
         else:
             key, pos = varint(buf, pos, end)
-        number, wire = key >> 3, key & 7
-        spec = table.get(number)
-        if spec is None:
+        step = plan.get(key)
+        if step is None:
+            number, wire = key >> 3, key & 7
+            known = message.fields.get(number)
+            if known is not None:  # as Go's unmarshalling: a known field of another wire type is an error
+                expected = WIRE_TYPES[_WIRE_OF[known.kind]]
+                raise ProtoError(
+                    f"{message.name}.{known.attr.rstrip('_')} has wire type {WIRE_TYPES.get(wire, wire)}, not {expected}"
+                )
             pos = _skip(buf, pos, end, number, wire)
             continue
-        kind = spec.kind
-        if wire != _WIRE_OF[kind]:
-            expected = WIRE_TYPES[_WIRE_OF[kind]]
-            raise ProtoError(f"{message.name}.{spec.attr.rstrip('_')} has wire type {WIRE_TYPES.get(wire, wire)}, not {expected}")
-        if wire == VARINT:
-            raw, pos = varint(buf, pos, end)
-            value: Any = signed64(raw) if kind == INT else raw != 0
-            if not (value or spec.keep):
+        attr, kind, sub, repeated, keep = step
+        if kind in (INT, BOOL):  # a varint
+            raw = buf[pos] if pos < end else 0x80
+            if raw < 0x80:
+                pos += 1
+            else:
+                raw, pos = varint(buf, pos, end)
+            value: Any = (raw - (1 << 64) if raw >= 1 << 63 else raw) if kind == INT else raw != 0
+            if not (value or keep):
                 continue
         else:
-            size, pos = varint(buf, pos, end)
+            size = buf[pos] if pos < end else 0x80
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = varint(buf, pos, end)
             stop = pos + size
             if stop > end:
-                raise ProtoError(f"{message.name}.{spec.attr.rstrip('_')}: {size} bytes run past the end of the {message.name}")
-            try:
-                value = _value(buf, pos, stop, spec)
-            except ProtoError as e:
-                raise ProtoError(f"{message.name}.{spec.attr.rstrip('_')}: {e}") from None
+                raise ProtoError(f"{message.name}.{attr.rstrip('_')}: {size} bytes run past the end of the {message.name}")
+            if kind == STR:
+                # Invalid UTF-8 as Go's JSON encoder writes it (each bad byte U+FFFD): the same text both ways.
+                value = buf[pos:stop].decode("utf-8", "replace")
+            else:
+                try:
+                    value = decode(buf, pos, stop, sub) if sub is not None else _value(buf, pos, stop, kind)
+                except ProtoError as e:
+                    raise ProtoError(f"{message.name}.{attr.rstrip('_')}: {e}") from None
             pos = stop
-            if value is None or not (value or spec.keep or spec.repeated or kind == MSG):
+            if not (value or keep or repeated or kind == MSG) or value is None:
                 continue
-        if spec.repeated:
-            items = getattr(obj, spec.attr)
-            if items is UNSET:
-                setattr(obj, spec.attr, [value])
+        if repeated:
+            found = values.get(attr)
+            if found is None:
+                values[attr] = [value]
             else:
-                items.append(value)
+                found.append(value)
         elif kind == MAP:
-            entries = getattr(obj, spec.attr)
-            if entries is UNSET:
-                setattr(obj, spec.attr, dict([value]))
+            found = values.get(attr)
+            if found is None:
+                values[attr] = {value[0]: value[1]}
             else:
-                entries[value[0]] = value[1]
+                found[value[0]] = value[1]
         else:
-            setattr(obj, spec.attr, value)
-    return obj
+            values[attr] = value
+    return message.struct(**values)
 
 
-def _value(buf: bytes, pos: int, end: int, spec: Field) -> Any:
-    kind = spec.kind
-    if kind == STR:
-        # Invalid UTF-8 as Go's JSON encoder writes it (each bad byte U+FFFD): the same text both ways.
-        return buf[pos:end].decode("utf-8", "replace")
-    if kind == MSG:
-        assert spec.message is not None
-        return decode(buf, pos, end, spec.message)
+def _value(buf: bytes, pos: int, end: int, kind: int) -> Any:
     if kind == MAP:
         return _entry(buf, pos, end)
     if kind == TIME:
@@ -200,10 +217,18 @@ def _entry(buf: bytes, pos: int, end: int) -> tuple[str, str]:
     """A map<string, string> entry (key 1, value 2): absent parts are "", as Go reads them."""
     key = value = ""
     while pos < end:
-        tag, pos = varint(buf, pos, end)
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = varint(buf, pos, end)
         number, wire = tag >> 3, tag & 7
         if number in (1, 2) and wire == BYTES:
-            size, pos = varint(buf, pos, end)
+            size = buf[pos] if pos < end else 0x80
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = varint(buf, pos, end)
             if pos + size > end:
                 raise ProtoError("a map entry's text runs past the entry")
             text = buf[pos : pos + size].decode("utf-8", "replace")
@@ -246,9 +271,24 @@ _MIN_SECONDS, _MAX_SECONDS = -62135596800, 253402300799
 def _time(buf: bytes, pos: int, end: int) -> str | None:
     """metav1.Time (seconds 1, nanos 2) as its JSON text: RFC 3339 in seconds, UTC; None for the
     zero time, which JSON writes as null."""
-    seconds = _numbers(buf, pos, end, "Time").get(1, 0)
-    if seconds == _MIN_SECONDS or (seconds == 0 and pos == end):
+    if pos == end:
         return None
+    seconds = 0
+    while pos < end:
+        tag, pos = varint(buf, pos, end)
+        if tag == 0x08:  # seconds, a varint
+            raw, pos = varint(buf, pos, end)
+            seconds = signed64(raw)
+        else:
+            pos = _skip(buf, pos, end, tag >> 3, tag & 7)
+    if seconds == _MIN_SECONDS:
+        return None
+    return _rfc3339(seconds)
+
+
+@lru_cache(maxsize=1024)
+def _rfc3339(seconds: int) -> str:
+    """Cached: the objects of a list were mostly made within the same few seconds."""
     if not _MIN_SECONDS <= seconds <= _MAX_SECONDS:
         raise ProtoError(f"a time of {seconds} seconds is outside the years 1-9999")
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
