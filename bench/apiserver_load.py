@@ -529,6 +529,7 @@ async def worker(kubeconfig: Path, nodes: int) -> None:
     from kubeproxy.sources.api import ApiSource
     from kubeproxy.sources.connection import connect, load_config
     from kubeproxy.sources.events import WatchEvent
+    from kubeproxy.sources.protobuf import MEDIA_TYPE as PROTOBUF
 
     config = load_config(kubeconfig)
     clients = [connect(config) for _ in range(nodes)]
@@ -547,7 +548,8 @@ async def worker(kubeconfig: Path, nodes: int) -> None:
 
     for index, client in enumerate(clients):
         sink, batch = sink_of(index)
-        sources.append(ApiSource(client, node_name(index), sink, batch_sink=batch, typed_lists=True))
+        # As the kube-proxy command configures it: upstream's default content type, protobuf.
+        sources.append(ApiSource(client, node_name(index), sink, batch_sink=batch, typed_lists=True, content_type=PROTOBUF))
 
     async def announce(index: int) -> None:
         await sources[index].wait_synced()
