@@ -26,7 +26,7 @@ from typing import Any
 from kubeproxy.cluster.proto_schema import KINDS, LIST_ITEMS, LIST_META, decode, decode_item, peek_name
 from kubeproxy.cluster.protowire import BYTES, ProtoError, fields, signed64
 from kubeproxy.cluster.schema import Item, Metadata
-from kubeproxy.sources.wire import WireError
+from kubeproxy.sources.wire import MAX_LIST_ITEMS, WireError
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
@@ -96,6 +96,8 @@ def decode_list(body: bytes, kind: str) -> tuple[dict[str, Any], list[Item]]:
                 meta = decode(body, start, stop, LIST_META)
                 head["metadata"] = _plain_meta(meta)
             elif number == LIST_ITEMS:
+                if len(items) == MAX_LIST_ITEMS:  # before a body of tiny items fills the memory
+                    raise ProtoError(f"the list has over {MAX_LIST_ITEMS} objects, the most taken")
                 try:
                     items.append(decode_item(body, start, stop, kind))
                 except ProtoError as e:

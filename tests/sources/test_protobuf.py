@@ -226,3 +226,11 @@ def test_times_outside_years_1_to_9999_are_refused() -> None:
     item = _ld(1, _ld(1, b"web") + _ld(9, _tag(1, 0) + bytes(varint)))
     with pytest.raises(wire.WireError, match="outside the years 1-9999"):
         protobuf.decode_list(_list_of("Service", item), "Service")
+
+
+def test_a_list_of_too_many_items_is_refused_at_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protobuf, "MAX_LIST_ITEMS", 3)
+    item = _ld(1, _ld(1, b"a"))
+    assert len(protobuf.decode_list(_list_of("Service", *[item] * 3), "Service")[1]) == 3
+    with pytest.raises(wire.WireError, match="over 3 objects"):
+        protobuf.decode_list(_list_of("Service", *[item] * 4), "Service")
