@@ -789,6 +789,8 @@ class Reflector:
             if event.type == "ERROR":
                 raise _status_error(url, 500, protobuf.event_status(event))
             obj: Raw
+            if not event.kind:
+                raise wire.WireError(f"the {event.type} event's object names no kind")
             if event.kind != self.spec.kind:
                 obj, key = {}, wire.ObjectKey(event.kind, event.api_version, "", "", "")
             else:

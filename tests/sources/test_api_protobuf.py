@@ -135,8 +135,9 @@ def _stream(*frames: bytes) -> bytes:
         (_stream(b"\x0a\x05ADDED"), "has no object"),
         (_stream(b"\x0a\x05ADDED\x12\x06\x0a\x04k8s\x00\x0a\x01"), "malformed protobuf"),
         (_stream(b"\x0a\x04GONE\x12\x06\x0a\x04k8s\x00"), "is not one of"),
+        (_stream(b"\x0a\x05ADDED\x12\x06\x0a\x04k8s\x00"), "names no kind"),
     ],
-    ids=["cut-frame", "cut-header", "huge-frame", "no-object", "cut-envelope", "bad-type"],
+    ids=["cut-frame", "cut-header", "huge-frame", "no-object", "cut-envelope", "bad-type", "no-kind"],
 )
 def test_a_malformed_protobuf_watch_is_an_error_named_and_retried(
     body: bytes, reason: str, caplog: pytest.LogCaptureFixture
