@@ -88,6 +88,22 @@ class Mode:
     # What `kube-proxy` logs (as an error) and records as a Warning Event about the Node when it
     # starts in this mode: (reason, action, message).
     start_warning: Callable[[], tuple[str, str, str]] | None = None
+    # The start-up line names the iptables variant its rules go through.
+    logs_iptables_variant: bool = False
+    # The feature gate under which NodePorts on loopback get a listener (TCP) and rejects.
+    localhost_nodeports_gate: str = ""
+    # The Service annotation that sets its own UDP conntrack timeout is honoured.
+    udp_timeout_annotation: bool = False
+    # Connections end in the proxy, which opens its own to the endpoint (from a socket of its
+    # own, never masqueraded); where pods hang off unnumbered links it listens on --bind-address.
+    relays: bool = False
+    # KubeProxyConfiguration's top-level fields only this mode reads (a file gets them back only
+    # in this mode; in any other they are warned unused).
+    file_fields: tuple[str, ...] = ()
+    # What its offline render's text is, for `explain --manifests` to read back: "nft" (nft -f
+    # text), "iptables-save" (restore sections by family), "ipvs" (those with ipset and ipvsadm
+    # parts); "": nothing explain reads.
+    render_format: str = ""
 
 
 # -- the four modes
@@ -213,6 +229,8 @@ MODES: dict[str, Mode] = {
         nfacct_metrics=True,
         loopback_nodeports=True,
         listings=IPTABLES_LISTINGS,
+        logs_iptables_variant=True,
+        render_format="iptables-save",
     ),
     "nftables": Mode(
         "nftables",
@@ -233,6 +251,9 @@ MODES: dict[str, Mode] = {
         periods_section="nftables",
         masquerade_section="nftables",
         default_nodeport_addresses=("primary",),  # upstream's default in nftables mode
+        localhost_nodeports_gate="KubeProxyNFTablesLocalhostNodePorts",
+        udp_timeout_annotation=True,
+        render_format="nft",
     ),
     "ipvs": Mode(
         "ipvs",
@@ -247,6 +268,7 @@ MODES: dict[str, Mode] = {
         failure_metric=RESTORE_FAILURES,
         listings=(("ipvsadm-save", "-n"), ("ipset", "save"), *IPTABLES_LISTINGS),
         periods_section="ipvs",
+        render_format="ipvs",
     ),
     "userspace": Mode(
         "userspace",
@@ -260,6 +282,9 @@ MODES: dict[str, Mode] = {
         metrics=(RESTORE_FAILURES, PARTIAL_RESTORE_FAILURES),
         failure_metric=RESTORE_FAILURES,
         listings=IPTABLES_LISTINGS,
+        relays=True,
+        file_fields=("portRange", "udpIdleTimeout"),
+        render_format="iptables-save",
     ),
 }
 

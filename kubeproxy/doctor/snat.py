@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubeproxy.backends import registry
 from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_conntrack_timeout
 from kubeproxy.doctor.facts import TCP_TIME_WAIT, UDP_TIMEOUT, NodeFacts
 from kubeproxy.doctor.findings import Finding
@@ -83,12 +84,14 @@ def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: 
     notes: list[str] = []
     if proto == "UDP":
         seconds, warning = udp_conntrack_timeout(svc.annotations, f"{name.namespace}/{name.name}")
-        if seconds is not None and mode == "nftables":
+        if seconds is not None and _honours_udp_annotation(mode):
             timeout, timeout_source = seconds, f"annotation {UDP_CONNTRACK_TIMEOUT}"
         else:
             timeout, timeout_source = facts.int_sysctl(UDP_TIMEOUT) or 30, UDP_TIMEOUT
             if seconds is not None:
-                notes.append(f"annotation {UDP_CONNTRACK_TIMEOUT} is honoured in nftables mode only; this node runs {mode}")
+                notes.append(
+                    f"annotation {UDP_CONNTRACK_TIMEOUT} is honoured in {_annotation_modes()} mode only; this node runs {mode}"
+                )
             if warning:
                 notes.append(warning)
     else:
@@ -154,8 +157,8 @@ def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: 
         )
     if proto == "UDP" and timeout > SUGGESTED_UDP_TIMEOUT:
         gain = timeout / SUGGESTED_UDP_TIMEOUT
-        how = (f"annotate the Service {UDP_CONNTRACK_TIMEOUT}: {SUGGESTED_UDP_TIMEOUT}s" if mode == "nftables" else
-               f"run in nftables mode and annotate the Service {UDP_CONNTRACK_TIMEOUT}: {SUGGESTED_UDP_TIMEOUT}s "
+        how = (f"annotate the Service {UDP_CONNTRACK_TIMEOUT}: {SUGGESTED_UDP_TIMEOUT}s" if _honours_udp_annotation(mode) else
+               f"run in {_annotation_modes()} mode and annotate the Service {UDP_CONNTRACK_TIMEOUT}: {SUGGESTED_UDP_TIMEOUT}s "
                f"(or lower {UDP_TIMEOUT} for the whole node)")
         fixes.append(f"{how}: the bound rises {gain:.0f}x, health checks fail from ~{_fmt_rate(fail_svc * gain)}")
     fixes.append(f"more endpoints: each one adds ~{_fmt_rate(fail_ep)} before health checks fail (linear)")
@@ -194,3 +197,12 @@ def _finding(name: ServicePortName, probes: list[Probe], view: NodeView, facts: 
         ],
     }
     return Finding(severity, "snat-capacity", subject, title, evidence, fixes, data, score=fail_svc)
+
+
+def _honours_udp_annotation(mode: str) -> bool:
+    found = registry.MODES.get(mode)
+    return found is not None and found.udp_timeout_annotation
+
+
+def _annotation_modes() -> str:
+    return " or ".join(m.name for m in registry.MODES.values() if m.udp_timeout_annotation)

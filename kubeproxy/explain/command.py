@@ -10,9 +10,8 @@ from typing import NoReturn
 
 import click
 
+from kubeproxy.cli import ModeChoice
 from kubeproxy.doctor.commands import DUMP_FORMATS, csv_values, parse_dump, read_dump_file
-
-_MODES = ("iptables", "nftables", "ipvs", "userspace")
 
 
 def _fail(message: str) -> NoReturn:
@@ -33,7 +32,7 @@ def _fail(message: str) -> NoReturn:
 @click.option("--manifests", multiple=True,
               help="The cluster's objects (files or folders; repeatable). Alone: their rules as rendered "
                    "in --proxy-mode are explained.")
-@click.option("--proxy-mode", "mode", default="iptables", show_default=True, type=click.Choice(_MODES),
+@click.option("--proxy-mode", "mode", default="iptables", show_default=True, type=ModeChoice(),
               help="With --manifests alone: the mode to render them in.")
 @click.option("--hostname-override", default="", help="This node's name (default: the only Node given).")
 @click.option("--node-ip", default="", help="This node's primary IP.")
@@ -100,7 +99,10 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
                 ipvs = load_into(node, *dumps)
         else:
             out = registry.offline_renderer(mode)(state, cfg, OfflineOptions(with_jumps=True))
-            ruleset, ipvs = read_render(out.text, mode, node)
+            fmt = registry.mode(mode).render_format
+            if not fmt:
+                _fail(f"--proxy-mode {mode}: explain cannot read this mode's rules; give --rules or --live instead")
+            ruleset, ipvs = read_render(out.text, fmt, node)
             notes += [f"rules as `kubeproxy render --proxy-mode {mode}` makes them for these objects"]
     except (ParseError, LiveError, IpvsParseError, ConfigError, ValueError) as exc:
         _fail(str(exc))

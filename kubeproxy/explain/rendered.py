@@ -59,15 +59,18 @@ def _with_ipvs_jumps(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def read_render(text: str, mode: str, node: Node) -> tuple[Ruleset, IpvsState | None]:
-    """The ruleset (and IPVS table) the render's text programs; IPVS's ipsets and bound
-    addresses go into `node`. nftables text is read by `nft` in a throwaway namespace (root)."""
-    if mode == "nftables":
+def read_render(text: str, fmt: str, node: Node) -> tuple[Ruleset, IpvsState | None]:
+    """The ruleset (and IPVS table) the render's text programs, by its format (a mode's
+    `render_format`); IPVS's ipsets and bound addresses go into `node`. nft text is read by `nft`
+    in a throwaway namespace (root)."""
+    if fmt == "nft":
         return nft_json.parse_text(text), None
+    if fmt not in ("iptables-save", "ipvs"):
+        raise ValueError(f"rendered rules of format {fmt or 'unknown'!r}: explain reads nft, iptables-save and ipvs text")
     ruleset = Ruleset("iptables-save", [])
     ipvs: IpvsState | None = None
     for family, section in _by_family(text):
-        if mode == "ipvs":
+        if fmt == "ipvs":
             ipsets, section, ipvsadm = _ipvs_parts(section)
             section = _with_ipvs_jumps(section)
             got = load_into(node, ipvsadm, ipsets)

@@ -602,10 +602,10 @@ _CONNTRACK_TIMEOUTS = (
 
 def _unused_file_fields(doc: _KubeProxyConfiguration) -> list[str]:
     out = []
-    if doc.portRange and doc.mode != "userspace":
-        out.append("portRange: used only by the userspace mode; ignored")
-    if doc.udpIdleTimeout and parse_duration(doc.udpIdleTimeout) and doc.mode != "userspace":
-        out.append("udpIdleTimeout: used only by the userspace mode; ignored")
+    given = {"portRange": bool(doc.portRange), "udpIdleTimeout": bool(doc.udpIdleTimeout and parse_duration(doc.udpIdleTimeout))}
+    for key in sorted(k for k, v in given.items() if v and k not in _file_fields(doc.mode or "")):
+        readers = " and ".join(m.name for m in registry.MODES.values() if key in m.file_fields)
+        out.append(f"{key}: used only by the {readers} mode; ignored")
     if doc.windowsRunAsService:
         out.append("windowsRunAsService: Windows only; ignored")
     if doc.logging and doc.logging.vmodule:
@@ -685,9 +685,14 @@ def to_kube_proxy_configuration(cfg: ProxyConfig) -> dict[str, Any]:
         "configSyncPeriod": format_go_duration(cfg.config_sync_period),
         "portRange": cfg.port_range,
     }
-    if mode == "userspace":
+    if "udpIdleTimeout" in _file_fields(mode):
         out["udpIdleTimeout"] = format_go_duration(cfg.udp_idle_timeout)
     return out
+
+
+def _file_fields(mode: str) -> tuple[str, ...]:
+    found = registry.MODES.get(mode)
+    return found.file_fields if found else ()
 
 
 def _go_duration_or_none(seconds: float | None) -> str | None:

@@ -257,7 +257,9 @@ def _nft_localhost_nodeports(cfg: ProxyConfig, cidrs: Sequence[IPNetwork]) -> di
     """As upstream's nftables proxier: with the gate on, a loopback CIDR named in this family's
     nodePortAddresses (127.0.0.0/8, ::1/128; not a catch-all that happens to hold loopback)
     starts the TCP listener and rejects the other protocols; without one, all are rejected."""
-    if cfg.mode != "nftables" or not gate_enabled(cfg.feature_gates, "KubeProxyNFTablesLocalhostNodePorts"):
+    found = registry.MODES.get(cfg.mode)
+    gate = found.localhost_nodeports_gate if found else ""
+    if not gate or not gate_enabled(cfg.feature_gates, gate):
         return {}
     proxy = any(net.network_address.is_loopback for net in cidrs)
     rejects = LOCALHOST_NODEPORT_REJECTED_WITH_PROXY if proxy else LOCALHOST_NODEPORT_REJECTABLE

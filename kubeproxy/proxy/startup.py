@@ -12,6 +12,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from kubeproxy import __version__
+from kubeproxy.backends import registry
 from kubeproxy.cluster.addresses import AddressError, valid_cidr
 from kubeproxy.cluster.objects import Node
 from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, unused_settings
@@ -114,6 +115,11 @@ def config_warnings(cfg: ProxyConfig) -> list[str]:
     return out
 
 
+def _logs_variant(mode: str) -> bool:
+    found = registry.MODES.get(mode)
+    return found is not None and found.logs_iptables_variant
+
+
 def system_iptables_variant() -> str:
     """"legacy" or "nft": what the system's `iptables` drives (its --version says), as upstream logs it."""
     try:
@@ -137,7 +143,7 @@ def summary(
     return {
         "version": __version__,
         "mode": cfg.mode,
-        "iptablesVariant": (iptables_variant or system_iptables_variant()) if cfg.mode == "iptables" else "n/a",
+        "iptablesVariant": (iptables_variant or system_iptables_variant()) if _logs_variant(cfg.mode) else "n/a",
         "node": node_name,
         "nodeFrom": node_from,
         "nodeIPs": ",".join(facts.ips) if facts and facts.ips else "unknown",

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kubeproxy.backends import registry
 from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_conntrack_timeout
 
 NFT_CT_TIMEOUT = "5s"
@@ -54,13 +55,13 @@ class Scenario:
     def masquerades_external(self) -> bool:
         """Does the node SNAT the external IP's queries (the seed's problem)? The userspace relay
         does not: it sends from sockets of its own (see the module's docstring)."""
-        return self.external_traffic_policy == "Cluster" and not self.manual_dnat and self.proxy_mode != "userspace"
+        return self.external_traffic_policy == "Cluster" and not self.manual_dnat and not registry.mode(self.proxy_mode).relays
 
     @property
     def service_udp_timeout(self) -> int | None:
         """The Service's own UDP conntrack timeout in seconds (the nftables annotation), None for the node's."""
-        if self.proxy_mode != "nftables":
-            return None  # only the nftables backend reads the annotation
+        if not registry.mode(self.proxy_mode).udp_timeout_annotation:
+            return None  # a mode that does not read the annotation
         seconds, warning = udp_conntrack_timeout(self.annotations, self.name)
         if warning is not None:
             raise ValueError(f"scenario {self.name}: {warning}")

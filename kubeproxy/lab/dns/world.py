@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from kubeproxy.backends import registry
 from kubeproxy.lab import builders
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.builders import JSON, Port, endpoint_slice, service
@@ -114,7 +115,7 @@ class DnsWorld:
         c.write_manifests(self.objects)
         # The pods hang off unnumbered veths, where REDIRECT has no address to send to: the
         # userspace relay listens on the node IP and its rules DNAT there (upstream's --bind-address).
-        bind = ("--bind-address", NODE_IP) if self.scenario.proxy_mode == "userspace" else ()
+        bind = ("--bind-address", NODE_IP) if registry.mode(self.scenario.proxy_mode).relays else ()
         c.start_proxy("--proxy-mode", self.scenario.proxy_mode, "--cluster-cidr", CLUSTER_CIDR, *bind)
         deadline = time.monotonic() + timeout
         while not self.answers(EXTERNAL_IP):
