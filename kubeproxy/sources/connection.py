@@ -8,17 +8,19 @@ watch.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import httpx2
 import yaml
 from lightkube.config.client_adapter import AsyncClient as _adapter_client
-from lightkube.config.client_adapter import ConnectionParams, _shallow_asdict, user_auth
+from lightkube.config.client_adapter import ConnectionParams, _shallow_asdict, user_auth, verify_cluster
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError
 
 from kubeproxy import __version__
+from kubeproxy.sources.http2 import Http2Transport
 from kubeproxy.sources.throttle import TokenBucket
 from kubeproxy.sources.token_file import TokenFileAuth
 from kubeproxy.version import KUBERNETES_VERSION, VersionInfo
@@ -87,12 +89,15 @@ def connect(
     qps: float = 5.0,
     burst: int = 10,
     user_agent: str = USER_AGENT,
+    http2: bool = True,
 ) -> httpx2.AsyncClient:
     """An authenticated client for the API server in `config`. The caller closes it (`aclose`).
 
     `timeout` bounds connecting and ordinary requests; lists and watches set their own read
     timeouts. `qps` and `burst` limit every request but watches as client-go's rate limiter
-    (`throttle.py`; kube-proxy's defaults; qps <= 0: no limit).
+    (`throttle.py`; kube-proxy's defaults; qps <= 0: no limit). With `http2`, an https server is
+    spoken to over one HTTP/2 connection, as client-go does (`http2.py`; HTTP/1.1 where the server
+    does not offer HTTP/2).
     """
     params = ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=trust_env)
     try:
@@ -102,6 +107,11 @@ def connect(
             # would build a verifying SSL context anyway (50-150 ms of every start-up).
             auth = user_auth(config.user)
             client = httpx2.AsyncClient(base_url=config.cluster.server, verify=False, auth=auth, **_shallow_asdict(params))
+        elif http2:
+            # The fallback and the HTTP/2 transport each set their own ALPN: one context each.
+            fallback = httpx2.AsyncHTTPTransport(verify=_verify(config, trust_env), trust_env=trust_env)
+            transport = Http2Transport(_verify(config, trust_env), fallback)
+            client = httpx2.AsyncClient(**{**params.httpx_params(config), "transport": transport})
         else:
             client = _adapter_client(config, params)
         if config.user is not None and config.user.token_file is not None:
@@ -112,3 +122,8 @@ def connect(
         raise ConnectionConfigError(f"cannot set up a client for {config.cluster.server}: {e}") from None
     client.headers["User-Agent"] = user_agent
     return client
+
+
+def _verify(config: SingleConfig, trust_env: bool) -> ssl.SSLContext:
+    """The TLS context lightkube makes for `config` (its CA, client certificate, insecure flag)."""
+    return verify_cluster(config.cluster, config.user or User(), config.abs_file, trust_env=trust_env)
