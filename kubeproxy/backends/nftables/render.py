@@ -14,22 +14,11 @@ masquerading, the same endpoint decisions through `categorize`):
 
 Endpoint selection is where we differ, for scale. Upstream gives every service port a chain
 that picks an endpoint with an anonymous `numgen random mod N vmap { 0 : goto endpoint-…, … }`
-and every endpoint a chain of its own. Measured on this machine (nft 1.0.6, kernel 6.18, a
-shared 2-core machine at load 4-5, so ±30%; `bench/nftables.py --shapes`), loading only the
-endpoint selection of N services × 10 endpoints with `nft -f`:
-
-    services   ours (below)   chained numgen jumps   named map per service   upstream (anon vmap)
-        1000       0.27 s            1.80 s                 1.12 s                  2.67 s
-        2000       0.58 s            2.77 s                 2.07 s                 12.16 s
-        4000       0.67 s            4.73 s                 6.83 s                 42.67 s
-       10000       1.46 s           10.46 s                24.74 s                  > 60 s
-
-Anonymous sets: the kernel names each one by scanning every set of the table (quadratic).
-Named sets: every lookup by name walks the table's set list (8000 sets alone: 7.9 s). One
-shared map keyed by a per-service id, used by a rule per service, is worse still: each element
-added to a map is validated against every rule that uses the map (18.8 s at 10k services, 186 s
-with the elements first). Chains and rules cost ~25 µs each in nft, so 100k endpoint chains are
-several seconds before anything else.
+and every endpoint a chain of its own, a shape nft loads in super-linear time: the kernel names
+each anonymous set by scanning every set of the table, every lookup of a named set walks the
+table's set list, an element added to a map is validated against every rule that uses the map,
+and each chain and rule has a cost of its own. The shapes' load times are in
+docs/modes/nftables.md (`bench/nftables.py --shapes`).
 
 So endpoints are map *elements*, keyed by packet fields, in maps that one rule each uses:
 
@@ -44,10 +33,8 @@ by every service port with that many endpoints; external traffic goes through sh
 externalTrafficPolicy Local) to the same selectors. A service port without ClientIP affinity
 therefore costs no chain and no rule, only elements: its cluster IP, its service-ips entry and
 one element per endpoint (per address it is reachable at). Every map is used by at most two
-rules, nothing is anonymous, and a change of endpoints is a few element additions and deletions.
-The whole table for 10k services × 10 endpoints (bench/nftables.py): render 0.83 s, cold sync
-(render + load) 2.55 s, one endpoint replaced 52 ms (incremental render, diff, one nft run of 20
-element operations), resync without change 7 ms and no kernel operation.
+rules, nothing is anonymous, and a change of endpoints is a few element additions and deletions
+(bench/nftables.py times the whole table; docs/benchmarks.md has its numbers).
 
 Hairpin (a pod reaching itself through a service must be masqueraded, or it would answer itself
 directly): upstream has a rule in every endpoint chain; we have one rule in `masquerading` for
@@ -466,9 +453,8 @@ def _expand(ctx: _FamilyWords, key: Hashable) -> SharedObjects:
         return SharedObjects(chains=(Chain(external_name(nodeport, n, m), tuple(rules)),))
     if kind == "firewall":
         # Per service port, as upstream's firewall chains: one interval set of plain addresses
-        # loads in linear time (80,000 ranges: 0.8 s), where one shared set keyed by
-        # destination . source needs nft's concatenated-interval backend, whose inserts grow
-        # with the set (10,000 ranges: 2.3 s, 100,000: > 120 s).
+        # loads in linear time, where one shared set keyed by destination . source needs nft's
+        # concatenated-interval backend, whose inserts grow with the set (bench/source_ranges.py).
         _, chain_name, set_name = key
         return SharedObjects(
             chains=(Chain(chain_name, (Rule(f"{ipx} saddr != @{set_name} drop"),)),),
@@ -684,8 +670,8 @@ def _selectors(
             hairpin.update(ep.ip for ep in eps if ep.is_local or every_endpoint_may_hairpin)
         keys.extend([f"{key} . {i}" for i in range(n)])
         # The first element of a block names the Service (so a grep for it finds the block's key);
-        # the others go without, packed as their bare values: a comment on each of 100k
-        # elements at 10k Services would cost an object and its text apiece.
+        # the others go without, packed as their bare values: a comment on every element would
+        # cost an object and its text per endpoint.
         packed.append(pack(values[0], spn_str))
         packed.extend(values[1:])
         return name
@@ -694,7 +680,7 @@ def _selectors(
     if has_internal:
         policy, eps = ("local", local) if svc.internal_policy_local else ("cluster", cluster)
         # Interned: the rendering keeps one per service port as a map value, and there are only a
-        # few distinct ones (10k copies of "goto cluster-endpoints-10" were 0.7 MiB at 10k services).
+        # few distinct ones ("goto cluster-endpoints-10" for most service ports).
         internal_target = intern("goto " + fill(policy, False, f"{svc.cluster_ip} . {proto} . {port}", eps))
 
     external_target = None

@@ -9,10 +9,10 @@ pod behind two services) stays while any claim remains.
 An incremental render starts from the previous rendering, takes back the fragments of changed
 services and adds their new ones. A rendering keeps no fragment: only what each was made from
 (the view's ServicePortInfo and endpoint list, shared with the view), and takes one back by
-making it again from those (the same options, so the same fragment). At 10k service ports the
-fragments' tuples were 6 MiB of a 44 MiB rendering. It copies only the dictionaries it writes to and records what
-it touched, so that the applier's diff looks at those keys only: a one-endpoint change at 10k
-services costs milliseconds, not a walk over 200k elements. The bookkeeping (claims and
+making it again from those (the same options, so the same fragment), so that the fragments'
+tuples are not held twice. It copies only the dictionaries it writes to and records what it
+touched, so that the applier's diff looks at those keys only: a one-endpoint change costs a few
+keys, not a walk over every element of the table. The bookkeeping (claims and
 reference counts) moves to the new rendering; a rendering whose bookkeeping has moved on can
 still be printed and applied, but the next incremental render must start from the newest one
 (otherwise the renderer falls back to a full render, which is always correct).
@@ -51,9 +51,9 @@ COMPACT_MIN = 4096  # an overlay this large (and a quarter of its base) is folde
 class OverlayMap(Mapping[K, V], Generic[K, V]):
     """A mapping that is a read-only `base` plus a small `overlay` of changes (`_GONE`: deleted).
 
-    An incremental render writes a few keys of maps of 100k elements (the selector maps at 10k
-    services x 10 endpoints) and must leave its parent's maps as they were: copying each map it
-    writes to was 10 ms of a one-endpoint change. A child copies only the parent's overlay;
+    An incremental render writes a few keys of maps that hold an element per endpoint (the
+    selector maps) and must leave its parent's maps as they were: copying each map it writes
+    to would cost in proportion to the cluster, not to the change. A child copies only the parent's overlay;
     once the overlay outgrows a quarter of the base (and COMPACT_MIN keys) it is
     folded into a fresh base, so reads stay two dict lookups and the copies stay small.
     The base is never written to: every rendering that shares it sees the same entries.
@@ -215,7 +215,7 @@ class ElementClaims:
 
     Nearly every key has one claim, and then the claim is the element the rendering holds: the
     rendering's own element dict (`d` below, read only here) is the record of it, with no copy
-    (a full render at 10k services makes 150k claims; a second dict of them was 4 MiB). Kept
+    (a full render makes a claim per element; a second dict of them would double that). Kept
     aside are only repeated claims of the same element (counted) and distinct values for one
     key (two services claiming the same external IP and port: `_many`, whose effective element
     is also the one in `d`).
@@ -296,7 +296,7 @@ class IncrementalState:
     # The service ports of each Service among the sources: made by the first incremental render
     # (one walk), kept up to date from then on, so that later ones find a Service's old ports
     # without walking every source. Tuples, not sets: nearly every Service has one port, and a
-    # set of one is 216 bytes to a tuple's 48 (2 MiB at 10k Services).
+    # set of one is several times the size of a tuple of one.
     ports: dict[tuple[str, str], tuple[ServicePortName, ...]] | None = None
 
     def ports_of(
@@ -492,7 +492,7 @@ class Builder:
 
     def _add_fresh(self, set_name: str, keys: tuple[str, ...], packed: tuple[Packed, ...]) -> None:
         """add_fragment's inner loop for a full render: the same as claims.add + set_element,
-        without two calls per element (a full render at 10k services makes 150k claims), and
+        without two calls per element (this loop runs once per element of the table), and
         without unpacking: the set's dictionary takes the packed elements as they come."""
         out = self.elements.get(set_name)
         if out is None:
