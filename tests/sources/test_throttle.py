@@ -50,6 +50,39 @@ def test_the_bucket_spends_the_burst_then_one_token_every_1_over_qps() -> None:
             TokenBucket(qps, burst)
 
 
+def test_a_cancelled_wait_gives_its_token_back_unless_later_ones_were_reserved() -> None:
+    """x/time's Reservation.CancelAt: the token of a cancelled wait is restored, less the tokens
+    reserved after it, so a cancelled request does not delay the ones queued behind it."""
+    clock = Clock()
+
+    async def main() -> None:
+        asleep = asyncio.Event()
+
+        async def forever(delay: float) -> None:
+            asleep.set()
+            await asyncio.Event().wait()
+
+        bucket = TokenBucket(5.0, 10, clock=clock, sleep=forever)
+        for _ in range(10):
+            bucket.reserve()
+        waiting = asyncio.create_task(bucket.wait())  # due in 0.2 s
+        await asleep.wait()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert round(bucket.reserve(), 6) == 0.2  # its token, given back
+        asleep.clear()
+        waiting = asyncio.create_task(bucket.wait())  # due in 0.4 s
+        await asleep.wait()
+        assert round(bucket.reserve(), 6) == 0.6  # reserved after it
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert round(bucket.reserve(), 6) == 0.8  # nothing to give back: 0.6 was reserved later
+
+    asyncio.run(main())
+
+
 def test_lists_wait_for_tokens_and_watches_do_not(tmp_path: Path) -> None:
     clock = Clock()
     sleeps = Sleeps()
