@@ -50,6 +50,9 @@ CONTROLLERS = (
 )
 SERVICE_CIDR = "10.96.0.0/12"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# A pod's default terminationGracePeriodSeconds (k8s.io/api v0.37.2 core/v1 types.go), what a
+# kubelet gives kube-apiserver to drain its requests on SIGTERM: a loaded server takes over 10 s.
+APISERVER_GRACE_SECONDS = 30.0
 
 
 class ControlPlaneError(RuntimeError):
@@ -282,8 +285,9 @@ class ControlPlane:
                 raise ControlPlaneError(f"GET {path} did not answer 200 in time (last: {last})")
             time.sleep(0.1)
 
-    def stop_apiserver(self, timeout: float = 10) -> None:
-        """Stop kube-apiserver (SIGTERM, as a node's kubelet restarts it): every watch on it ends."""
+    def stop_apiserver(self, timeout: float = APISERVER_GRACE_SECONDS) -> None:
+        """Stop kube-apiserver (SIGTERM, as a node's kubelet restarts it; SIGKILL after the
+        kubelet's grace period): every watch on it ends."""
         L.stop_process(self.processes["kube-apiserver"], timeout)
 
     def start_apiserver(self, extra_flags: Sequence[str] = (), timeout: float = 90) -> None:
@@ -294,7 +298,7 @@ class ControlPlane:
         self._await("/readyz", deadline)
 
     def restart_apiserver(self, extra_flags: Sequence[str] = (), timeout: float = 90) -> None:
-        self.stop_apiserver()
+        self.stop_apiserver(APISERVER_GRACE_SECONDS)
         self.start_apiserver(extra_flags, timeout)
 
     def etcd_revision(self) -> int:
