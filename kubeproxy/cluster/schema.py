@@ -235,6 +235,7 @@ class Endpoint(_Strict):
     zone: Text = UNSET
     hints: Hints | UnsetType | None = UNSET
     targetRef: TargetRef | UnsetType | None = UNSET
+    deprecatedTopology: TextMap = UNSET  # not read: v1beta1's topology, readable (not writable) in v1
 
 
 class Item(_Strict):

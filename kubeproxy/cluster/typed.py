@@ -1,4 +1,4 @@
-"""Service, EndpointSlice and Node built straight from the typed decoder's structs (issue 17).
+"""Service, EndpointSlice and Node built straight from the typed decoder's structs.
 
 `parse_item` reads a `schema.Item` by attribute: msgspec has already checked every field's type
 (a port is an int, a label value a str, no unknown field), so what is left is the API server's
@@ -25,12 +25,8 @@ from typing import Any
 import msgspec
 
 from kubeproxy.cluster.addresses import (
-    SPECIAL_FIRST_OCTETS,
-    AddressText,
     CheckedIP,
     CheckedNet,
-    endpoint_ip,
-    ip_text,
     non_special_ip,
     source_range,
     valid_ip,
@@ -40,17 +36,11 @@ from kubeproxy.cluster.fields import Fields
 from kubeproxy.cluster.objects import (
     AFFINITIES,
     DEFAULT_AFFINITY_TIMEOUT,
-    ENDPOINT_TWIN,
     LABEL_SERVICE_NAME,
-    MAX_ENDPOINT_ADDRESSES,
-    MAX_SLICE_ENDPOINTS,
     MAX_SLICE_PORTS,
-    MAX_ZONE_HINTS,
-    NO_HINTS,
     PROTOCOLS,
     SERVICE_TYPES,
     TRAFFIC_POLICIES,
-    Endpoint,
     EndpointPort,
     EndpointSlice,
     LoadBalancerIngress,
@@ -59,9 +49,9 @@ from kubeproxy.cluster.objects import (
     ServicePort,
     _check_unique_ports,
     _ipv4,
+    read_endpoints,
 )
-from kubeproxy.cluster.schema import Endpoint as SchemaEndpoint
-from kubeproxy.cluster.schema import Hint, Item, Metadata, Spec, Status, as_plain
+from kubeproxy.cluster.schema import Item, Metadata, Spec, Status, as_plain
 from kubeproxy.cluster.twins import maker
 from kubeproxy.cluster.validation import (
     ANNOTATIONS_MAX_BYTES,
@@ -156,7 +146,7 @@ def _metadata(item: Item, check_name: Callable[[str], str | None], checks: Check
 
 
 # What an object without labels or annotations keeps: one shared empty mapping, never written to
-# (the objects' fields are read-only Mappings), instead of two 64-byte dicts per Service.
+# (the objects' fields are read-only Mappings), instead of two empty dicts per Service.
 _NONE: Mapping[str, str] = {}
 
 
@@ -165,7 +155,7 @@ def _labels(labels: dict[str, str] | Any, checks: CheckCache) -> Mapping[str, st
         return _NONE
     out = {}
     for key, value in labels.items():
-        shared = checks.canonical(qualified_name, key)  # 10k slices share one `kubernetes.io/service-name`
+        shared = checks.canonical(qualified_name, key)  # every slice has a `kubernetes.io/service-name`: one string
         if shared is None or (value and label_value(value) is not None):
             raise _Skip
         out[shared] = value
@@ -187,7 +177,7 @@ def _annotations(annotations: dict[str, str] | Any, checks: CheckCache) -> Mappi
 
 
 def _ip(text: str) -> CheckedIP:
-    """`addresses.valid_ip(text)`, with the canonical IPv4 case built directly (as `_plain_endpoint`)."""
+    """`addresses.valid_ip(text)`, with the canonical IPv4 case built directly (as `objects.read_endpoints` reads addresses)."""
     try:
         return _ipv4(inet_pton(AF_INET, text))
     except (OSError, ValueError):
@@ -305,7 +295,7 @@ def _slice(item: Item, checks: CheckCache) -> EndpointSlice:
     address_type = _enum(item.addressType, _ADDRESS_TYPE, "")
     if not address_type:
         raise _Skip
-    endpoints = _endpoints(item.endpoints, address_type, checks) if address_type != "FQDN" else ()
+    endpoints = read_endpoints(item.endpoints, address_type, checks) if address_type != "FQDN" else ()
     raw_ports = item.ports or ()
     if len(raw_ports) > MAX_SLICE_PORTS:
         raise _Skip
@@ -329,105 +319,6 @@ def _slice(item: Item, checks: CheckCache) -> EndpointSlice:
         endpoints=endpoints,
         ports=tuple(ports),
     )
-
-
-def _endpoints(raw: list[SchemaEndpoint] | Any, address_type: str, checks: CheckCache) -> tuple[Endpoint, ...]:
-    """A slice's endpoints: 100k at 10k services, so the common shape is read with the fewest steps."""
-    if not raw:
-        return ()
-    if len(raw) > MAX_SLICE_ENDPOINTS:
-        raise _Skip
-    node_names = checks.passed(dns1123_subdomain)
-    # Bound to locals, and the common endpoint built inline (not by calling `_new_endpoint`,
-    # which does the same): 100k times, each call is 5% of the loop.
-    canonical, pton = checks.canonical, inet_pton
-    new, twin, endpoint_class = object.__new__, ENDPOINT_TWIN, Endpoint
-    empty = NO_HINTS
-    special, ipv4 = SPECIAL_FIRST_OCTETS, address_type == "IPv4"
-    endpoints = []
-    for ep in raw:
-        # Any: the texts below become AddressText only once inet_pton (or the gate) took them.
-        addresses: Any = ep.addresses
-        if not addresses:
-            raise _Skip
-        count = len(addresses)
-        if count > MAX_ENDPOINT_ADDRESSES:
-            raise _Skip
-        # Canonical IPv4 (inet_pton takes no other spelling) of an IPv4 slice is kept as it came,
-        # unless its first octet is one a special-address check looks at.
-        try:
-            if not ipv4:
-                raise OSError
-            first: AddressText = addresses[0]
-            if pton(AF_INET, first)[0] in special:
-                raise OSError
-            more: tuple[AddressText, ...] = ()
-            if count > 1:
-                for text in addresses:
-                    if pton(AF_INET, text)[0] in special:
-                        raise OSError
-                more = tuple(addresses[1:])
-        except (OSError, ValueError):
-            first, *others = [ip_text(endpoint_ip(text, address_type)) for text in addresses]
-            more = tuple(others)
-        cond = ep.conditions
-        # Unset conditions as upstream reads them: ready and serving true, terminating false.
-        if cond:
-            ready, serving, terminating = cond.ready is not False, cond.serving is not False, cond.terminating is True
-        else:
-            ready, serving, terminating = True, True, False
-        node_name = ep.nodeName
-        if node_name:
-            node_name = node_names.get(node_name) or canonical(dns1123_subdomain, node_name)
-            if node_name is None:
-                raise _Skip
-        else:
-            node_name = ""
-        zone = ep.zone
-        zone = intern(zone) if zone else ""  # not validated (upstream does not): only compared
-        hints = ep.hints
-        if hints is None or hints is msgspec.UNSET:
-            made: Any = new(twin)  # as `objects._endpoint_maker`
-            made.address = first
-            made.more_addresses = more
-            made.ready = ready
-            made.serving = serving
-            made.terminating = terminating
-            made.node_name = node_name
-            made.zone = zone
-            made.zone_hints = empty
-            made.node_hints = empty
-            made.__class__ = endpoint_class
-            endpoints.append(made)
-        else:
-            endpoints.append(
-                Endpoint(
-                    first,
-                    more,
-                    ready=ready,
-                    serving=serving,
-                    terminating=terminating,
-                    node_name=node_name,
-                    zone=zone,
-                    zone_hints=_hints(hints.forZones, label_value),
-                    node_hints=_hints(hints.forNodes, dns1123_subdomain),
-                )
-            )
-    return tuple(endpoints)
-
-
-def _hints(entries: list[Hint] | Any, check: Callable[[str], str | None]) -> frozenset[str]:
-    if not entries:
-        return NO_HINTS
-    if len(entries) > MAX_ZONE_HINTS:
-        raise _Skip
-    names = set()
-    for entry in entries:
-        hint = entry.name or ""
-        if hint and check(hint) is not None:
-            raise _Skip
-        names.add(hint)
-    return frozenset(names) if names else NO_HINTS
 
 
 def _node(item: Item, checks: CheckCache) -> Node:

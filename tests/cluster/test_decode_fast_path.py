@@ -1,6 +1,6 @@
-"""The decode fast paths (issue 17) give exactly what the general paths give, and refuse exactly as much.
+"""The decode fast paths give exactly what the general paths give, and refuse exactly as much.
 
-`addresses.canonical_ipv4` and `objects._plain_endpoint` accept a subset of their input and hand everything
+`addresses.canonical_ipv4` and `objects.read_endpoints` accept a subset of their input and hand everything
 else to the general code; msgspec decodes JSON where it agrees with the json module. Each is
 checked here against the general path on the inputs where they could differ.
 """
@@ -88,8 +88,22 @@ ENDPOINTS: list[Any] = [
     {"addresses": ["10.0.0.1"] * 101},
     {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": "z1"}]}},
     {"addresses": ["10.0.0.1"], "hints": None},
+    {"addresses": ("10.0.0.1",)},
+    {"addresses": ["10.0.0.1"], "deprecatedTopology": {"a": "b"}},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": True, "unknown": 1}},
+    {"addresses": ["10.0.0.1"], "targetRef": 5},
+    {"addresses": ["10.0.0.1"], "hints": {"forNodes": [{"name": "node-a"}] * 9}},
     {"nodeName": "node-a"},
     "not an object",
+]
+# The endpoints `read_endpoints` reads itself (every other one is read field by field).
+COMMON: list[Any] = [
+    {"addresses": ["10.0.0.1"]},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": False, "serving": True, "terminating": True}},
+    {"addresses": ["10.0.0.1"], "conditions": None},
+    {"addresses": ["10.0.0.1", "10.0.0.2"], "nodeName": "node-a", "zone": "z1"},
+    {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": "z1"}]}},
+    {"addresses": ["10.0.0.1"], "deprecatedTopology": {"a": "b"}},
 ]
 
 
@@ -101,11 +115,24 @@ def outcome(obj: dict[str, Any]) -> objects.EndpointSlice | str:
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=[repr(e)[:50] for e in ENDPOINTS])
-def test_plain_endpoint_gives_what_the_general_path_gives(endpoint: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_struct_route_gives_what_the_field_by_field_route_gives(endpoint: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     obj = slice_with(endpoint)
     fast = outcome(obj)
-    monkeypatch.setattr(objects, "_plain_endpoint", lambda raw, node_names: None)
+
+    def refuse(raw: list[Any]) -> list[Any]:
+        raise objects.EndpointRefused("test")
+
+    monkeypatch.setattr(objects, "_endpoint_structs", refuse)  # every endpoint checked field by field
     assert fast == outcome(obj)
+
+
+@pytest.mark.parametrize("endpoint", COMMON, ids=[repr(e)[:50] for e in COMMON])
+def test_the_common_endpoint_is_read_by_the_shared_reader(endpoint: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unused(*args: object) -> tuple[objects.Endpoint, ...]:
+        raise AssertionError("read field by field")
+
+    monkeypatch.setattr(objects, "_endpoints_by_field", unused)
+    assert isinstance(outcome(slice_with(endpoint)), objects.EndpointSlice)
 
 
 JSON_TEXTS = [

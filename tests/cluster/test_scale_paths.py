@@ -13,12 +13,15 @@ import ipaddress
 import itertools
 from typing import Any
 
+import msgspec
 import pytest
 
 from kubeproxy.backends.iptables import names
 from kubeproxy.cluster.addresses import AddressText
+from kubeproxy.cluster.checks import CheckCache
 from kubeproxy.cluster.errors import ObjectError
-from kubeproxy.cluster.objects import Endpoint, _new_endpoint, parse_service
+from kubeproxy.cluster.objects import Endpoint, parse_service, read_endpoints
+from kubeproxy.cluster.schema import Endpoint as SchemaEndpoint
 from kubeproxy.cluster.state import build_state
 from kubeproxy.proxy.node_model import build_view
 from kubeproxy.proxy.options import Family
@@ -26,7 +29,10 @@ from kubeproxy.proxy.options import Family
 
 @pytest.mark.parametrize("flags", list(itertools.product((True, False), repeat=3)))
 def test_endpoint_built_slot_by_slot_equals_the_dataclass(flags: tuple[bool, bool, bool]) -> None:
-    fast = _new_endpoint(AddressText("10.1.2.3"), (AddressText("10.1.2.4"),), *flags, "node-1", "zone-a")
+    ready, serving, terminating = flags
+    raw = {"addresses": ["10.1.2.3", "10.1.2.4"], "nodeName": "node-1", "zone": "zone-a",
+           "conditions": {"ready": ready, "serving": serving, "terminating": terminating}}
+    (fast,) = read_endpoints([msgspec.convert(raw, SchemaEndpoint)], "IPv4", CheckCache())
     plain = Endpoint(AddressText("10.1.2.3"), (AddressText("10.1.2.4"),), *flags, node_name="node-1", zone="zone-a")
     assert fast == plain and repr(fast) == repr(plain) and hash(fast) == hash(plain)
 

@@ -28,7 +28,8 @@ from kubeproxy.cluster.checks import CheckCache
 from kubeproxy.cluster.errors import ManifestError, ObjectError
 from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.manifests import load_manifests
-from kubeproxy.cluster.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort, _new_endpoint, kind_of
+from kubeproxy.cluster.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort, kind_of, read_endpoints
+from kubeproxy.cluster.schema import Endpoint as SchemaEndpoint
 from kubeproxy.cluster.schema import Item, as_plain, decode_list, decode_typed
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.cluster.twins import maker
@@ -326,8 +327,9 @@ def test_a_twin_makes_the_very_object_its_class_makes(cls: type[Any], args: dict
 
 
 def test_the_fast_endpoint_is_the_constructed_one() -> None:
-    fast = _new_endpoint(AddressText(""), (), False, True, True, "node-a", "zone-a")
-    made = Endpoint(AddressText(""), ready=False, serving=True, terminating=True, node_name="node-a", zone="zone-a")
+    raw = {"addresses": ["10.0.0.1"], "conditions": {"ready": False, "terminating": True}, "nodeName": "node-a", "zone": "zone-a"}
+    (fast,) = read_endpoints([msgspec.convert(raw, SchemaEndpoint)], "IPv4", CheckCache())
+    made = Endpoint(AddressText("10.0.0.1"), ready=False, serving=True, terminating=True, node_name="node-a", zone="zone-a")
     assert type(fast) is Endpoint and fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.zone = "other"  # type: ignore[misc]  # frozen: the assignment must raise
