@@ -52,7 +52,6 @@ from kubeproxy.proxy.config import ProxyConfig, validate
 HERE = Path(__file__).resolve().parent
 NARROW_PORTS = "40000-49999"
 NARROW_5K = "40000-44999"
-NARROW_COMMENT = "snat_prediction: narrowed SNAT range"
 
 
 @dataclass(frozen=True)
@@ -104,26 +103,13 @@ CONDITIONS = {
 }
 
 
-def _narrow(world: DnsWorld, ports: str) -> None:
-    """The proxy's marked UDP flows masqueraded into `ports`, ahead of its own MASQUERADE."""
-    world.node.run(["iptables", "-w", "-t", "nat", "-I", "POSTROUTING", "1", "-p", "udp", "-m", "mark", "--mark",
-                    "0x4000/0x4000", "-m", "comment", "--comment", NARROW_COMMENT, "-j", "MASQUERADE", "--to-ports",
-                    ports])  # fmt: skip
-
-
-def _narrow_in_place(world: DnsWorld) -> bool:
-    first = [ln for ln in world.node.run(["iptables-save", "-t", "nat"]).stdout.splitlines() if ln.startswith("-A POSTROUTING")][
-        :1
-    ]
-    return bool(first) and NARROW_COMMENT in first[0]
-
-
 def _with_world(c: Condition, body: Callable[[DnsWorld], dict[str, Any]]) -> dict[str, Any]:
     with DnsWorld.build(SCENARIOS[c.scenario], pods=c.pods, udp_timeout=c.udp_timeout) as world:
         if c.narrow_ports:
-            _narrow(world, c.narrow_ports)
+            low, high = (int(x) for x in c.narrow_ports.split("-"))
+            world.narrow_snat_ports(low, high)
         out = body(world)
-        if c.narrow_ports and not _narrow_in_place(world):
+        if c.narrow_ports and not world.narrowed_snat_rule_first():
             raise SystemExit(f"{c.name}: the narrowed MASQUERADE rule is no longer first in POSTROUTING")
         return out
 
@@ -262,28 +248,49 @@ def _verdict(healthy: bool) -> str:
 
 
 def comparison_table(pred: dict[str, Any], measured: list[dict[str, Any]]) -> str:
-    """Measured max healthy rate (every check passed) and first failing step; `snat drops` are the
-    node's conntrack insert failures in that step (0: the checks failed for another reason, such as
-    a machine too busy to answer in time, and the step says nothing about SNAT). Errors are against
-    the max healthy rate; `in` says whether the prediction lies between it and the first failing step."""
+    """Per condition: the highest step in which every check passed (`max healthy`) below the first
+    step whose checks failed together with SNAT drops (`first failing`: conntrack insert failures in
+    that step, the signature of a flow whose NAT found no free port). A step whose checks failed
+    without any insert failure is listed under `busy`: the machine was too loaded to answer in time
+    (the load generator's own schedule slipped there), and it says nothing about SNAT. Errors are
+    against the max healthy rate; `in` says whether the prediction lies between it and the first
+    failing step."""
     lines = [
         f"{'condition':<16} {'load 1m':>11} {'bound/s':>7} {'doctor':>6} {'max healthy':>11} {'first failing':>13} "
-        f"{'snat drops':>10} {'error':>6} {'in':>3} {'candidate':>9} {'error':>6} {'in':>3}"
+        f"{'snat drops':>10} {'busy':>9} {'error':>6} {'in':>3} {'candidate':>9} {'error':>6} {'in':>3}"
     ]
     for m in measured:
         p = pred[m["condition"]]
-        ok, bad = m["max_healthy_rate"], m["first_failing_rate"]
-        failing = next((s for s in m["steps"] if not s["healthy"]), None)
-        drops = "-" if failing is None else f"{failing.get('insert_failed', m['insert_failed']):,}"
+        ok, failing, busy = snat_bracket(m)
         load = f"{_load1(m['load_before'])}-{_load1(m['load_after'])}"
         cand = p.get("candidate_onset")
+        bad = None if failing is None else failing["rate"]
+        drops = "-" if failing is None else f"{failing['insert_failed']:,}"
         lines.append(
             f"{m['condition']:<16} {load:>11} {p['bound_per_service']:>7,.0f} {p['health_fail_per_service']:>6,.0f} "
-            f"{'-' if ok is None else f'{ok:,.0f}':>11} {'-' if bad is None else f'{bad:,.0f}':>13} {drops:>10} "
+            f"{'-' if ok is None else f'{ok:,.0f}':>11} {'-' if bad is None else f'{bad:,.0f}':>13} "
+            f"{drops:>10} {','.join(f'{r:g}' for r in busy) or '-':>9} "
             f"{_error(p['health_fail_per_service'], ok, bad)} {'-' if cand is None else f'{cand:,.0f}':>9} "
             f"{_error(cand, ok, bad)}"
         )
     return "\n".join(lines)
+
+
+def snat_bracket(m: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None, list[float]]:
+    """(max healthy rate, first step failing with SNAT drops, rates of steps failing without them)."""
+    steps = m["steps"]
+    ok: float | None = None
+    busy: list[float] = []
+    for i, s in enumerate(steps):
+        # A stopped ramp's runs recorded insert failures for the whole run only: its last step failed.
+        drops = s.get("insert_failed", m["insert_failed"] if i == len(steps) - 1 else 0)
+        if s["healthy"]:
+            ok = s["rate"]
+        elif drops:
+            return ok, s | {"insert_failed": drops}, busy
+        else:
+            busy.append(s["rate"])
+    return ok, None, busy
 
 
 def _error(onset: float | None, ok: float | None, bad: float | None) -> str:
@@ -308,7 +315,7 @@ def main() -> None:
     m.add_argument("--json", type=Path)
     m.add_argument("--whole-ramp", action="store_true", help="every step, also after a failed health check")
     t = sub.add_parser("table")
-    t.add_argument("--prediction", type=Path, default=HERE / "snat_prediction.json")
+    t.add_argument("--prediction", type=Path, nargs="*", help="[default: both rounds' predictions]")
     t.add_argument("--measured", type=Path, nargs="*")
     args = ap.parse_args()
     if args.cmd == "predict":
@@ -321,7 +328,9 @@ def main() -> None:
         keys = ("condition", "max_healthy_rate", "first_failing_rate", "first_snat_failing_rate", "load_before", "load_after")
         print(json.dumps({k: got[k] for k in keys}, indent=2))
     else:
-        pred = json.loads(args.prediction.read_text())
+        pred = {}
+        for path in args.prediction or (HERE / "snat_prediction.json", HERE / "snat_prediction_round2.json"):
+            pred |= json.loads(path.read_text())
         paths = args.measured or sorted(HERE.glob("snat_measured_*.json"))
         print(comparison_table(pred, [json.loads(x.read_text()) for x in paths]))
 

@@ -42,6 +42,7 @@ from kubeproxy.lab.cluster import (
 )
 from kubeproxy.lab.dns.bind import ANSWER_IP, ANSWER_NAME, DNS_PORT, BindServer
 from kubeproxy.lab.dns.scenarios import Scenario
+from kubeproxy.proxy.options import NodeOptions
 
 SERVICE_NAMESPACE, SERVICE_NAME = "dns", "bind"
 CLUSTER_IP = "10.96.0.53"
@@ -55,6 +56,9 @@ SOURCE_CIDR = "100.64.0.0/24"
 # pod port) at most this many UDP flows can be masqueraded at once.
 SNAT_PORTS = 65535 - 1024 + 1
 MANUAL_DNAT_COMMENT = "kubeproxy lab: manual DNAT of seed 000"  # no quote: iptables-save would escape it
+NARROWED_SNAT_COMMENT = "kubeproxy lab: narrowed SNAT ports"
+# The mark the lab's proxy (default flags) puts on flows it masquerades.
+MASQ_MARK = NodeOptions().masquerade_mark
 _SYSCTL = "/proc/sys/net/netfilter/"
 
 
@@ -195,6 +199,23 @@ class DnsWorld:
             if m and MANUAL_DNAT_COMMENT in line:
                 total += int(m.group(1))
         return total
+
+    def narrow_snat_ports(self, low: int, high: int) -> None:
+        """Masquerade the proxy's marked UDP flows into ports `low`-`high`, by a rule at the top of
+        nat POSTROUTING, ahead of the proxy's own MASQUERADE (which the proxy's syncs leave alone).
+        The node's ip_local_port_range would not narrow it: MASQUERADE without --to-ports keeps to
+        1024-65535 whatever that range is."""
+        if not 1024 <= low <= high <= 65535:
+            raise LabError(f"SNAT ports {low}-{high}: need 1024 <= low <= high <= 65535")
+        rule = ["-p", "udp", "-m", "mark", "--mark", f"{MASQ_MARK}/{MASQ_MARK}", "-m", "comment", "--comment",
+                NARROWED_SNAT_COMMENT, "-j", "MASQUERADE", "--to-ports", f"{low}-{high}"]  # fmt: skip
+        self.node.run(["iptables", "-w", "-t", "nat", "-I", "POSTROUTING", "1", *rule])
+
+    def narrowed_snat_rule_first(self) -> bool:
+        """Is the rule of narrow_snat_ports still the first of nat POSTROUTING?"""
+        text = self.node.run(["iptables-save", "-t", "nat"]).stdout
+        rules = [ln for ln in text.splitlines() if ln.startswith("-A POSTROUTING")]
+        return bool(rules) and NARROWED_SNAT_COMMENT in rules[0]
 
     def masquerade_rule(self) -> str | None:
         """kube-proxy's MASQUERADE rule in the node, as iptables-save shows it (None if absent)."""
