@@ -1,30 +1,21 @@
-"""The registry is the only place that decides by a mode's name, and a fifth mode reaches the
-application's other paths (configuration files, the start-up line, `explain`, the DNS lab)
-through its `Mode` record alone: the toy mode of test_toy_mode.py, registered and nothing else
-changed, gets each mode-dependent answer from its fields.
+"""The registry is the only place that decides by a mode's name (test_toy_mode.py: a fifth mode
+is its own code and one registry entry).
 
 The scan counts the files outside `backends/registry.py` and the modes' own folders that compare
 a value with a mode's name. Each one left compares a dump format, a configuration section or a
-hop's table kind that happens to share a mode's name, not the proxy mode: a new mode touches
-none of them.
+hop's table kind that happens to share a mode's name, not the proxy mode; or it is one of the
+lab's readers of a node's rules, which a new mode's lab bed (not its proxy, render, cleanup,
+configuration, metrics or `explain`) would add to.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from kubeproxy.backends import registry
-from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT
-from kubeproxy.proxy.config import ProxyConfig, load_config_file, to_kube_proxy_configuration
-from kubeproxy.proxy.options import Family, node_options
-from kubeproxy.proxy.startup import summary
-from tests.backends.test_toy_mode import TOY
-from tests.paths import DEMO
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kubeproxy"
 
@@ -83,65 +74,3 @@ def test_the_scan_sees_a_comparison_with_a_mode(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "site.py").write_text('def f(mode: str) -> bool:\n    return mode == "nftables"\n')
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path)
     assert _comparing_files() == {"site.py": ["site.py:2: mode == 'nftables'"]}
-
-
-@pytest.fixture
-def toy() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(registry.MODES, "toy", TOY)
-        yield
-
-
-@pytest.mark.usefixtures("toy")
-def test_a_configuration_file_of_the_toy_mode(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: toy\n"
-        "portRange: 30000-30100\nudpIdleTimeout: 1s\n"
-    )
-    cfg = load_config_file(path)
-    assert cfg.mode == "toy"
-    assert cfg.unused_fields == (
-        "portRange: used only by the userspace mode; ignored",
-        "udpIdleTimeout: used only by the userspace mode; ignored",
-    )
-    written = to_kube_proxy_configuration(cfg)
-    assert written["mode"] == "toy" and "udpIdleTimeout" not in written
-    assert "udpIdleTimeout" in to_kube_proxy_configuration(ProxyConfig(mode="userspace"))
-
-
-@pytest.mark.usefixtures("toy")
-def test_the_toys_start_up_line_and_node_options() -> None:
-    line = summary(ProxyConfig(mode="toy"), node_name="n", node_from="flag", facts=None, iptables_variant="legacy", source="s")
-    assert line["mode"] == "toy" and line["iptablesVariant"] == "n/a"
-    assert summary(ProxyConfig(), node_name="n", node_from="flag", facts=None, iptables_variant="legacy", source="s")[
-        "iptablesVariant"
-    ] == "legacy"
-    gate = {"KubeProxyNFTablesLocalhostNodePorts": True}
-    for mode, listener in (("toy", False), ("nftables", True)):
-        cfg = ProxyConfig(mode=mode, feature_gates=gate, nodeport_addresses=("127.0.0.0/8",))
-        opts = node_options(cfg, family=Family.IPV4, hostname="n", node=None)
-        assert opts.localhost_nodeport_proxy is listener, mode
-
-
-@pytest.mark.usefixtures("toy")
-def test_explain_renders_the_toy_and_says_it_cannot_read_its_rules() -> None:
-    from kubeproxy.explain.command import explain
-
-    result = CliRunner().invoke(explain, ["default/web", "--manifests", str(DEMO), "--proxy-mode", "toy"])
-    assert result.exit_code == 2
-    assert "--proxy-mode toy: explain cannot read this mode's rules" in result.output
-    refused = CliRunner().invoke(explain, ["default/web", "--manifests", str(DEMO), "--proxy-mode", "toys"])
-    assert refused.exit_code == 2 and "'toy'" in refused.output
-
-
-@pytest.mark.usefixtures("toy")
-def test_the_dns_labs_scenario_in_the_toy_mode() -> None:
-    from kubeproxy.lab.dns.scenarios import Scenario
-
-    annotations = {UDP_CONNTRACK_TIMEOUT: "5s"}
-    toy = Scenario("toy", "the toy mode", proxy_mode="toy", annotations=annotations)
-    assert toy.masquerades_external and toy.service_udp_timeout is None
-    assert Scenario("nft", "nftables", proxy_mode="nftables", annotations=annotations).service_udp_timeout == 5
-    relay = Scenario("relay", "the userspace relay", proxy_mode="userspace")
-    assert not relay.masquerades_external

@@ -1,6 +1,9 @@
 """A fifth mode is one registry entry and its own code: a toy mode, all of it in this file, runs
 through the CLI's mode list and `render`, the configuration's checks, the backend contract on
-the fake node, `kubeproxy cleanup` and the live proxy, without a line changed anywhere else.
+the fake node, `kubeproxy cleanup` and the live proxy, without a line changed anywhere else; a
+configuration file, the start-up line, node options, `explain` and the DNS lab take what they
+need to know about it from its `Mode` record (test_mode_sites.py: no other file decides by a
+mode's name).
 
 The toy programs a tool of its own, `toyctl`, whose fake this file brings (the mode's
 `fake_tools`): `toyctl load` takes one `IP:PORT/PROTO -> ENDPOINTS` line per Service port,
@@ -13,6 +16,7 @@ import asyncio
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -21,11 +25,13 @@ from kubeproxy.backends import registry
 from kubeproxy.backends.base import OfflineOptions, OfflineText, SyncError
 from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.fake_node import FakeNode
+from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.proxy.config import ProxyConfig, load_config_file, to_kube_proxy_configuration, validate
 from kubeproxy.proxy.metrics import FamilyMetrics
 from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.proxy.options import Family, NodeOptions, node_options
+from kubeproxy.proxy.startup import summary
 from kubeproxy.sources.events import WatchEvent
 from tests.backends.test_contract import contract
 from tests.paths import DEMO
@@ -143,6 +149,9 @@ def test_kubeproxy_cleanup_removes_the_toys_rules_with_every_other_modes(monkeyp
     from kubeproxy.backends import exec as kexec
     from kubeproxy.cli import main
 
+    # Each mode's modules are imported before the CLI's node is swapped: one imported while
+    # local_run is the fake would keep the fake as its default runner.
+    assert registry.cleanup_all(FakeNode(), list(Family)).errors == ()
     node = FakeNode()
     node.run([TOOL, "load"], input="10.96.0.1:443/TCP -> 192.168.0.2:6443\n")
     monkeypatch.setattr(kexec, "local_run", node)  # the CLI's node is the fake one
@@ -184,3 +193,53 @@ def test_the_live_proxy_runs_the_toy(monkeypatch: pytest.MonkeyPatch) -> None:
 
     asyncio.run(main())
     assert node.run([TOOL, "show"]).stdout.startswith("10.96.7.7:")
+
+
+def test_a_configuration_file_of_the_toy_mode(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: toy\n"
+        "portRange: 30000-30100\nudpIdleTimeout: 1s\n"
+    )
+    cfg = load_config_file(path)
+    assert cfg.mode == "toy"
+    assert cfg.unused_fields == (
+        "portRange: used only by the userspace mode; ignored",
+        "udpIdleTimeout: used only by the userspace mode; ignored",
+    )
+    written = to_kube_proxy_configuration(cfg)
+    assert written["mode"] == "toy" and "udpIdleTimeout" not in written
+    assert "udpIdleTimeout" in to_kube_proxy_configuration(ProxyConfig(mode="userspace"))
+
+
+def test_the_toys_start_up_line_and_node_options() -> None:
+    def variant(mode: str) -> object:
+        cfg = ProxyConfig(mode=mode)
+        return summary(cfg, node_name="n", node_from="flag", facts=None, iptables_variant="legacy", source="s")["iptablesVariant"]
+
+    assert (variant("toy"), variant("iptables")) == ("n/a", "legacy")
+    gate = {"KubeProxyNFTablesLocalhostNodePorts": True}
+    for mode, listener in (("toy", False), ("nftables", True)):
+        cfg = ProxyConfig(mode=mode, feature_gates=gate, nodeport_addresses=("127.0.0.0/8",))
+        opts = node_options(cfg, family=Family.IPV4, hostname="n", node=None)
+        assert opts.localhost_nodeport_proxy is listener, mode
+
+
+def test_explain_renders_the_toy_and_says_it_cannot_read_its_rules() -> None:
+    from kubeproxy.explain.command import explain
+
+    result = CliRunner().invoke(explain, ["default/web", "--manifests", str(DEMO), "--proxy-mode", "toy"])
+    assert result.exit_code == 2
+    assert "--proxy-mode toy: explain cannot read this mode's rules" in result.output
+    refused = CliRunner().invoke(explain, ["default/web", "--manifests", str(DEMO), "--proxy-mode", "toys"])
+    assert refused.exit_code == 2 and "'toy'" in refused.output
+
+
+def test_the_dns_labs_scenario_in_the_toy_mode() -> None:
+    from kubeproxy.lab.dns.scenarios import Scenario
+
+    annotations = {UDP_CONNTRACK_TIMEOUT: "5s"}
+    toy = Scenario("toy", "the toy mode", proxy_mode="toy", annotations=annotations)
+    assert toy.masquerades_external and toy.service_udp_timeout is None
+    assert Scenario("nft", "nftables", proxy_mode="nftables", annotations=annotations).service_udp_timeout == 5
+    assert not Scenario("relay", "the userspace relay", proxy_mode="userspace").masquerades_external
