@@ -85,6 +85,7 @@ server sent (its typed decoding would reject a malformed object and with it the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -230,6 +231,31 @@ def _older(rv: str, than: str | None) -> bool:
         return False
 
 
+@dataclass
+class ResumeProof:
+    """The newest resourceVersion a resume check showed the API server has reached, and when that
+    answer came (loop time), shared by the reflectors of one source. resourceVersions are one etcd
+    revision across resources, so a server at or past `version` is at or past every older version
+    of any resource: a reflector whose version is no newer and whose failure was noticed before
+    that answer was taken resumes without a check of its own, which made then would have asked
+    the same server (after a restart: one check per node instead of one per resource). Versions
+    that are not integers are never covered."""
+
+    version: int = -1
+    at: float = float("-inf")
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    def covers(self, resource_version: str, failed_at: float) -> bool:
+        try:
+            return failed_at < self.at and int(resource_version) <= self.version
+        except ValueError:
+            return False
+
+    def record(self, resource_version: str, at: float) -> None:
+        with contextlib.suppress(ValueError):
+            self.version, self.at = int(resource_version), at
+
+
 def _rv(obj: Raw) -> str | None:
     if isinstance(obj, Item):
         item_meta = obj.metadata
@@ -299,6 +325,7 @@ class Reflector:
     max_list_bytes: int = wire.MAX_LIST_BYTES
     max_list_pages: int = wire.MAX_LIST_PAGES
     request_deadline: float = 120.0
+    resume_proof: ResumeProof | None = None  # shared with the source's other reflectors
     resource_version: str | None = field(default=None, init=False)
     # The key and resourceVersion ("" if none) of every object delivered and not deleted: what a
     # relist diffs against. Not the objects: they are the consumer's once delivered.
@@ -482,9 +509,19 @@ class Reflector:
         """
         if self.resource_version is None:
             return
+        proof = self.resume_proof
+        # A source's checks go one at a time, so that those waiting are covered by the first.
+        async with proof.lock if proof is not None else contextlib.nullcontext():
+            if proof is None or self.failing_since is None or not proof.covers(self.resource_version, self.failing_since):
+                await self._ask_resume(proof)
+        self._heard()
+        self._check = False
+        self._answered()
+
+    async def _ask_resume(self, proof: ResumeProof | None) -> None:
         params = {
             **self._selectors(),
-            "resourceVersion": self.resource_version,
+            "resourceVersion": self.resource_version or "",
             "resourceVersionMatch": "NotOlderThan",
             "limit": "1",
         }
@@ -495,9 +532,8 @@ class Reflector:
             raise SourceError(url, 200, "BadList", "the list has no resourceVersion")
         if _older(rv, self.resource_version):
             raise Stale(url, 200, "ResourceVersionWentBack", f"asked for {self.resource_version} or newer, got {rv}")
-        self._heard()
-        self._check = False
-        self._answered()
+        if proof is not None:
+            proof.record(rv, asyncio.get_running_loop().time())
 
     def _list_version(self) -> str:
         """The resourceVersion to list at, as client-go's reflector picks it: "0" the first time
@@ -1077,6 +1113,7 @@ class ApiSource:
     watch_list: bool = True  # see Reflector
     content_type: str = "application/json"  # see Reflector
     reflectors: list[Reflector] = field(default_factory=list, init=False)
+    resume_proof: ResumeProof = field(default_factory=ResumeProof, init=False)
 
     def __post_init__(self) -> None:
         specs = (services(UPSTREAM_LABEL_SELECTOR, NOT_HEADLESS), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name),
@@ -1094,6 +1131,7 @@ class ApiSource:
                 typed_lists=self.typed_lists,
                 watch_list=self.watch_list,
                 content_type=self.content_type,
+                resume_proof=self.resume_proof,
             )
             for spec in specs
         ]
