@@ -485,6 +485,8 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=3)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds counted after each phase's end condition")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on each phase's wait")
+    parser.add_argument("--fleets", choices=("both", "ours", "upstream"), default="both",
+                        help="measure ours, upstream's or both (the other column is then left out)")  # fmt: skip
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # the ours process, given its kubeconfig
     args = parser.parse_args()
     if args.worker:
@@ -509,6 +511,8 @@ def main() -> None:
                 UpstreamFleet(upstream_ns, bin_dir / "kube-proxy", kubeconfig, workdir),
             )
             for fleet in fleets:
+                if args.fleets not in ("both", fleet.name):
+                    continue
                 try:
                     results[fleet.name] = run_phases(server, fleet, args)
                 except SystemExit as e:
