@@ -1,7 +1,7 @@
 """A one-node cluster made of network namespaces: the bed for end-to-end tests and the demo.
 
     with MiniCluster.build(pods=["a", "b"], remote_pods=["r"]) as cluster:
-        objs = [service(...), endpoint_slice(..., cluster.backends("a", "r"), ...)]  # lab.objects
+        objs = [service(...), endpoint_slice(..., cluster.backends("a", "r"), ...)]  # lab.builders
         cluster.write_manifests([cluster.node_object(), *objs])
         cluster.start_proxy()
         cluster.wait_applied(objs)
