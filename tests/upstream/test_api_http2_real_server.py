@@ -92,6 +92,15 @@ def test_one_http2_connection_and_prompt_events(tmp_path: Path) -> None:
                 for i in range(5):
                     await asyncio.to_thread(create_service, cp, f"web-{i}")
                     await seen.wait_for(f"web-{i}", PROMPT)
+                # One stream's read timeout ends that stream only, not the connection under it.
+                with pytest.raises(httpx2.ReadTimeout):
+                    quiet = {"watch": "true", "timeoutSeconds": "60"}
+                    async with client.stream("GET", "/api/v1/namespaces/empty/configmaps", params=quiet,
+                                             timeout=httpx2.Timeout(10, read=0.5)) as resp:  # fmt: skip
+                        async for _ in resp.aiter_bytes():
+                            pass
+                await asyncio.to_thread(create_service, cp, "after-timeout")
+                await seen.wait_for("after-timeout", PROMPT)
                 assert our_connections(cp.server) == 1
 
         asyncio.run(main())
