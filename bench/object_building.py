@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""What the endpoint reader's shortcuts buy, one row each: the time per call of the plain way and
-of the way `cluster/objects.py` takes, and the sizes behind its memory choices.
+"""What the object-building shortcuts buy, one row each: the time per call of the plain way and of
+the way `cluster/objects.py` (Endpoints) and `proxy/node_model.py` (the view's names and endpoint
+infos) take, and the sizes behind their memory choices.
 
-Usage: .venv/bin/python bench/decode_parts.py [--endpoints 100000] [--runs 5]
+Usage: .venv/bin/python bench/object_building.py [--endpoints 100000] [--runs 5]
 
 Times are CPU seconds per call, best of `--runs` (a neighbour on the cores inflates wall time,
 not CPU time, much less). `read_endpoints` is timed whole (addresses checked, conditions
 defaulted, node names shared, the Endpoint built), next to the frozen dataclass's constructor
 alone: the reader doing all of it in less than the constructor takes is what building through
-the twin class buys.
+the twin class buys; the node model's makers are timed against their classes' constructors.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.checks import CheckCache
 from kubeproxy.cluster.objects import Endpoint, _ipv4, read_endpoints
 from kubeproxy.cluster.schema import Endpoint as SchemaEndpoint
+from kubeproxy.proxy.node_model import EndpointInfo, ServicePortName, _new_endpoint_info, _new_port_name
 
 
 def per_call(runs: int, calls: int, fn: Callable[[], Any]) -> float:
@@ -73,11 +75,33 @@ def main() -> None:
         for p in packed:
             _ipv4(p)
 
+    endpoints = [Endpoint(a, node_name="node-1") for a in address]
+
+    def endpoint_info() -> None:
+        for a, ep in zip(address, endpoints, strict=True):
+            EndpointInfo(a, 8080, False, ep.ready, ep.serving, ep.terminating, ep.zone_hints, ep.node_hints)
+
+    def endpoint_info_maker() -> None:
+        for a, ep in zip(address, endpoints, strict=True):
+            _new_endpoint_info(a, 8080, False, ep)
+
+    def port_name() -> None:
+        for t in texts:
+            ServicePortName("default", t, "http", "TCP")
+
+    def port_name_maker() -> None:
+        for t in texts:
+            _new_port_name("default", t, "http", "TCP")
+
     rows = [
         ("Endpoint(...), the frozen dataclass's constructor", per_call(args.runs, n, construct)),
         ("read_endpoints, everything, per endpoint (10 a slice)", per_call(args.runs, n, read)),
         ("IPv4Address(4 bytes)", per_call(args.runs, n, ipaddress_init)),
         ("objects._ipv4(4 bytes), same object", per_call(args.runs, n, ipv4_maker)),
+        ("EndpointInfo(...), the frozen dataclass's constructor", per_call(args.runs, n, endpoint_info)),
+        ("node_model._new_endpoint_info, same object", per_call(args.runs, n, endpoint_info_maker)),
+        ("ServicePortName(...), constructor and __post_init__", per_call(args.runs, n, port_name)),
+        ("node_model._new_port_name, same object", per_call(args.runs, n, port_name_maker)),
     ]
     print(f"{n} endpoints, CPU time per call (best of {args.runs})")
     for label, seconds in rows:
@@ -88,6 +112,7 @@ def main() -> None:
         ("a tuple of one", sys.getsizeof(("a",))),
         ("IPv4Address + its int", sys.getsizeof(IPv4Address(texts[-1])) + sys.getsizeof(int(IPv4Address(texts[-1])))),
         ("the address as text", sys.getsizeof(texts[-1])),
+        ("an endpoint's `ip:port` text (EndpointInfo.address, made on first use)", sys.getsizeof(f"{texts[-1]}:8080")),
     ]
     print("sizes (bytes, sys.getsizeof)")
     for label, size in sizes:

@@ -98,7 +98,7 @@ class EndpointInfo:
         """`ip:port`, brackets for IPv6: upstream's Endpoint.String(), hashed into chain names.
 
         Made on first use and kept: the iptables renderer reads it several times per endpoint,
-        while nftables mode never does (100k of these strings were 6 MiB at 10k x 10).
+        while nftables mode never does (one string per endpoint of the cluster otherwise).
         """
         made = self._address
         if made is None:
@@ -213,11 +213,12 @@ def ports_of_service(svc: Service, family: Family) -> dict[ServicePortName, Serv
     return out
 
 
-# Frozen dataclasses set each field through `object.__setattr__` (0.2 us a field): the views of
-# 10k Services build 20k names and 10k port infos. The makers below fill a twin class with the
-# same slots by plain attribute stores, then turn it into the real class by `__class__`
-# assignment, which CPython allows exactly when the two layouts are the same. Each is checked
-# against its class's fields at import and against the constructor by tests/proxy/test_node_model_makers.py.
+# Frozen dataclasses set each field through `object.__setattr__`, and a view builds a name and a
+# port info per service port (bench/object_building.py times both ways). The makers below fill
+# a twin class with the same slots by plain attribute stores, then turn it into the real class
+# by `__class__` assignment, which CPython allows exactly when the two layouts are the same.
+# Each is checked against its class's fields at import and against the constructor by
+# tests/proxy/test_node_model_makers.py.
 
 
 def _port_name_maker() -> Callable[[str, str, str, str], ServicePortName]:
@@ -353,11 +354,11 @@ def _unique(infos: list[EndpointInfo]) -> list[EndpointInfo]:
 def _endpoint_info_maker() -> Callable[[AddressText, int, bool, Endpoint], EndpointInfo]:
     """`EndpointInfo(ip, port, is_local, <ep's conditions and hints>)`, built faster.
 
-    A frozen dataclass's __init__ sets each field through `object.__setattr__` (2.9 us an
-    endpoint with the address it then made, three quarters of a view's build at 10k x 10).
-    Here a twin class with the same slots and no frozen __setattr__ is filled by plain
-    attribute stores, then becomes an EndpointInfo by `__class__` assignment, which CPython
-    allows exactly when the two layouts are the same (as cluster/objects.py builds Endpoints).
+    A frozen dataclass's __init__ sets each field through `object.__setattr__`, once per endpoint
+    of the cluster (bench/object_building.py times both ways). Here a twin class with the same
+    slots and no frozen __setattr__ is filled by plain attribute stores, then becomes an
+    EndpointInfo by `__class__` assignment, which CPython allows exactly when the two layouts are
+    the same (as cluster/objects.py builds Endpoints).
     """
     fields = {"ip", "port", "is_local", "ready", "serving", "terminating", "zone_hints", "node_hints", "_address"}
     twin = twin_of(EndpointInfo, fields)
@@ -398,6 +399,6 @@ def renamed(known: dict[ServicePortName, ServicePortName], entries: Mapping[Serv
 
     Built apart, the services and endpoints maps hold equal but distinct name objects; sharing
     them lets a port's endpoints be found by identity instead of by ServicePortName.__eq__, a
-    Python call that was a fifth of a partial sync at 10k services.
+    Python call per lookup.
     """
     return {known.setdefault(name, name): value for name, value in entries.items()}
