@@ -6,8 +6,9 @@ Usage (root, upstream's binaries built by scripts/upstream):
     .venv/bin/python bench/protobuf_decode.py [--sizes 1000,10000] [--endpoints 10] [--runs 5]
 
 Starts upstream's control plane (v1.37.2) on loopback, creates N Services (two ports; no
-selector, so that the EndpointSlice controller adds no slices of its own) and N EndpointSlices (`--endpoints` endpoints each, with conditions, node, zone and a Pod
-targetRef, as the EndpointSlice controller writes them) and asks for both lists at one
+selector, so that the EndpointSlice controller adds no slices of its own) and N EndpointSlices
+(`--endpoints` endpoints each, with conditions, node, zone and a Pod targetRef, as the
+EndpointSlice controller writes them) and asks for both lists at one
 resourceVersion, once as JSON and once as protobuf. For each it prints the body's bytes and the
 time to decode it as the API source does with `typed_lists` (JSON: `schema.decode_list`, msgspec
 in C; protobuf: `sources.protobuf.decode_list`, pure Python) and then to the cluster's objects
