@@ -83,7 +83,11 @@ def parse_proto(s: str) -> int:
         return PROTOCOLS[s]
     if s.isdigit():
         return int(s)
-    raise ValueError(f"unknown protocol {s!r}")
+    try:
+        # nft and iptables -L print any name of the system's /etc/protocols (vrrp, ospf, ...)
+        return socket.getprotobyname(s)
+    except OSError:
+        raise ValueError(f"unknown protocol {s!r}") from None
 
 
 def parse_port(s: str) -> int:

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter import nft_xt
 from kubeproxy.netfilter.ruleset import (
     Chain,
     Jump,
@@ -425,6 +426,8 @@ def statement(s: dict[str, Any]) -> Any:
         return Notrack()
     if k == "xt":
         name = v.get("name", "?")
+        if v.get("type") != "target" and name == "comment":
+            return Noop("comment")  # whatever its text, it matches every packet
         if v.get("type") == "target":
             return UnknownTarget(f"xt target {name} (translated from iptables; use iptables-save instead)")
         return Unsupported(f"xt match {name} (translated from iptables; use iptables-save instead)")
@@ -654,9 +657,10 @@ def parse_text(text: str) -> Ruleset:
         raise ParseError(1, "", "reading nft text needs root (it is loaded into a throwaway network "
                          "namespace); give `nft -j list ruleset` output instead")
     name = f"kp-nftparse-{os.getpid()}-{secrets.token_hex(3)}"
+    loadable, xt = nft_xt.strip(text)
     subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
     try:
-        load = subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=text,
+        load = subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=loadable,
                               capture_output=True, text=True, timeout=60)
         if load.returncode != 0:
             m = _NFT_ERR.search(load.stderr)
@@ -671,4 +675,5 @@ def parse_text(text: str) -> Ruleset:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
     rs = parse(out.stdout)
     rs.source = "nft"
+    nft_xt.restore(rs, xt)
     return rs

@@ -129,3 +129,53 @@ def test_a_match_the_tracer_cannot_compute_forks_as_unknown(left: dict[str, obje
     res = trace(rs, NODE, make_packet("tcp", "192.168.1.9", "192.168.1.1:80", in_iface="eth0"))
     assert sorted(bool(o.unknown) for o in res.outcomes) == [True, True]
     assert {fmt_ip(o.dst) for o in res.outcomes} == {"10.180.0.2", "192.168.1.1"}
+
+
+def test_an_xt_comment_matches_every_packet() -> None:
+    """nft -j names an iptables-nft comment match without its text; a comment matches anyway."""
+    rs = _one_rule({"xt": {"type": "match", "name": "comment"}})
+    res = trace(rs, NODE, make_packet("tcp", "192.168.1.9", "192.168.1.1:80", in_iface="eth0"))
+    assert [(fmt_ip(o.dst), bool(o.unknown)) for o in res.outcomes] == [("10.180.0.2", False)]
+
+
+# `nft list ruleset` of an iptables-nft node, as nft prints what it cannot translate: the newer
+# `xt match NAME` / `xt target NAME`, and the older `# xt_NAME` (which nft -f reads as a comment
+# swallowing the rest of the line: the jump would be lost and the rule would match everything).
+XT_TEXT = """table ip nat {
+	chain PREROUTING {
+		type nat hook prerouting priority dstnat; policy accept;
+		# xt_addrtype counter packets 675 bytes 51804 jump DOCKER
+	}
+
+	chain DOCKER {
+		iifname "docker0" counter packets 0 bytes 0 return
+		ip saddr 192.168.1.9 xt match recent counter packets 0 bytes 0 return
+		tcp dport 8080 counter packets 0 bytes 0 dnat to 10.180.0.2:80
+	}
+
+	chain POSTROUTING {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "eth1" counter packets 0 bytes 0 xt target CHECKSUM
+	}
+}
+"""
+
+
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft")
+def test_iptables_extensions_nft_cannot_print_fork_as_unknown() -> None:
+    rs = detect.parse(XT_TEXT, "nft")
+    nat = rs.table("nat", "ip")
+    assert nat is not None
+    assert [r.text.endswith("xt match addrtype") for r in nat.chains["PREROUTING"].rules] == [True]
+    assert nat.chains["DOCKER"].rules[1].text.endswith("xt match recent")
+    assert any("traced as unknown" in n for n in rs.notes)
+    # addrtype unknown: the jump to DOCKER is taken or not; recent unknown for this client only
+    res = trace(rs, NODE, make_packet("tcp", "192.168.1.9", "192.168.1.1:8080", in_iface="eth0"))
+    assert {(fmt_ip(o.dst), o.dport) for o in res.outcomes} == {("10.180.0.2", 80), ("192.168.1.1", 8080)}
+    assert all(o.unknown for o in res.outcomes)
+    other = trace(rs, NODE, make_packet("tcp", "192.168.1.8", "192.168.1.1:8080", in_iface="eth0"))
+    assert {(fmt_ip(o.dst), o.dport) for o in other.outcomes} == {("10.180.0.2", 80), ("192.168.1.1", 8080)}
+    # the line numbers stay those of the text given
+    with pytest.raises(ParseError, match=r"^line 10: "):
+        detect.parse(XT_TEXT.replace("tcp dport 8080", "frobnicate"), "nft")

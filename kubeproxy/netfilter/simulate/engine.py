@@ -129,14 +129,25 @@ class Simulator(NftEvaluator):
         self._forks = 0
         done: list[Outcome] = []
         work = [b]
+        # the pending branches by state: a new one equal to a pending one joins it (as _merged
+        # does) without the whole list being compared again at every step
+        pending = {_state(b): b}
         while work:
             br = work.pop()
+            key = _state(br)
+            if pending.get(key) is br:
+                del pending[key]
             for nb in self._stage(br):
                 if nb.stage == "done":
                     done.append(self._outcome(nb))
-                else:
+                    continue
+                key = _state(nb)
+                other = pending.get(key)
+                if other is None:
+                    pending[key] = nb
                     work.append(nb)
-            work = _merged(work)
+                else:
+                    _join(other, nb)
         done.sort(key=lambda o: (-o.probability, o.verdict, o.dst, o.dport))
         notes = list(self.rs.notes)
         untraced = sum((o.probability for o in done if o.verdict == "UNTRACED"), Fraction(0))
