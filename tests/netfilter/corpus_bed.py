@@ -40,6 +40,9 @@ from kubeproxy.netfilter.ruleset import (
     Jump,
     Mark,
     Nat,
+    NConst,
+    NMatch,
+    NPayload,
     Port,
     Proto,
     Ruleset,
@@ -218,8 +221,30 @@ def _rules(rs: Ruleset) -> list[tuple[str, str, list[object]]]:
     return out
 
 
-def plan(rs: Ruleset, text: str) -> Plan:
-    """Addresses for the bed and the probes, from what the dump says."""
+def _nft_match(steps: list[object]) -> tuple[str | None, str | None, int | None]:
+    """(destination address, protocol, destination port) an nft rule matches exactly, if any:
+    `ip daddr A`, `tcp|udp dport P`."""
+    dst = proto = port = None
+    for s in steps:
+        if not (isinstance(s, NMatch) and s.op == "==" and isinstance(s.left, NPayload) and isinstance(s.right, NConst)):
+            continue
+        if s.left.proto == "ip" and s.left.field == "daddr" and isinstance(s.right.value, int):
+            dst = A.fmt_ip(s.right.value)
+        elif s.left.proto in ("tcp", "udp") and s.left.field == "dport" and isinstance(s.right.value, int):
+            proto, port = s.left.proto, s.right.value
+    return dst, proto, port
+
+
+def _declared_probes(meta: dict[str, Any]) -> list[Probe]:
+    """Probes an entry's header names (`probes: [[kind, proto, sender, dst, dport], ...]`): the
+    dump's own services that its rules' shape does not show the planner."""
+    return [Probe(str(k), str(pr), str(who), str(dst), int(port)) for k, pr, who, dst, port in meta.get("probes", [])]
+
+
+def plan(rs: Ruleset, text: str, meta: dict[str, Any] | None = None) -> Plan:
+    """Addresses for the bed and the probes, from what the dump says (and its header's
+    `node_ip`, `pod_net`, `back_if` and `probes`, where the rules alone do not say)."""
+    meta = meta or {}
     rules = _rules(rs)
     endpoints: list[str] = []
     node_ip = ""
@@ -237,13 +262,12 @@ def plan(rs: Ruleset, text: str) -> Plan:
     m = re.search(r"! -s (\d+\.\d+\.\d+\.\d+/\d+) -d \S+ -p \S+ -m comment", text) or \
         re.search(r"ip saddr != (\d+\.\d+\.\d+\.\d+/\d+)", text) or \
         re.search(r"-s (10\.\d+\.0\.0/16) ", text)
-    pod_net = m.group(1) if m else "10.244.0.0/16"
-    if not node_ip:
-        node_ip = "192.0.2.10"
+    pod_net = str(meta.get("pod_net", m.group(1) if m else "10.244.0.0/16"))
+    node_ip = str(meta.get("node_ip", node_ip or "192.0.2.10"))
     endpoints = [e for e in endpoints if e != node_ip]
     names = " ".join(c for _t, c, _s in rules) + " " + text
-    back_if = next((n for n in ("weave", "cni0", "docker0", "cbr0", "virbr0") if f"-o {n} " in names or
-                    f'oifname "{n}"' in names), "cni0")
+    back_if = str(meta.get("back_if") or next((n for n in ("weave", "cni0", "docker0", "cbr0", "virbr0")
+                                                if f"-o {n} " in names or f'oifname "{n}"' in names), "cni0"))
     probes: list[Probe] = []
     seen: set[tuple[str, int, str]] = set()
     nodeport_ports: list[tuple[str, int]] = []
@@ -256,6 +280,15 @@ def plan(rs: Ruleset, text: str) -> Plan:
         port = next((s for s in steps if isinstance(s, Port) and s.field == "dport" and not s.neg), None)
         last = steps[-1] if steps else None
         pname = A.PROTO_NAMES.get(proto.proto) if proto else None
+        ndst, nproto, nport = _nft_match(steps)
+        if nproto is not None and nport is not None:
+            # an nft rule: a service (KUBE-SERVICES' jump per address and port) or a published
+            # port (a DNAT by port alone: NodePorts, hostports, Docker's published ports)
+            if ndst is not None and c == "KUBE-SERVICES" and isinstance(last, Jump):
+                services.append((ndst, nproto, nport))
+            elif ndst is None and any(isinstance(s, Nat) and s.kind == "dnat" for s in steps):
+                nodeport_ports.append((nproto, nport))
+            continue
         if pname not in ("tcp", "udp") or port is None:
             continue
         p = port.ranges[0][0]
@@ -279,6 +312,13 @@ def plan(rs: Ruleset, text: str) -> Plan:
                 break
     for pr, p in nodeport_ports[:1]:
         probes.append(Probe("NodePort from outside", pr, "client", node_ip, p))
+    if rs.source == "nft":
+        # a packet the node sends itself has no input interface: `iifname != X` matches it
+        for pr, p in nodeport_ports[:1]:
+            probes.append(Probe("NodePort from the node", pr, "node", node_ip, p))
+        for pr, p in nodeport_ports[:1]:
+            probes.append(Probe("NodePort from a pod", pr, "pod", node_ip, p))
+    probes += _declared_probes(meta)
     for ip, pr, p in noeps[:1]:
         probes.append(Probe("no endpoints, from a pod", pr, "pod", ip, p))
     pod_dst = _pod_ip(pod_net, 7)
@@ -314,6 +354,7 @@ class DumpResult:
     entry: Entry
     skipped: str = ""
     probes: list[ProbeResult] = field(default_factory=list)
+    loader: str = ""  # what loaded it into the kernel
 
 
 def _expect(o: Outcome, front_if: str, back_if: str) -> object:
@@ -333,9 +374,13 @@ def _expect(o: Outcome, front_if: str, back_if: str) -> object:
     return "timeout"
 
 
-def run(entry: Entry, count: int = 3) -> DumpResult:
-    res = DumpResult(entry)
-    loader = loader_of(entry)
+def run(entry: Entry, count: int = 3, *, listed_by_nft: bool = False) -> DumpResult:
+    """The dump's probes, traced and sent. `listed_by_nft`: an iptables dump is loaded with
+    iptables-nft-restore and the tracer reads the kernel's `nft list ruleset` of it instead (an
+    iptables-nft node as nft prints it: statistic as `meta random`, what nft cannot translate as
+    `# xt_NAME`)."""
+    loader = "iptables-nft-restore" if listed_by_nft and entry.fmt != "nft" else loader_of(entry)
+    res = DumpResult(entry, loader=loader + (", traced from nft's listing" if listed_by_nft else ""))
     with ExitStack() as stack:
         node = stack.enter_context(L.netns("kcn"))
         text = completed(entry.text) if entry.fmt == "iptables-save" else entry.text
@@ -354,7 +399,7 @@ def run(entry: Entry, count: int = 3) -> DumpResult:
             rs = detect.parse(node.run(["nft", "-j", "list", "ruleset"]).stdout)
         else:
             rs = detect.parse(text)
-        p = plan(rs, text)
+        p = plan(rs, text, entry.meta)
         client = stack.enter_context(L.netns("kcc"))
         pods = stack.enter_context(L.netns("kcp"))
         client_ip = _client_ip(p.node_ip)
@@ -380,6 +425,9 @@ def run(entry: Entry, count: int = 3) -> DumpResult:
             if got.returncode != 0:
                 res.skipped = f"{loader} refused it: {got.stderr.strip()[:200]}"
                 return res
+            if listed_by_nft:
+                # as a user posts it: the text (its JSON names xt matches without their options)
+                rs = detect.parse(node.run(["nft", "list", "ruleset"]).stdout)
         model = Node.from_flags(ifaces=[f"{FRONT}={p.node_ip}/24", f"{p.back_if}={back_ip}/24"],
                                 routes=[f"default={FRONT}@{client_ip}",
                                         *(f"{ip}/32={p.back_if}" for ip in dict.fromkeys(extra) if ip != back_ip)])
@@ -499,7 +547,7 @@ def table(results: list[DumpResult]) -> str:
     for r in results:
         n = len(r.probes)
         a = sum(pr.agrees for pr in r.probes)
-        rows.append(f"{r.entry.name} | {loader_of(r.entry)} | {n} | {a} | {r.skipped}")
+        rows.append(f"{r.entry.name} | {r.loader or loader_of(r.entry)} | {n} | {a} | {r.skipped}")
     dumps = len(results)
     probes = sum(len(r.probes) for r in results)
     agree = sum(pr.agrees for r in results for pr in r.probes)

@@ -97,6 +97,23 @@ def test_the_corpus_agrees_with_the_kernel() -> None:
 
 
 @pytest.mark.root
+def test_iptables_nft_nodes_read_as_nft_text_agree_with_the_kernel() -> None:
+    """Every iptables dump loaded with iptables-nft-restore and traced from the kernel's own
+    `nft list ruleset` text, as a user posts it (statistic as `meta random`, untranslatable
+    extensions as `xt match NAME`, which fork as unknown): the same probes, the kernel's answers."""
+    if not have_root():
+        pytest.skip("needs root: loads each dump into a network namespace")
+    dumps = [e for e in ENTRIES if e.fmt != "nft"]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda e: C.run(e, listed_by_nft=True), dumps))
+    print("\n" + C.table(results))
+    bad = [(r.entry.name, p.probe, p.predicted, p.observed) for r in results for p in r.probes if not p.agrees]
+    assert not bad, bad
+    assert not [(r.entry.name, r.skipped) for r in results if r.skipped]
+    assert sum(len(r.probes) for r in results) >= 100
+
+
+@pytest.mark.root
 def test_the_harness_catches_the_old_guesses(monkeypatch: pytest.MonkeyPatch) -> None:
     """With issue 19's two findings put back (physdev assumed to match; MASQUERADE taking the out
     interface's own address, 127.0.0.1 on lo), the same harness disagrees with the kernel."""
