@@ -331,7 +331,9 @@ def main() -> None:
         pred = {}
         for path in args.prediction or (HERE / "snat_prediction.json", HERE / "snat_prediction_round2.json"):
             pred |= json.loads(path.read_text())
-        paths = args.measured or sorted(HERE.glob("snat_measured_*.json"))
+        paths = args.measured or [
+            HERE / f"snat_measured_{n}.json" for n in CONDITIONS if (HERE / f"snat_measured_{n}.json").exists()
+        ]
         print(comparison_table(pred, [json.loads(x.read_text()) for x in paths]))
 
 
