@@ -216,14 +216,15 @@ def add_lines(prefix: str, set_name: str, d: Mapping[str, Element], keys: Iterab
     raw = d.raw
     # Element.text() of the unpacked element, written without unpacking it: a 10k-Service table
     # has 120k elements, 20k of them with a comment.
-    texts = ((f"{key} : {p}" if p else key) if type(p := raw[key]) is str else _packed_text(key, p) for key in keys)
+    texts = (
+        (f"{key} : {p}" if p else key)
+        if isinstance(p := raw[key], str)
+        else f"{key} comment {quote(p.comment)} : {p.value}"
+        if p.comment and p.value is not None
+        else p._replace(key=key).text()
+        for key in keys
+    )
     return _lines("add", prefix, set_name, texts)
-
-
-def _packed_text(key: str, p: Packed) -> str:
-    if isinstance(p, Element) and p.comment and p.value is not None:
-        return f"{key} comment {quote(p.comment)} : {p.value}"
-    return unpack(key, p).text()
 
 
 def _lines(verb: str, prefix: str, set_name: str, texts: Iterable[str]) -> Iterator[str]:
