@@ -52,6 +52,8 @@ def csv_values(values: tuple[str, ...]) -> tuple[str, ...]:
               help="A dump to read (iptables-save, ip6tables-save or nft -j list ruleset; - for stdin); "
                    "repeat for an iptables node's IPv4 and IPv6 dumps.")
 @click.option("--format", "fmt", default="auto", show_default=True, type=click.Choice(DUMP_FORMATS), help="Dump format.")
+@click.option("--ipvs", "ipvs_path", default=None, help="With --rules of an IPVS-mode node: its `ipvsadm-save -n`.")
+@click.option("--ipset-file", "ipset_path", default=None, help="With --rules: the node's `ipset save`.")
 @click.option("--live", is_flag=True, help="Read this node instead (read-only): rules, sysctls, conntrack, interfaces.")
 @click.option("--netns", default=None, help="With --live: read inside this network namespace.")
 @click.option("--manifests", multiple=True, help="The cluster's objects: YAML/JSON files or folders (repeatable).")
@@ -71,7 +73,8 @@ def csv_values(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--stat", "stats", multiple=True, help="A `conntrack -S` counter, e.g. insert_failed=30493 (repeatable).")
 @click.option("--conntrack", "conntrack_path", help="`conntrack -L` output of the node, for the SNAT ports in use.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: docs/tools.md, `kubeproxy doctor`).")
-def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None, manifests: tuple[str, ...],
+def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_path: str | None, live: bool,
+           netns: str | None, manifests: tuple[str, ...],
            kubeconfig: str | None, master: str | None, api_timeout: float, hostname_override: str, node_ip: str,
            cluster_cidr: tuple[str, ...], iface: tuple[str, ...], route: tuple[str, ...], local_ip: tuple[str, ...],
            in_iface: str, sysctls: tuple[str, ...],
@@ -87,7 +90,8 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.core import DoctorInput, diagnose
     from kubeproxy.doctor.facts import FactError, NodeFacts, stats_from_flags, sysctls_from_flags
-    from kubeproxy.doctor.live import LiveError, read_node
+    from kubeproxy.doctor.live import LiveError, read_ipvs, read_node
+    from kubeproxy.netfilter.ipvs import IpvsParseError, IpvsState, load_into
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.netfilter.ruleset import ParseError
     from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
@@ -96,6 +100,8 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
         raise click.UsageError("give exactly one of --rules FILE or --live")
     if netns and not live:
         raise click.UsageError("--netns needs --live")
+    if (ipvs_path or ipset_path) and not rules_paths:
+        raise click.UsageError("--ipvs and --ipset-file go with --rules (--live reads them itself)")
     try:
         cfg = validate(ProxyConfig(cluster_cidr=csv_values(cluster_cidr), hostname_override=hostname_override.strip().lower(),
                                    node_ip=node_ip))
@@ -121,6 +127,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
         notes += listed.warnings
         notes.append(f"objects from the {listed.source}")
         state = listed.state
+    ipvs: IpvsState | None = None
     try:
         extra = Node.from_flags(list(local_ip), list(iface), list(route))
         if live:
@@ -129,26 +136,34 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, live: bool, netns: str | None
             notes += got.notes
             for name, addrs in extra.interfaces.items():
                 node.interfaces.setdefault(name, []).extend(addrs)
+            dumps = read_ipvs(netns)
+            if dumps is not None:
+                ipvs = load_into(node, *dumps)
+                source += " + ipvsadm-save -n"
         else:
             ruleset = parse_dump(rules_paths[0], fmt)
             for more in rules_paths[1:]:  # e.g. the ip6tables-save dump beside the iptables-save one
                 ruleset.tables += parse_dump(more, fmt).tables
             source, node, facts = ", ".join(rules_paths), extra, NodeFacts()
+            if ipvs_path or ipset_path:
+                ipvs = load_into(node, read_dump_file(ipvs_path) if ipvs_path else None,
+                                 read_dump_file(ipset_path) if ipset_path else None)
         node.local_ips |= extra.local_ips
         node.routes = extra.routes + node.routes
         facts.sysctls.update(sysctls_from_flags(sysctls))
         facts.stats.update(stats_from_flags(stats))
         if conntrack_path:
             facts.flows = parse_flows(read_dump_file(conntrack_path))
-    except (ParseError, NodeError, FactError, LiveError) as exc:
+    except (ParseError, NodeError, FactError, LiveError, IpvsParseError) as exc:
         _fail(str(exc))
     if not (manifests or kubeconfig or master):
         from kubeproxy.doctor.core import mode_of
         from kubeproxy.doctor.reconstruct import state_from_rules
 
-        state, told = state_from_rules(ruleset, mode_of(ruleset), cfg.hostname_override, node, in_iface or "eth0")
+        state, told = state_from_rules(ruleset, "ipvs" if ipvs is not None else mode_of(ruleset), cfg.hostname_override,
+                                       node, in_iface or "eth0")
         notes += told
-    report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source))
+    report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source, ipvs))
     report.notes[:0] = notes
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

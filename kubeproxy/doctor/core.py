@@ -14,6 +14,7 @@ from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, nodepor
 from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
 from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.node import IfAddr, Node, Route
 from kubeproxy.netfilter.ruleset import Ruleset
 from kubeproxy.proxy.config import ProxyConfig
@@ -30,6 +31,7 @@ class DoctorInput:
     facts: NodeFacts = field(default_factory=NodeFacts)
     in_iface: str = ""  # where outside traffic arrives; default: the default route's interface
     source: str = ""  # where the rules came from, for the report
+    ipvs: IpvsState | None = None  # an IPVS-mode node's virtual servers (its ipsets are in `node`)
 
 
 def mode_of(ruleset: Ruleset) -> str:
@@ -130,14 +132,14 @@ def diagnose(inp: DoctorInput) -> Report:
     ctx = node_context(inp)
     node_name, labels, node_ips, node, notes, in_iface = ctx.name, ctx.labels, ctx.node_ips, ctx.node, ctx.notes, ctx.in_iface
     inp.facts.node_ips |= set(node_ips)
-    mode = mode_of(inp.ruleset)
+    mode = "ipvs" if inp.ipvs is not None else mode_of(inp.ruleset)
     findings: list[Finding] = []
     probes: list[Probe] = []
     families = families_of(inp.ruleset)
     for family in families:
         view = build_view(inp.state.services.values(), inp.state.slices.values(), family, node_name)
-        fam_probes = probe_all(_of_family(inp.ruleset, family), node, view, nodeport_ips(inp.ruleset, node_ips),
-                               in_iface, family)
+        fam_probes = probe_all(_of_family(inp.ruleset, family), node, view, nodeport_ips(inp.ruleset, node_ips, inp.ipvs),
+                               in_iface, family, inp.ipvs)
         probes += fam_probes
         found = snat_findings(fam_probes, view, inp.facts, mode, family)
         found += foreign_rule_findings(fam_probes, view)

@@ -126,8 +126,8 @@ def nodeport_ips(ruleset: Ruleset, node_ips: list[str], ipvs: IpvsState | None =
 
 
 def probe_all(ruleset: Ruleset, node: Node, view: NodeView, node_ips: list[str], in_iface: str,
-              family: Family = Family.IPV4) -> list[Probe]:
-    sim = Simulator(ruleset, node)
+              family: Family = Family.IPV4, ipvs: IpvsState | None = None) -> list[Probe]:
+    sim = Simulator(ruleset, node, ipvs=ipvs)
     probes: list[Probe] = []
     src, _ = A.parse_ip(OUTSIDE_SOURCE6 if family.ipv6 else OUTSIDE_SOURCE)
     for name, svc in sorted(view.services.items()):
