@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from kubeproxy.cluster.schema import Item, as_plain
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.sources import protobuf
 from kubeproxy.sources.api import ACCEPT_JSON, ACCEPT_PROTOBUF, Reflector, ResourceSpec, endpoint_slices, node, services
-from kubeproxy.sources.events import WatchEvent
+from kubeproxy.sources.events import Sink, WatchEvent
 from tests.sources.test_api_reflector import Delays, reflecting, run, svc, take
 
 pytestmark = pytest.mark.timeout(30)
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.timeout(30)
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "apiserver_protobuf"
 PROTOBUF_WATCH = "application/vnd.kubernetes.protobuf;stream=watch"
 SPECS = {"services": services(), "endpointslices": endpoint_slices(), "nodes": node("node-a")}
+Answer = Callable[[httpx2.Request], Coroutine[None, None, httpx2.Response]]
 PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
 
 
@@ -68,14 +70,14 @@ def _objects(events: list[WatchEvent]) -> list[tuple[str, object]]:
     return out
 
 
-async def _reflect(capture: Captured, spec: ResourceSpec, count: int, **options: Any) -> list[WatchEvent]:
-    """The first `count` events a reflector delivers from `capture` (the list's and the watch's)."""
-    client = httpx2.AsyncClient(transport=httpx2.MockTransport(capture.answer), base_url="http://api")
-    queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
-    reflector = Reflector(client, spec, queue.put_nowait, sleep=Delays().sleep, **options)
-    task = asyncio.create_task(reflector.run())
+@contextlib.asynccontextmanager
+async def _running(answer: Answer, spec: ResourceSpec, sink: Sink, **options: Any) -> AsyncIterator[Delays]:
+    """A reflector answered by `answer` until the block ends; its injected sleep's record."""
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="http://api")
+    delays = Delays()
+    task = asyncio.create_task(Reflector(client, spec, sink, sleep=delays.sleep, **options).run())
     try:
-        return [await queue.get() for _ in range(count)]
+        yield delays
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -83,9 +85,16 @@ async def _reflect(capture: Captured, spec: ResourceSpec, count: int, **options:
         await client.aclose()
 
 
+async def _reflect(capture: Captured, spec: ResourceSpec, count: int, **options: Any) -> list[WatchEvent]:
+    """The first `count` events a reflector delivers from `capture` (the list's and the watch's)."""
+    queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
+    async with _running(capture.answer, spec, queue.put_nowait, **options):
+        return [await queue.get() for _ in range(count)]
+
+
 def _event_count(resource: str) -> int:
     """The list's objects and the watch's events, counted in the JSON capture."""
-    listed = (FIXTURES / f"{resource}.list.json").read_bytes().count(b'"resourceVersion"') - 1  # the list's own
+    listed = len(json.loads((FIXTURES / f"{resource}.list.json").read_bytes())["items"])
     watched = sum(1 for line in (FIXTURES / f"{resource}.watch.json").read_bytes().splitlines() if line.strip())
     return listed + watched
 
@@ -160,17 +169,9 @@ def test_a_malformed_protobuf_watch_is_an_error_named_and_retried(
         return httpx2.Response(200, content=_open_stream(), headers={"content-type": PROTOBUF_WATCH})
 
     async def main() -> list[WatchEvent]:
-        client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="http://api")
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
-        reflector = Reflector(client, services(), queue.put_nowait, sleep=Delays().sleep, content_type=protobuf.MEDIA_TYPE)
-        task = asyncio.create_task(reflector.run())
-        try:
+        async with _running(answer, services(), queue.put_nowait, content_type=protobuf.MEDIA_TYPE):
             return [await queue.get() for _ in range(_event_count("services"))]
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await client.aclose()
 
     events = asyncio.run(asyncio.wait_for(main(), 20))
     assert [e.type for e in events][-1] in ("ADDED", "MODIFIED", "DELETED")
@@ -191,17 +192,8 @@ def test_a_protobuf_error_answer_is_read_as_its_status(caplog: pytest.LogCapture
         return httpx2.Response(200, content=_open_stream(), headers={"content-type": PROTOBUF_WATCH})
 
     async def main() -> None:
-        client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="http://api")
-        delays = Delays()
-        reflector = Reflector(client, services(), lambda e: None, sleep=delays.sleep, content_type=protobuf.MEDIA_TYPE)
-        task = asyncio.create_task(reflector.run())
-        try:
+        async with _running(answer, services(), lambda e: None, content_type=protobuf.MEDIA_TYPE) as delays:
             await delays.slept.wait()
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await client.aclose()
 
     asyncio.run(asyncio.wait_for(main(), 20))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
