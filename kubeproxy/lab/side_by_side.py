@@ -54,8 +54,12 @@ POD_HOST_NODE = "node-c"
 POD_PORT = 8080
 METRICS_BIND = "127.0.0.1:10249"
 RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "00-rbac.yaml"
+# The kernel's ICMP error rate limits off: a probe's flows to a Service without endpoints are
+# refused by an ICMP error each, and whether a limit dropped one (a timeout instead) would
+# depend on when the node's earlier errors went out, not on its rules.
 _NODE_SYSCTLS = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=2", "net.ipv4.conf.default.rp_filter=2",
-                 "net.ipv6.conf.all.forwarding=1"]  # fmt: skip
+                 "net.ipv6.conf.all.forwarding=1", "net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0",
+                 "net.ipv4.icmp_msgs_per_sec=1000000", "net.ipv4.icmp_msgs_burst=1000000"]  # fmt: skip
 # Pods declare these container ports, so Services may name any of them as their targetPort.
 POD_PORTS = (("http", POD_PORT, "TCP"), ("dns", 5353, "UDP"), ("sctp", 9132, "SCTP"))
 _FIRST_POD_HOST = 10
@@ -132,11 +136,51 @@ class SideBySide:
             stack.callback(bed.stop_proxies)
             yield bed
 
+    def clear(self, *, timeout: float = 60) -> None:
+        """The bed as built, for another test on the same control plane: both proxies stopped,
+        every pod gone, the default namespace's Services, Endpoints and EndpointSlices deleted
+        (the `kubernetes` Service's kept) and awaited gone, each node's rules and conntrack
+        table flushed, and the proxies' mode back to iptables."""
+        self.stop_proxies()
+        for name in list(self.pods):
+            self.finish_termination(name)
+        not_kubernetes = ("--field-selector", "metadata.name!=kubernetes")
+        self.cp.run_kubectl("delete", "services,endpoints", "-n", "default", *not_kubernetes)
+        self.cp.run_kubectl("delete", "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name!=kubernetes")
+        deadline = time.monotonic() + timeout
+        while self._leftovers():
+            self.check_alive()
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"the bed's objects were not gone {timeout:g} s after their deletion: {self._leftovers()}")
+            time.sleep(0.1)
+        for node in self.nodes.values():
+            # Both iptables variants' tables and the nftables tables: the state of a fresh namespace.
+            node.ns.run(["nft", "flush", "ruleset"])
+            if "legacy" in node.ns.run(["iptables", "-V"]).stdout:
+                for tool in ("iptables-restore", "ip6tables-restore"):
+                    node.ns.run([tool], input="".join(f"*{t}\nCOMMIT\n" for t in ("filter", "nat", "mangle", "raw")))
+            for family in ("ipv4", "ipv6"):
+                node.ns.run(["conntrack", "-F", "-f", family], check=False)  # an empty table is no failure
+            node.next_host = _FIRST_POD_HOST
+        self.mode = "iptables"
+
+    def _leftovers(self) -> list[str]:
+        """The pods, and the slices other than the `kubernetes` Service's, the API still holds."""
+        out = []
+        for path in ("/api/v1/namespaces/default/pods", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"):
+            answer = self.cp.api.get(path)
+            if answer.status_code != 200:
+                return [f"GET {path}: {answer.status_code}"]
+            for item in answer.json()["items"]:
+                if item["metadata"].get("labels", {}).get("kubernetes.io/service-name") != "kubernetes":
+                    out.append(f"{path.rsplit('/', 1)[1]} {item['metadata']['name']}")
+        return out
+
     # ---- pods ---------------------------------------------------------------------------------
 
     def add_pod(self, name: str, node_name: str, labels: Mapping[str, str], *, ready: bool = True, wired: bool = True) -> BedPod:
         """A pod on `node_name` with an address of each family, reported through the API; `wired`,
-        a namespace running the probe on POD_PORT (IPv4)."""
+        a namespace running the probe on POD_PORT (both families)."""
         node = self.nodes[node_name]
         ip = str(ipaddress.ip_network(node.pod_cidr)[node.next_host])
         ip6 = str(ipaddress.ip_network(node.pod_cidr6)[node.next_host])
@@ -152,8 +196,8 @@ class SideBySide:
         self.pods[name] = pod
         self._stack.callback(ns.delete)
         wire_pod(node.ns, ns, pod_interface(ns, name), ip, ip6)
-        child = ns.popen([*PROBE, "serve", "--proto", "tcp", "--listen", f"{ip}:{POD_PORT}"], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL)  # fmt: skip
+        child = ns.popen([*PROBE, "serve", "--proto", "tcp", "--listen", f"{ip}:{POD_PORT}", "--listen", f"[{ip6}]:{POD_PORT}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
         await_ready(f"the probe in pod {name}", child, timeout=self.probe_timeout)
         self.changed_at = time.time()
         self.kubelet.report_pod(pod.info, ready=ready)
@@ -185,12 +229,15 @@ class SideBySide:
     # ---- objects ------------------------------------------------------------------------------
 
     def apply(self, *objs: dict[str, Any]) -> None:
-        """`kubectl apply` of the objects (a LoadBalancer's status.loadBalancer goes to /status)."""
+        """One `kubectl apply` of the objects as a List (a LoadBalancer's status.loadBalancer then
+        goes to /status): one client start per step, however many objects the step has."""
         self.changed_at = time.time()
+        if not objs:
+            return
+        items = [{k: v for k, v in obj.items() if k != "status"} for obj in objs]
+        self.cp.run_kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
         for obj in objs:
             status = obj.get("status")
-            spec_only = {k: v for k, v in obj.items() if k != "status"}
-            self.cp.run_kubectl("apply", "-f", "-", input=json.dumps(spec_only))
             if obj.get("kind") == "Service" and status:
                 meta = obj["metadata"]
                 path = f"/api/v1/namespaces/{meta.get('namespace', 'default')}/services/{meta['name']}/status"

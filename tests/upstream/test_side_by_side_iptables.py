@@ -6,59 +6,19 @@ lab/rules_compare.py). One scenario has IPv4 Services only, one every IP family 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from kubeproxy.lab import builders
-from kubeproxy.lab.side_by_side import OURS_NODE, POD_HOST_NODE, UPSTREAM_NODE, SideBySide
+from kubeproxy.lab.side_by_side import POD_HOST_NODE, SideBySide
+from kubeproxy.lab.side_by_side_walk import FAMILIES, Walk, mirrored, walk
 
 pytestmark = pytest.mark.root
 
-Expected = dict[str, set[tuple[str, bool, bool, bool]]]
-FAMILIES = ("IPv4", "IPv6")
 
-
-@dataclass
-class PodState:
-    ips: tuple[str, ...]  # IPv4, IPv6
-    app: str
-    ready: bool = True
-    terminating: bool = False
-
-
-@dataclass
-class Scenario:
-    bed: SideBySide
-    pods: dict[str, PodState]
-    selectors: dict[str, str]  # Service name -> the app its selector picks
-    families: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Service name -> its ipFamilies (IPv4 if absent)
-    node_local: tuple[str, ...] = ("lweb-itp",)
-
-    def add(self, name: str, node: str, app: str) -> None:
-        pod = self.bed.add_pod(name, node, {"app": app})
-        self.pods[name] = PodState(pod.info.ips, app)
-
-    def add_mirrored(self, base: str, app: str) -> None:
-        for node in (UPSTREAM_NODE, OURS_NODE):
-            self.add(f"{base}-{node}", node, app)
-
-    def expected(self) -> Expected:
-        out: Expected = {}
-        for service, app in self.selectors.items():
-            indexes = [FAMILIES.index(f) for f in self.families.get(service, ("IPv4",))]
-            out[service] = {
-                (p.ips[i], p.ready and not p.terminating, p.ready, p.terminating)
-                for p in self.pods.values()
-                if p.app == app
-                for i in indexes
-            }
-        return out
-
-    def check(self, step: str, changed: Collection[str] = ("IPv4",)) -> None:
-        diffs = self.bed.await_step(self.expected(), families=FAMILIES, node_local=self.node_local, changed=changed)
-        assert not diffs, f"after {step}:\n" + "\n".join(diffs)
+def check(w: Walk, step: str, changed: Collection[str] = ("IPv4",), node_local: Collection[str] = ("lweb-itp",)) -> None:
+    diffs = w.bed.await_step(w.expected(), families=FAMILIES, node_local=node_local, changed=changed)
+    assert not diffs, f"after {step}:\n" + "\n".join(diffs)
 
 
 def _services() -> list[builders.JSON]:
@@ -79,52 +39,9 @@ def _services() -> list[builders.JSON]:
     ]  # fmt: skip
 
 
-def test_iptables_rules_equal_to_upstream_at_every_step(upstream_binaries: Path) -> None:
-    with SideBySide.build(upstream_binaries) as bed:
-        selectors = {"web": "web", "web-np": "web", "web-lb": "web", "web-ext": "web", "lweb-local": "lweb", "lweb-itp": "lweb"}
-        s = Scenario(bed, {}, selectors)
-        s.add("web-0", POD_HOST_NODE, "web")
-        s.add("web-1", POD_HOST_NODE, "web")
-        s.add_mirrored("lweb-0", "lweb")
-        s.add("lweb-remote", POD_HOST_NODE, "lweb")
-        bed.apply(*_services())
-        bed.start_proxies()
-        s.check("the first sync")
-
-        s.add("web-2", POD_HOST_NODE, "web")
-        s.check("a pod added")
-        s.add_mirrored("lweb-1", "lweb")
-        s.check("a local pod added on each node")
-
-        bed.set_ready("web-0", False)
-        s.pods["web-0"].ready = False
-        s.check("a pod turned not ready")
-
-        bed.start_termination("web-1")
-        s.pods["web-1"].terminating = True
-        s.check("a pod terminating")
-        for node in (UPSTREAM_NODE, OURS_NODE):
-            bed.start_termination(f"lweb-0-{node}")
-            s.pods[f"lweb-0-{node}"].terminating = True
-        s.check("a local pod terminating on each node")
-
-        bed.finish_termination("web-1")
-        del s.pods["web-1"]
-        for node in (UPSTREAM_NODE, OURS_NODE):
-            bed.finish_termination(f"lweb-0-{node}")
-            del s.pods[f"lweb-0-{node}"]
-        s.check("terminated pods gone")
-
-        bed.set_ready("web-0", True)
-        s.pods["web-0"].ready = True
-        s.check("a pod ready again")
-
-        bed.delete("service", "web-ext")
-        del s.selectors["web-ext"]
-        s.check("a Service deleted")
-        bed.delete("service", "lweb-local")
-        del s.selectors["lweb-local"]
-        s.check("the Local LoadBalancer deleted")
+def test_iptables_rules_equal_to_upstream_at_every_step(side_by_side: SideBySide) -> None:
+    w = Walk.of(side_by_side, _services())
+    walk(w, _services(), lambda step: check(w, step))
 
 
 def _dual_stack_services() -> list[builders.JSON]:
@@ -154,45 +71,32 @@ def _dual_stack_services() -> list[builders.JSON]:
     ]  # fmt: skip
 
 
-def test_dual_stack_rules_equal_to_upstream_at_every_step(upstream_binaries: Path) -> None:
-    both = ("IPv4", "IPv6")
-    with SideBySide.build(upstream_binaries) as bed:
-        selectors = {"six": "six", "six-lb": "six", "prefer": "dual", "prefer-six-first": "dual", "require-lb": "ldual",
-                     "require-itp": "ldual"}  # fmt: skip
-        families = {"six": ("IPv6",), "six-lb": ("IPv6",), "prefer": both, "prefer-six-first": both, "require-lb": both,
-                    "require-itp": both}  # fmt: skip
-        s = Scenario(bed, {}, selectors, families, node_local=("require-itp",))
-        s.add("six-0", POD_HOST_NODE, "six")
-        s.add_mirrored("six-1", "six")
-        s.add("dual-0", POD_HOST_NODE, "dual")
-        s.add("dual-1", POD_HOST_NODE, "dual")
-        s.add_mirrored("ldual-0", "ldual")
-        s.add("ldual-remote", POD_HOST_NODE, "ldual")
-        bed.apply(*_dual_stack_services())
-        bed.start_proxies()
-        s.check("the first sync", both)
+def test_dual_stack_rules_equal_to_upstream_at_every_step(side_by_side: SideBySide) -> None:
+    both, node_local = FAMILIES, ("require-itp",)
+    bed = side_by_side
+    w = Walk.of(bed, _dual_stack_services())
+    w.add("six-0", POD_HOST_NODE, "six")
+    w.add_mirrored("six-1", "six")
+    w.add("dual-0", POD_HOST_NODE, "dual")
+    w.add("dual-1", POD_HOST_NODE, "dual")
+    w.add_mirrored("ldual-0", "ldual")
+    w.add("ldual-remote", POD_HOST_NODE, "ldual")
+    bed.apply(*_dual_stack_services())
+    bed.start_proxies()
+    check(w, "the first sync", both, node_local)
 
-        s.add("six-2", POD_HOST_NODE, "six")
-        s.check("an IPv6 pod added", ("IPv6",))
-        s.add_mirrored("ldual-1", "ldual")
-        s.check("a local dual-stack pod added on each node", both)
+    w.add("six-2", POD_HOST_NODE, "six")
+    check(w, "an IPv6 pod added", ("IPv6",), node_local)
+    w.add_mirrored("ldual-1", "ldual")
+    check(w, "a local dual-stack pod added on each node", both, node_local)
+    w.set_ready(["dual-0"], False)
+    check(w, "a dual-stack pod turned not ready", both, node_local)
+    w.terminate(mirrored("ldual-0"))
+    check(w, "a local dual-stack pod terminating on each node", both, node_local)
+    w.finish(mirrored("ldual-0"))
+    check(w, "terminated pods gone", both, node_local)
 
-        bed.set_ready("dual-0", False)
-        s.pods["dual-0"].ready = False
-        s.check("a dual-stack pod turned not ready", both)
-
-        for node in (UPSTREAM_NODE, OURS_NODE):
-            bed.start_termination(f"ldual-0-{node}")
-            s.pods[f"ldual-0-{node}"].terminating = True
-        s.check("a local dual-stack pod terminating on each node", both)
-        for node in (UPSTREAM_NODE, OURS_NODE):
-            bed.finish_termination(f"ldual-0-{node}")
-            del s.pods[f"ldual-0-{node}"]
-        s.check("terminated pods gone", both)
-
-        bed.delete("service", "six-lb")
-        del s.selectors["six-lb"]
-        s.check("an IPv6 LoadBalancer deleted", ("IPv6",))
-        bed.delete("service", "require-lb")
-        del s.selectors["require-lb"]
-        s.check("a RequireDualStack LoadBalancer deleted", both)
+    w.delete_service("six-lb")
+    check(w, "an IPv6 LoadBalancer deleted", ("IPv6",), node_local)
+    w.delete_service("require-lb")
+    check(w, "a RequireDualStack LoadBalancer deleted", both, node_local)
