@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kubeproxy.backends.ipvs.render import DUMMY_DEVICE
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.doctor.conntrack import conntrack_findings
 from kubeproxy.doctor.cost import cost_findings
@@ -46,7 +47,9 @@ def _node_ips(inp: DoctorInput, node_obj: object) -> list[str]:
         if kind in ("InternalIP", "ExternalIP") and str(ip) not in ips:
             ips.append(str(ip))
     for name, addrs in inp.node.interfaces.items():
-        if name != "lo":
+        # kube-ipvs0 holds an IPVS node's service addresses, not its own (upstream's proxier
+        # takes the node's addresses from every interface but that one)
+        if name not in ("lo", DUMMY_DEVICE):
             for a in addrs:
                 text = A.fmt_ip(a.ip, a.v6)
                 # IPv6 link-local addresses take no service traffic

@@ -55,3 +55,14 @@ def test_ipvs_nodeports_are_probed_where_the_virtual_servers_are(tmp_path: Path)
 def test_ipvs_dumps_go_with_rules() -> None:
     res = CliRunner().invoke(main, ["doctor", "--live", "--ipvs", "x"])
     assert res.exit_code == 2 and "--ipvs" in res.output
+
+
+def test_kube_ipvs0_addresses_are_not_node_addresses(tmp_path: Path) -> None:
+    """An IPVS node's service addresses sit on kube-ipvs0 (as --live reads it): no NodePort is
+    probed on them."""
+    world = str(_world(tmp_path))
+    dumps = _ipvs_dumps(tmp_path, world)
+    report = _doctor(dumps, world, "--ipvs", str(dumps["ipvs"]), "--ipset-file", str(dumps["ipset"]),
+                     "--iface", "kube-ipvs0=10.96.0.53/32", "--iface", "kube-ipvs0=203.0.113.53/32")
+    assert report["inputs"]["node"]["addresses"] == ["192.168.0.2", "10.244.1.1"]
+    assert "not-translated" not in {f["kind"] for f in report["findings"]}
