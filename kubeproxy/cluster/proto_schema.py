@@ -242,28 +242,6 @@ def _entry(buf: bytes, pos: int, end: int) -> tuple[str, str]:
     return key, value
 
 
-def _numbers(buf: bytes, pos: int, end: int, what: str) -> dict[int, int]:
-    """A message of varint fields only (Time, IntOrString's numbers) as {number: signed value}."""
-    found: dict[int, int] = {}
-    texts = 0
-    while pos < end:
-        tag, pos = varint(buf, pos, end)
-        number, wire = tag >> 3, tag & 7
-        if wire == VARINT:
-            raw, pos = varint(buf, pos, end)
-            found[number] = signed64(raw)
-        elif wire == BYTES and what == "IntOrString" and number == 3:
-            size, pos = varint(buf, pos, end)
-            if pos + size > end:
-                raise ProtoError("IntOrString.strVal runs past its message")
-            texts = pos
-            pos += size
-            found[-1], found[-2] = texts, size
-        else:
-            pos = _skip(buf, pos, end, number, wire)
-    return found
-
-
 # Go's time.Time range as metav1.Time writes it in JSON (RFC 3339, years 0000-9999).
 _MIN_SECONDS, _MAX_SECONDS = -62135596800, 253402300799
 
@@ -296,11 +274,25 @@ def _rfc3339(seconds: int) -> str:
 
 def _int_or_string(buf: bytes, pos: int, end: int) -> int | str:
     """IntOrString (type 1: 0 int, 1 string; intVal 2; strVal 3) as JSON writes it: a number or a text."""
-    found = _numbers(buf, pos, end, "IntOrString")
-    if found.get(1, 0) == 1:
-        start, size = found.get(-1, 0), found.get(-2, 0)
-        return buf[start : start + size].decode("utf-8", "replace")
-    value = found.get(2, 0)
+    is_text, value, text = 0, 0, ""
+    while pos < end:
+        tag, pos = varint(buf, pos, end)
+        if tag in (0x08, 0x10):  # type, intVal: varints
+            raw, pos = varint(buf, pos, end)
+            if tag == 0x08:
+                is_text = raw
+            else:
+                value = signed64(raw)
+        elif tag == 0x1A:  # strVal: length-delimited
+            size, pos = varint(buf, pos, end)
+            if pos + size > end:
+                raise ProtoError("IntOrString.strVal runs past its message")
+            text = buf[pos : pos + size].decode("utf-8", "replace")
+            pos += size
+        else:
+            pos = _skip(buf, pos, end, tag >> 3, tag & 7)
+    if is_text == 1:
+        return text
     if not -(2**31) <= value < 2**31:
         raise ProtoError(f"IntOrString.intVal {value} is not an int32")
     return value
