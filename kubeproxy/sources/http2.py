@@ -70,6 +70,15 @@ class _Stream:
     ended: bool = False
     error: Exception | None = None
 
+    def fail(self, error: Exception) -> None:
+        """End the stream with `error`, for its consumer's next read (or its wait for headers)."""
+        if self.error is None and not self.ended:
+            self.error = error
+        if not self.headers.done():
+            self.headers.set_exception(error)
+            self.headers.exception()  # a request cancelled meanwhile leaves it unread: not an error to log
+        self.arrived.set()
+
 
 class _Connection:
     """One HTTP/2 connection: its reader task, its streams, and whether it takes new ones."""
@@ -140,11 +149,7 @@ class _Connection:
     def _fail(self, error: Exception) -> None:
         self.error = error
         for stream in self.streams.values():
-            if stream.error is None and not stream.ended:
-                stream.error = error
-            if not stream.headers.done():
-                stream.headers.set_exception(error)
-            stream.arrived.set()
+            stream.fail(error)
 
     def _dispatch(self, event: h2.events.Event) -> None:
         sid = getattr(event, "stream_id", None)
@@ -163,20 +168,14 @@ class _Connection:
             stream.ended = True
             stream.arrived.set()
         elif isinstance(event, h2.events.StreamReset) and stream is not None:
-            stream.error = httpx2.RemoteProtocolError(f"the API server reset the stream ({event.error_code!r})")
-            if not stream.headers.done():
-                stream.headers.set_exception(stream.error)
-            stream.arrived.set()
+            stream.fail(httpx2.RemoteProtocolError(f"the API server reset the stream ({event.error_code!r})"))
         elif isinstance(event, h2.events.ConnectionTerminated):
             # A GOAWAY: streams up to its last id finish; later ones were never seen.
             self.going_away = True
             last = event.last_stream_id if event.last_stream_id is not None else 0
             for s in self.streams.values():
                 if s.id > last:
-                    s.error = httpx2.RemoteProtocolError("the API server went away before this request (GOAWAY)")
-                    if not s.headers.done():
-                        s.headers.set_exception(s.error)
-                    s.arrived.set()
+                    s.fail(httpx2.RemoteProtocolError("the API server went away before this request (GOAWAY)"))
 
     async def open(self, request: httpx2.Request, body: bytes) -> _Stream:
         async with self.changed:
@@ -252,6 +251,7 @@ class _Connection:
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
+        self._fail(httpx2.ReadError("the client was closed"))
 
 
 class _Body(httpx2.AsyncByteStream):
