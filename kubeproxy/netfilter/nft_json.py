@@ -66,6 +66,8 @@ def type_of(e: Any) -> Any:
             return "inet_service"
         if e.field in ("protocol", "nexthdr"):
             return "inet_proto"
+        if e.proto in ("icmp", "icmpv6") and e.field == "type":
+            return "string"  # by name (echo-request), as the walk reads it
         return "integer"
     if t is NMeta:
         return {"l4proto": "inet_proto", "iifname": "ifname", "oifname": "ifname", "iif": "ifname",
@@ -303,8 +305,8 @@ def _match(m: dict[str, Any]) -> NMatch | Statistic | Unsupported:
 # What the walk (simulate/nft.py) computes for a packet; any other key would read as "no value"
 # and quietly fail the match, where the kernel may match: such a match forks as unknown instead.
 _PAYLOAD_FIELDS = {
-    "ip": {"saddr", "daddr", "protocol"},
-    "ip6": {"saddr", "daddr", "nexthdr"},
+    "ip": {"saddr", "daddr", "protocol", "version"},
+    "ip6": {"saddr", "daddr", "nexthdr", "version"},
     "icmp": {"type"},
     "icmpv6": {"type"},
 }

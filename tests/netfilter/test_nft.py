@@ -179,3 +179,29 @@ def test_iptables_extensions_nft_cannot_print_fork_as_unknown() -> None:
     # the line numbers stay those of the text given
     with pytest.raises(ParseError, match=r"^line 10: "):
         detect.parse(XT_TEXT.replace("tcp dport 8080", "frobnicate"), "nft")
+
+
+def _two_nat_tables(first: list[dict[str, object]]) -> Ruleset:
+    """Two tables with a nat chain at postrouting, the same priority: `first`'s rule, then the
+    other table's masquerade of 10.180.0.0/16 (as LXD's inet table beside libvirt's ip nat)."""
+    def table(family: str, name: str, exprs: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [{"table": {"family": family, "name": name}},
+                {"chain": {"family": family, "table": name, "name": "post", "type": "nat", "hook": "postrouting",
+                           "prio": 100, "policy": "accept"}},
+                {"rule": {"family": family, "table": name, "chain": "post", "expr": exprs}}]
+    masq = [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
+                       "right": {"prefix": {"addr": "10.180.0.0", "len": 16}}}}, {"masquerade": None}]
+    return nft_json.parse(json.dumps({"nftables": [*table("inet", "a", first), *table("ip", "b", masq)]}))
+
+
+@pytest.mark.parametrize(("first", "source"), [
+    # binds nothing (accepts, or matches nothing): the other table's nat chain is consulted
+    ([{"accept": None}], "192.168.1.1"),
+    ([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "version"}}, "right": 6}},
+      {"masquerade": None}], "192.168.1.1"),
+    # binds the connection: the next nat chain is not consulted (nf_nat_inet_fn)
+    ([{"snat": {"addr": "192.168.1.77"}}], "192.168.1.77"),
+])
+def test_a_hook_s_nat_chains_are_consulted_until_one_binds(first: list[dict[str, object]], source: str) -> None:
+    res = trace(_two_nat_tables(first), NODE, make_packet("udp", "10.180.0.9", "192.168.1.99:53", in_iface="eth1"))
+    assert [(fmt_ip(o.src), bool(o.unknown)) for o in res.outcomes] == [(source, False)]

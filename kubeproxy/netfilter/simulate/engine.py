@@ -255,11 +255,12 @@ class Simulator(NftEvaluator):
                     continue
                 before = (br.dst, br.dport)
                 for nb, v in self._run_base(table, chain, hook, br):
-                    if is_nat:
-                        if dst_manip:
-                            nb.dnat_done = True
-                        else:
-                            nb.snat_done = True
+                    # the next nat chain of the hook (another table's) is consulted until one
+                    # binds the connection (nf_nat_inet_fn): one that only accepts binds nothing
+                    if is_nat and dst_manip and nb.dnat is not None:
+                        nb.dnat_done = True
+                    elif is_nat and not dst_manip and nb.snat is not None:
+                        nb.snat_done = True
                     if v != "ACCEPT":
                         self._finish(nb, v)
                         dead.append(nb)

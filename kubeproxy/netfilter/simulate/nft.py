@@ -47,6 +47,8 @@ class NftEvaluator:
                     return b.dst
                 if f in ("protocol", "nexthdr"):
                     return b.proto
+                if f == "version":
+                    return 6 if b.v6 else 4
                 return None
             if e.proto in ("th", "tcp", "udp", "sctp", "udplite", "dccp"):
                 if b.proto not in PORT_PROTOS:
