@@ -330,8 +330,10 @@ def plan(rs: Ruleset, text: str, meta: dict[str, Any] | None = None) -> Plan:
 
 
 def _pod_ip(pod_net: str, host: int) -> str:
-    net, _mask, _ = A.parse_cidr(pod_net)
-    return A.fmt_ip(net + 256 * 3 + host)  # in the pod network, off its first /24
+    net, mask, _ = A.parse_cidr(pod_net)
+    # in the pod network, off its first /24 when it is wider than a /22 (a /24 bridge network
+    # of libvirt or LXD: in it)
+    return A.fmt_ip(net + (256 * 3 if bin(mask).count("1") <= 22 else 0) + host)
 
 
 def _client_ip(node_ip: str) -> str:
