@@ -189,7 +189,7 @@ def _two_nat_tables(first: list[dict[str, object]]) -> Ruleset:
                 {"chain": {"family": family, "table": name, "name": "post", "type": "nat", "hook": "postrouting",
                            "prio": 100, "policy": "accept"}},
                 {"rule": {"family": family, "table": name, "chain": "post", "expr": exprs}}]
-    masq = [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
+    masq: list[dict[str, object]] = [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
                        "right": {"prefix": {"addr": "10.180.0.0", "len": 16}}}}, {"masquerade": None}]
     return nft_json.parse(json.dumps({"nftables": [*table("inet", "a", first), *table("ip", "b", masq)]}))
 
