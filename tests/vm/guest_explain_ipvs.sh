@@ -21,3 +21,7 @@ for svc in $(cat services); do
     $(cat node_flags) > "live-$f.json" 2> "live-$f.err" || rc=$?
   echo "$rc" > "live-$f.rc"
 done
+# shellcheck disable=SC2046
+rc=0; "$REPO/.venv/bin/kubeproxy" doctor --live --netns kx --manifests world.yaml --json $(cat node_flags) \
+  > doctor.json 2> doctor.err || rc=$?
+echo "$rc" > doctor.rc

@@ -5,7 +5,8 @@ The explain world (tests/explain) rendered in IPVS mode is loaded into a namespa
 the proxy leaves a node (its ipsets, its iptables rules with the jumps into them, its virtual
 servers, kube-ipvs0's addresses); the kernel's `ipvsadm-save -n` must read back as rendered, and
 `explain --live` of every Service must give what the render's explanation gives: the same
-endpoints and shares per address, and the same rules and virtual servers in the same order.
+endpoints and shares per address, and the same rules and virtual servers in the same order;
+`doctor --live` the findings the render's dumps give offline.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.cli import main
 from kubeproxy.explain.rendered import _ipvs_parts, _with_ipvs_jumps
 from kubeproxy.lab import vm
-from tests.explain.test_explain import NODE, SERVICES, _destinations, _explain, _world
+from tests.explain.test_explain import NODE, SERVICES, _destinations, _explain, _ipvs_dumps, _world
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
@@ -82,3 +83,25 @@ def test_live_explain_is_the_renders(guest: vm.VMResult, world: Path, service: s
     assert _steps(live) == _steps(from_render)
     # the virtual servers the kernel holds are met, not only the iptables rules around them
     assert any(t == "ipvs" for steps in _steps(live) for t, _c in steps) or service == "default/empty"
+
+
+def test_live_doctor_finds_what_the_dumps_give(guest: vm.VMResult, world: Path, tmp_path: Path) -> None:
+    """doctor --live on the same kernel reads its virtual servers: the findings the render's dumps
+    give offline (the Services they name and what about them), no NodePort reported untranslated."""
+    assert guest.files["doctor.rc"].strip() in ("0", "1"), guest.files.get("doctor.err", "")
+    live = json.loads(guest.files["doctor.json"])
+    dumps = _ipvs_dumps(tmp_path, str(world))
+    offline = CliRunner().invoke(main, ["doctor", "--rules", str(dumps["iptables"]), "--ipvs", str(dumps["ipvs"]),
+                                        "--ipset-file", str(dumps["ipset"]), "--manifests", str(world), *NODE, "--json"])
+    assert offline.exit_code in (0, 1), offline.output
+    expected = json.loads(offline.stdout)
+    assert live["inputs"]["rules"]["mode"] == expected["inputs"]["rules"]["mode"] == "ipvs"
+    assert live["inputs"]["frontends_traced"] == expected["inputs"]["frontends_traced"]
+
+    def services(report: dict[str, Any]) -> set[tuple[str, str]]:
+        # the node's own conntrack and sysctls (read live, assumed offline) change numbers, not these
+        return {(f["kind"], f["subject"]) for f in report["findings"]
+                if f["kind"] in ("not-translated", "no-endpoints", "snat-capacity")}
+
+    assert services(live) == services(expected)
+    assert "not-translated" not in {k for k, _s in services(live)}
