@@ -6,7 +6,7 @@ What a sync does, in upstream's order:
    someone flushed the tables (a firewall reload): recreate them and do a full sync.
 2. Render (`render.py`, pure): a full sync writes every chain; a partial sync rewrites only the
    chains of services whose objects changed, plus the shared chains whose text changed since
-   our last successful restore (`applied.py`; upstream rewrites them all every time).
+   our last successful restore (`last_restore.py`; upstream rewrites them all every time).
 3. On a full sync, add the jumps from the built-in chains that are missing (`-I`, as upstream
    prepends them), inside the same restore so that they and their targets appear together.
 4. Feed it to `iptables-restore -w --noflush --counters`: one atomic transaction per sync.
@@ -116,7 +116,7 @@ class IptablesProxier:
     # Unchanged services' rules from the previous render: a small change renders only itself.
     _cache: RenderCache = field(default_factory=RenderCache, init=False)
     # The shared chains as our last successful restore wrote them: a partial sync leaves out
-    # those it would write unchanged (applied.py says why that is safe with --noflush).
+    # those it would write unchanged (last_restore.py says why that is safe with --noflush).
     _applied: AppliedChains = field(default_factory=AppliedChains, init=False)
 
     def _binary(self, tool: str = "") -> str:

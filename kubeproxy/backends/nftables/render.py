@@ -628,7 +628,7 @@ def fragment(ctx: _FamilyWords, svc: ServicePortInfo, endpoints: Sequence[Endpoi
         if svc.node_port:
             f.elem(UDP_TIMEOUT_NODEPORTS, f"udp . {svc.node_port}", verdict)
 
-    return new_fragment(  # Fragment(...), made faster (rendering.py)
+    return new_fragment(  # Fragment(...), made faster (rendered_table.py)
         f"{spn.namespace}/{spn.name}",
         tuple([(name, tuple(keys), tuple(packed)) for name, (keys, packed) in f.elements.items()]),
         tuple(f.chains),
