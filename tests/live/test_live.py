@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -261,10 +262,21 @@ _WIPES = {
 def test_rules_wiped_behind_its_back_are_restored(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:
     async def body(proxy: LiveProxy) -> None:
         calls = _record_syncs(proxy)
-        before = _rules(netns, mode)
-        for argv in _WIPES[mode]:
-            netns.run(argv)
-        assert not _dnats_to(netns, mode, "10.244.1.3", 53)
+        # Periodic syncs go on in a worker thread: one writing between the wipe's `-F` and `-X`
+        # would make a chain busy. The wipe and the check that it took hold the kernel to themselves.
+        writing = threading.Lock()
+        real_sync = proxy.lanes[0].backend.sync
+
+        def exclusive(view, opts, changed):  # type: ignore[no-untyped-def]
+            with writing:
+                return real_sync(view, opts, changed)
+
+        proxy.lanes[0].backend.sync = exclusive  # type: ignore[method-assign]
+        with writing:
+            before = _rules(netns, mode)
+            for argv in _WIPES[mode]:
+                netns.run(argv)
+            assert not _dnats_to(netns, mode, "10.244.1.3", 53)
         # Nothing changed in the cluster: only the periodic check (canary chain / table) can notice.
         await _until(proxy, lambda: _rules(netns, mode) == before, "the wiped rules to be put back as they were")
         assert (True, False) in calls  # by a full sync
