@@ -2,7 +2,7 @@
 """Doctor's SNAT prediction against DNS-lab ramps it was not fitted on (as root).
 
     .venv/bin/python bench/snat_prediction.py predict [--json bench/snat_prediction.json]
-    .venv/bin/python bench/snat_prediction.py measure CONDITION [--json bench/snat_measured_CONDITION.json]
+    .venv/bin/python bench/snat_prediction.py measure CONDITION [--whole-ramp] [--json bench/snat_measured_CONDITION.json]
     .venv/bin/python bench/snat_prediction.py table [--prediction ...] [--measured ... ...]
 
 doctor's rule (kubeproxy/doctor/snat.py) is ports / timeout per endpoint, and health checks failing
@@ -16,11 +16,15 @@ differs from them in one thing the rule claims to account for:
                  inserted at the top of nat POSTROUTING (a narrowed SNAT range; the node's
                  ip_local_port_range would not do: MASQUERADE ignores it)
     nft-30       nftables mode (fully-random masquerade) at the kernel's 30 s
+  and a second round, predicted after the first had shown doctor's miss on a narrowed range:
+    ports-5k          snat, MASQUERADE --to-ports 40000-44999
+    pods-2-ports-10k  snat, two BIND pods, MASQUERADE --to-ports 40000-49999
 
 `predict` builds each condition's lab world (no load), runs `doctor --live` on the node as it is,
-and prints doctor's bound, its predicted failure onset, and for each ramp step whether health
-checks should pass. `measure` builds the same world and runs that ramp (kubeproxy.lab.dns.lab,
-stopping after the first step with a failed check); `table` puts both side by side with the
+and prints doctor's bound, its predicted failure onset (and the candidate model's, below), and
+for each ramp step whether health checks should pass. `measure` builds the same world and runs
+that ramp (kubeproxy.lab.dns.lab, stopping after the first step with a failed check unless
+--whole-ramp), recording uptime's load before and after; `table` puts both side by side with the
 error of the prediction against the measured max healthy rate (the convention the fitted
 conditions used) and whether the prediction falls between the max healthy and the first
 failing step.

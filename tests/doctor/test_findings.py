@@ -11,6 +11,7 @@ from kubeproxy.backends.conntrack.flows import parse_flows
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
+from kubeproxy.doctor.findings import Finding
 from kubeproxy.lab import builders as O
 from kubeproxy.netfilter import detect
 from kubeproxy.proxy.config import ProxyConfig, validate
@@ -28,27 +29,53 @@ from tests.doctor.helpers import (
     state_of,
     v6_world,
 )
+from tests.doctor.snat_runs import FITTED, HELD_OUT, KNOWN_MISSES, LabRun, error
 
 
 def _rules(objs: list[dict[str, object]]) -> str:
     return with_jumps(offline.render_iptables(state_of(objs), validate(CFG)).rendered.text)
 
-LAB_PREDICTION_CASES = [
-    # (node UDP timeout, the lab's max healthy rate: docs/labs.md, "The capacity rule")
-    (30, 1600),
-    (60, 800),
-]
 
-
-@pytest.mark.parametrize(("timeout", "measured"), LAB_PREDICTION_CASES)
-def test_snat_world_prediction_is_within_25_percent_of_the_lab(timeout: int, measured: int) -> None:
-    facts = NodeFacts(sysctls={"net.netfilter.nf_conntrack_udp_timeout": timeout})
-    report = rendered_report(dns_world(), facts)
+def _lab_prediction(run: LabRun) -> Finding:
+    """doctor's external UDP SNAT finding on the rendered rules of the lab world `run` describes."""
+    facts = NodeFacts(sysctls={"net.netfilter.nf_conntrack_udp_timeout": run.node_timeout})
+    objs = dns_world(pods=run.pods)
+    rules = None
+    if run.snat_ports is not None:
+        # the narrowed range ahead of the proxy's own MASQUERADE, as bench/snat_prediction.py inserts it
+        lo, hi = run.snat_ports
+        narrowed = f"-A POSTROUTING -p udp -m mark --mark 0x4000/0x4000 -j MASQUERADE --to-ports {lo}-{hi}"
+        rules = _rules(objs).replace("-A POSTROUTING ", narrowed + "\n-A POSTROUTING ", 1)
+    report = rendered_report(objs, facts, rules=rules)
     f = next(f for f in by_kind(report, "snat-capacity") if f.data["protocol"] == "UDP")
     assert f.severity == "warning"
-    kinds = {x["kind"] for x in f.data["frontends"]}
-    assert {"external IP", "node port"} <= kinds
-    assert abs(f.data["health_fail_per_service"] - measured) / measured < 0.25
+    assert {"external IP", "node port"} <= {x["kind"] for x in f.data["frontends"]}
+    return f
+
+
+@pytest.mark.parametrize("run", [r for r in FITTED if r.scenario == "snat"], ids=lambda r: r.name)
+def test_snat_prediction_scales_with_the_timeout_on_the_runs_it_was_fitted_on(run: LabRun) -> None:
+    # HEALTHY_FRACTION came from these runs: agreement here shows the rule's scaling, not a prediction
+    f = _lab_prediction(run)
+    assert abs(error(f.data["health_fail_per_service"], run)) < 0.25
+
+
+# The iptables-mode runs: the renderer here is iptables'; the others are checked live (test_lab_worlds).
+HELD_OUT_IPTABLES = [r for r in HELD_OUT if r.scenario == "snat"]
+
+
+@pytest.mark.parametrize("run", HELD_OUT_IPTABLES, ids=lambda r: r.name)
+def test_snat_prediction_on_lab_runs_it_was_not_fitted_on(run: LabRun) -> None:
+    f = _lab_prediction(run)
+    expected_ports = run.snat_ports[1] - run.snat_ports[0] + 1 if run.snat_ports else 64512
+    assert f.data["snat_ports"]["count"] == expected_ports
+    assert len(f.data["endpoints"]) == run.pods
+    predicted = f.data["health_fail_per_service"]
+    if run.name in KNOWN_MISSES:
+        # doctor's known miss: above the step where the checks already failed (a fix shows up here)
+        assert predicted > run.first_failing, (predicted, run)
+    else:
+        assert abs(error(predicted, run)) < 0.25, (predicted, run)
 
 
 def test_local_world_gets_no_external_snat_finding() -> None:

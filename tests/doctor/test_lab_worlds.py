@@ -1,9 +1,11 @@
 """Doctor --live on the lab's DNS worlds (kubeproxy.lab.dns: real `kubeproxy run`, real BIND).
 
-The prediction is checked against the max healthy rates `kubeproxy lab dns --ramp` measured
-(docs/labs.md, "The capacity rule" and "nftables mode"): 1,600/s at a 30 s UDP timeout, 800/s at 60 s,
-10,000/s with the Service's 5 s annotation. The ramps themselves take minutes each and are not
-re-run here; the rules, timeouts and masquerading are read from the running worlds.
+The prediction is compared with the ramps of tests/doctor/snat_runs.py: those doctor's 0.75 was
+fitted on (1,600/s at a 30 s UDP timeout, 800/s at 60 s, 10,000/s with the Service's 5 s
+annotation: they check how the rule scales) and those predicted before they were run (45 s, two
+pods, narrowed SNAT ranges, nftables at 30 s: docs/labs.md, "The prediction on runs it was not
+fitted on"). The ramps take minutes each and are not re-run here; the rules, timeouts, SNAT ranges and
+endpoint shares are read from the running worlds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.live import read_node
 from kubeproxy.proxy.config import ProxyConfig, validate
 from tests.doctor.helpers import by_kind
+from tests.doctor.snat_runs import FITTED, HELD_OUT, KNOWN_MISSES, LabRun, error
 
 pytestmark = pytest.mark.root
 
@@ -24,8 +27,11 @@ scenarios = pytest.importorskip("kubeproxy.lab.dns.scenarios")
 cluster_mod = pytest.importorskip("kubeproxy.lab.cluster")
 
 
-def _doctor(scenario: str, udp_timeout: int | None = None) -> Report:
-    with world_mod.DnsWorld.build(scenarios.SCENARIOS[scenario], udp_timeout=udp_timeout) as w:
+def _doctor(scenario: str, udp_timeout: int | None = None, pods: int = 1,
+            snat_ports: tuple[int, int] | None = None) -> Report:
+    with world_mod.DnsWorld.build(scenarios.SCENARIOS[scenario], udp_timeout=udp_timeout, pods=pods) as w:
+        if snat_ports is not None:
+            w.narrow_snat_ports(*snat_ports)
         state, warnings = build_state(w.objects)
         assert not warnings
         got = read_node(w.node.name)
@@ -38,15 +44,33 @@ def _external_udp(report: Report) -> list[dict[str, object]]:
             if f.data["protocol"] == "UDP" and any(x["kind"] != "cluster IP" for x in f.data["frontends"])]
 
 
-@pytest.mark.parametrize(("scenario", "udp_timeout", "measured"),
-                         [("snat", None, 1600), ("snat", 60, 800), ("nft-ct-timeout", None, 10_000)])
-def test_predicted_failure_rate_is_within_25_percent_of_the_lab(scenario: str, udp_timeout: int | None,
-                                                                measured: int) -> None:
-    found = _external_udp(_doctor(scenario, udp_timeout))
+def _predicted(run: LabRun) -> dict[str, object]:
+    found = _external_udp(_doctor(run.scenario, run.udp_timeout, run.pods, run.snat_ports))
     assert len(found) == 1
-    predicted = found[0]["health_fail_per_service"]
+    return found[0]
+
+
+@pytest.mark.parametrize("run", FITTED, ids=lambda r: r.name)
+def test_predicted_failure_rate_scales_as_on_the_runs_it_was_fitted_on(run: LabRun) -> None:
+    predicted = _predicted(run)["health_fail_per_service"]
     assert isinstance(predicted, float)
-    assert abs(predicted - measured) / measured < 0.25, (predicted, measured)
+    assert abs(error(predicted, run)) < 0.25, (predicted, run)
+
+
+@pytest.mark.parametrize("run", HELD_OUT, ids=lambda r: r.name)
+def test_predicted_failure_rate_on_runs_it_was_not_fitted_on(run: LabRun) -> None:
+    found = _predicted(run)
+    ports = found["snat_ports"]
+    assert isinstance(ports, dict)
+    assert ports["count"] == (run.snat_ports[1] - run.snat_ports[0] + 1 if run.snat_ports else 64512)
+    assert isinstance(found["endpoints"], list) and len(found["endpoints"]) == run.pods
+    predicted = found["health_fail_per_service"]
+    assert isinstance(predicted, float)
+    if run.name in KNOWN_MISSES:
+        # doctor's known miss: above the step where the checks already failed (a fix shows up here)
+        assert predicted > run.first_failing, (predicted, run)
+    else:
+        assert abs(error(predicted, run)) < 0.25, (predicted, run)
 
 
 def test_local_world_has_no_snat_finding_for_external_traffic() -> None:
