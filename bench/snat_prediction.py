@@ -19,6 +19,11 @@ differs from them in one thing the rule claims to account for:
   and a second round, predicted after the first had shown doctor's miss on a narrowed range:
     ports-5k          snat, MASQUERADE --to-ports 40000-44999
     pods-2-ports-10k  snat, two BIND pods, MASQUERADE --to-ports 40000-49999
+  and a third, predicted by both models before it was run, after the candidate had been
+  checked on the second:
+    ports-20k-60      snat, MASQUERADE --to-ports 40000-59999, node UDP timeout 60 s
+    pods-3-ports-3k   snat, three BIND pods, MASQUERADE --to-ports 40000-42999
+    ports-5k-15       snat, MASQUERADE --to-ports 40000-44999, node UDP timeout 15 s
 
 `predict` builds each condition's lab world (no load), runs `doctor --live` on the node as it is,
 and prints doctor's bound, its predicted failure onset (and the candidate model's, below), and
@@ -56,6 +61,8 @@ from kubeproxy.proxy.config import ProxyConfig, validate
 HERE = Path(__file__).resolve().parent
 NARROW_PORTS = "40000-49999"
 NARROW_5K = "40000-44999"
+NARROW_20K = "40000-59999"
+NARROW_3K = "40000-42999"
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,34 @@ CONDITIONS = {
             35,
             pods=2,
             narrow_ports=NARROW_PORTS,
+        ),
+        # Third round, predicted by doctor and by the candidate model before they were run.
+        Condition(
+            "ports-20k-60",
+            f"snat, MASQUERADE --to-ports {NARROW_20K}, node UDP timeout 60 s",
+            "snat",
+            _steps(140, 280, 20),
+            65,
+            udp_timeout=60,
+            narrow_ports=NARROW_20K,
+        ),
+        Condition(
+            "pods-3-ports-3k",
+            f"snat, 3 BIND pods, MASQUERADE --to-ports {NARROW_3K}, 30 s",
+            "snat",
+            _steps(100, 260, 20),
+            35,
+            pods=3,
+            narrow_ports=NARROW_3K,
+        ),
+        Condition(
+            "ports-5k-15",
+            f"snat, MASQUERADE --to-ports {NARROW_5K}, node UDP timeout 15 s",
+            "snat",
+            _steps(120, 300, 20),
+            20,
+            udp_timeout=15,
+            narrow_ports=NARROW_5K,
         ),
     )
 }
@@ -319,7 +354,7 @@ def main() -> None:
     m.add_argument("--json", type=Path)
     m.add_argument("--whole-ramp", action="store_true", help="every step, also after a failed health check")
     t = sub.add_parser("table")
-    t.add_argument("--prediction", type=Path, nargs="*", help="[default: both rounds' predictions]")
+    t.add_argument("--prediction", type=Path, nargs="*", help="[default: every round's predictions]")
     t.add_argument("--measured", type=Path, nargs="*")
     args = ap.parse_args()
     if args.cmd == "predict":
@@ -333,7 +368,7 @@ def main() -> None:
         print(json.dumps({k: got[k] for k in keys}, indent=2))
     else:
         pred = {}
-        for path in args.prediction or (HERE / "snat_prediction.json", HERE / "snat_prediction_round2.json"):
+        for path in args.prediction or sorted(HERE.glob("snat_prediction*.json")):
             pred |= json.loads(path.read_text())
         paths = args.measured or [
             HERE / f"snat_measured_{n}.json" for n in CONDITIONS if (HERE / f"snat_measured_{n}.json").exists()
