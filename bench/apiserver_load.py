@@ -30,7 +30,11 @@ each bounded by --timeout:
 - slice change: one EndpointSlice's endpoint moved (likewise, endpoint_changes_total);
 - apiserver restart (history kept): ControlPlane.restart_apiserver, then one Service and one
   slice change that every node must see (its watches are back);
-- history lost: etcd compacted to its current revision, then the server restarted, as above.
+- history lost: etcd compacted to its current revision, then the server restarted, as above;
+- 429 storm: a FlowSchema sends the proxies' ServiceAccount to a PriorityLevel with no seats and
+  no queue (APF answers 429 with Retry-After; lab/server_faults.py's apf-429), the server is
+  restarted, the storm lasts --storm seconds, then the FlowSchema goes and one Service and one
+  slice change must reach every node. The `429s` column counts those answers per node.
 After each phase's end condition, --settle seconds more are counted (requests that trail it).
 
 Per phase, from kube-apiserver's /metrics scraped before and after (a restart zeroes them: its
@@ -51,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import json
 import os
 import queue
 import re
@@ -77,6 +82,7 @@ from vs_upstream import NAMESPACE, collection, load, objects  # noqa: E402
 from kubeproxy.lab import netns as L  # noqa: E402
 from kubeproxy.lab.control_plane import ControlPlane, upstream_bin  # noqa: E402
 from kubeproxy.lab.kubelet import LabKubelet, NodeInfo  # noqa: E402
+from kubeproxy.lab.server_faults import SERVICE_ACCOUNT, STARVED, _starved  # noqa: E402
 from kubeproxy.lab.side_by_side import RBAC_MANIFEST, _attach  # noqa: E402
 from kubeproxy.proxy.options import NFACCT_COUNTERS  # noqa: E402
 
@@ -118,6 +124,7 @@ class Cost:
     """What one phase cost the server: counters (the `after - before` of a scrape) and connections."""
 
     requests: Counter[str] = field(default_factory=Counter)  # by verb
+    rejected: float = 0.0  # answered 429 (any verb)
     response_bytes: float = 0.0
     watch_events: float = 0.0
     watch_lists: float = 0.0  # watches that streamed the state (sendInitialEvents), counted as it ends
@@ -140,6 +147,7 @@ class Cost:
                 continue
             elif name == "apiserver_request_total" and labels.get("verb") in PROXY_VERBS:
                 cost.requests[labels["verb"]] += int(value)
+                cost.rejected += value if labels.get("code") == "429" else 0.0
             elif name == "apiserver_response_sizes_sum" and labels.get("verb") in PROXY_VERBS:
                 cost.response_bytes += value
             elif name == "apiserver_watch_list_duration_seconds_count":
@@ -157,7 +165,7 @@ class Cost:
         return cost
 
     def minus(self, before: Cost) -> Cost:
-        return Cost(self.requests - before.requests, self.response_bytes - before.response_bytes,
+        return Cost(self.requests - before.requests, self.rejected - before.rejected, self.response_bytes - before.response_bytes,
                     self.watch_events - before.watch_events, self.watch_lists - before.watch_lists, self.watches_open,
                     self.watch_bytes - before.watch_bytes,
                     self.cache_lists - before.cache_lists, self.etcd_lists - before.etcd_lists,
@@ -168,6 +176,7 @@ class Cost:
             "requests": sum(self.requests.values()) / per,
             "lists": self.requests["LIST"] / per,
             "watches": self.requests["WATCH"] / per,
+            "429s": self.rejected / per,
             "KB sent": self.response_bytes / 1024 / per,
             "watch-lists": self.watch_lists / per,
             "watches open": self.watches_open / per,
@@ -387,10 +396,23 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
         server.cp.compact_etcd(server.cp.etcd_revision())
         restart()
 
+    def storm() -> None:
+        cp = server.cp
+        cp.run_kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": _starved(*SERVICE_ACCOUNT)})
+        )
+        cp.stop_apiserver(timeout=60)
+        cp.start_apiserver(timeout=args.timeout)
+        time.sleep(args.storm)  # the storm's length: every proxy request meanwhile is answered 429
+        cp.run_kubectl("delete", "flowschema", STARVED)
+        cp.run_kubectl("delete", "prioritylevelconfiguration", STARVED)
+        changes.service()
+        changes.slice()
+
     phases: list[tuple[str, Callable[[], None], bool]] = [
         ("cold start", cold, False), ("service change", changes.service, False),
         ("slice change", changes.slice, False), ("restart, history kept", restart, True),
-        ("restart, history lost", history_lost, True),
+        ("restart, history lost", history_lost, True), ("429 storm", storm, True),
     ]  # fmt: skip
     costs: dict[str, Cost] = {}
     try:
@@ -413,7 +435,7 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
 
 # ---- the report ----------------------------------------------------------------------------
 
-COLUMNS = ("requests", "lists", "watches", "watch-lists", "watches open", "KB sent", "watch events", "watch KB",
+COLUMNS = ("requests", "lists", "watches", "429s", "watch-lists", "watches open", "KB sent", "watch events", "watch KB",
            "cache lists", "etcd lists", "CPU ms", "conns")  # fmt: skip
 
 
@@ -485,6 +507,7 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=3)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds counted after each phase's end condition")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on each phase's wait")
+    parser.add_argument("--storm", type=float, default=30.0, help="seconds of the 429 storm phase")
     parser.add_argument("--fleets", choices=("both", "ours", "upstream"), default="both",
                         help="measure ours, upstream's or both (the other column is then left out)")  # fmt: skip
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # the ours process, given its kubeconfig
