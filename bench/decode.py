@@ -46,7 +46,7 @@ from render import cluster  # noqa: E402  (bench/render.py's generator)
 
 from kubeproxy.cluster.manifests import parse_documents, read_text  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
-from kubeproxy.render import load  # noqa: E402
+from kubeproxy.node_render import load  # noqa: E402
 from kubeproxy.sources.api import decode_body  # noqa: E402
 
 try:  # a tree from before issue 17's typed list decoding (--baseline) has no decode_list

@@ -222,7 +222,7 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
 
 
 def _render(cfg: ProxyConfig, manifests: tuple[str, ...], offline_args: tuple[bool, bool, bool]) -> None:
-    from kubeproxy import render as offline
+    from kubeproxy import node_render as offline
     from kubeproxy.backends import registry
     from kubeproxy.backends.base import OfflineOptions
 
@@ -244,7 +244,7 @@ def _render(cfg: ProxyConfig, manifests: tuple[str, ...], offline_args: tuple[bo
 
 def _render_diagnostics(state: Any, cfg: ProxyConfig) -> None:
     """The start-up warnings `run` would log about the node and the configuration, on stderr."""
-    from kubeproxy import render as offline
+    from kubeproxy import node_render as offline
     from kubeproxy.proxy.config import unused_settings
     from kubeproxy.proxy.startup import node_facts
 
@@ -317,7 +317,7 @@ def demo(offline: bool, manifests: tuple[str, ...], hostname_override: str, clus
     Without root, or with --offline: render the bundled example cluster and explain the rules,
     service by service.
     """
-    from kubeproxy import render as offline_render
+    from kubeproxy import node_render as offline_render
     from kubeproxy.demo_report import show
 
     if not offline and not manifests:

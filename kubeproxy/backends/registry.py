@@ -122,7 +122,7 @@ def _nftables(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | 
 
 
 def _ipvs(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
-    from kubeproxy.backends.ipvs.options import ipvs_options
+    from kubeproxy.backends.ipvs.config_section import ipvs_options
     from kubeproxy.backends.ipvs.proxier import IpvsProxier
 
     return IpvsProxier(run=run, sync_period=sync_period, variant=variant, options=ipvs_options(cfg.ipvs if cfg else {}))
@@ -178,8 +178,8 @@ def _nft_probe(variant: str) -> tuple[list[str], str | None]:
 
 
 def _ipvs_validate(cfg: ProxyConfig) -> None:
+    from kubeproxy.backends.ipvs.config_section import ipvs_options
     from kubeproxy.backends.ipvs.deprecation import refusal
-    from kubeproxy.backends.ipvs.options import ipvs_options
     from kubeproxy.proxy.config import ConfigError
 
     if problem := refusal(cfg.feature_gates):
@@ -194,13 +194,13 @@ def _ipvs_deprecation() -> tuple[str, str, str]:
 
 
 def _nftables_observers(lanes: Lanes) -> ModeObservers:
-    from kubeproxy.backends.nftables.metrics import LocalhostNodePortCollector
+    from kubeproxy.backends.nftables.localhost_metrics import LocalhostNodePortCollector
 
     return ModeObservers(LocalhostNodePortCollector(lanes), "", lambda: None)
 
 
 def _userspace_observers(lanes: Lanes) -> ModeObservers:
-    from kubeproxy.backends.userspace.metrics import RelayCollector, relay_health
+    from kubeproxy.backends.userspace.relay_metrics import RelayCollector, relay_health
 
     return ModeObservers(RelayCollector(lanes), "userspaceRelay", lambda: relay_health(lanes))
 

@@ -85,7 +85,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_
     server (--kubeconfig / --master, read-only). Exit 0 when nothing is critical, 1 when something
     is, 2 on bad input.
     """
-    from kubeproxy import render as offline
+    from kubeproxy import node_render as offline
     from kubeproxy.backends.conntrack.flows import parse_flows
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.core import DoctorInput, diagnose

@@ -121,7 +121,7 @@ class NodeContext:
 
 
 def node_context(inp: DoctorInput) -> NodeContext:
-    from kubeproxy import render as offline
+    from kubeproxy import node_render as offline
 
     choice = offline.node_choice(inp.state, inp.cfg, hostname=inp.cfg.hostname_override or "")
     labels = dict(choice.node.labels) if choice.node is not None else {}

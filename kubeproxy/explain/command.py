@@ -48,15 +48,15 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     """Every rule, set element and IPVS virtual server that handles SERVICE (namespace/name): per
     address (cluster IP, external and load-balancer IPs, the NodePort on each node address), in
     the order a new flow from outside meets them, and where its flows end with their shares."""
-    from kubeproxy import render as offline
+    from kubeproxy import node_render as offline
     from kubeproxy.backends import registry
     from kubeproxy.backends.base import OfflineOptions
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.core import DoctorInput, families_of, mode_of, node_context
     from kubeproxy.doctor.live import LiveError, read_ipvs, read_rules
     from kubeproxy.doctor.probe import nodeport_ips
-    from kubeproxy.explain.core import explain as explain_service
     from kubeproxy.explain.rendered import read_render
+    from kubeproxy.explain.service_walk import explain as explain_service
     from kubeproxy.explain.text import render_text, to_json
     from kubeproxy.netfilter.ipvs import IpvsParseError, load_into
     from kubeproxy.netfilter.node import Node, NodeError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeproxy.explain.core import AddressPath, Explanation
+from kubeproxy.explain.service_walk import AddressPath, Explanation
 from kubeproxy.netfilter.explain import prob_text
 
 

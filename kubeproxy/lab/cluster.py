@@ -64,9 +64,9 @@ from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import builders, node_rules
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.node_rules import NodeRules
+from kubeproxy.node_render import render_iptables
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.options import NFACCT_COUNTERS
-from kubeproxy.render import render_iptables
 
 NODE_NAME = "node-1"
 REMOTE_NODE_NAME = "node-2"

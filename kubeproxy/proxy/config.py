@@ -533,7 +533,7 @@ def load_config_file(path: str | Path, base: ProxyConfig | None = None) -> Proxy
 
 def _ipvs_types(path: str, ipvs: dict[str, Any]) -> dict[str, Any]:
     """The ipvs section's value types, checked in every mode as upstream's decoding does (ipvs
-    mode checks the values themselves: backends/ipvs/options.py)."""
+    mode checks the values themselves: backends/ipvs/config_section.py)."""
     for key, value in ipvs.items():
         if value is None:
             continue

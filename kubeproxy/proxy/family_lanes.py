@@ -17,7 +17,7 @@ primary one of the first node IP; a family the kernel lacks (`kernel_lacks`) is 
 left out, and the other keeps working. A family the node has no address of gets the loopback
 address as its node IP (upstream's detectNodeIPs). `kubeproxy render` works offline, without the
 kernel to ask, and renders the families the node's addresses or --cluster-cidr name
-(kubeproxy.render.node_families); so does the userspace mode, which is not upstream's.
+(kubeproxy.node_render.node_families); so does the userspace mode, which is not upstream's.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from kubeproxy.backends.base import Backend, SyncReport
 from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.node_render import node_families, primary_family
 from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers
@@ -43,7 +44,6 @@ from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import Family, NodeOptions, node_options, nodeport_addresses, nodeport_cidrs, nodeport_matches_all
 from kubeproxy.proxy.quarantine import Quarantine
 from kubeproxy.proxy.view import ViewBuilder
-from kubeproxy.render import node_families, primary_family
 
 log = logging.getLogger("kubeproxy.proxy")
 

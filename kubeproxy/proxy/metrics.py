@@ -69,7 +69,7 @@ NFACCT_METRICS = (
 )
 
 # nftables mode with KubeProxyNFTablesLocalhostNodePorts (name, help), by ip_family; the
-# rejected packets also by protocol. Collected by backends/nftables/metrics.py.
+# rejected packets also by protocol. Collected by backends/nftables/localhost_metrics.py.
 LOCALHOST_NODEPORT_LISTENERS = (
     "kubeproxy_nftables_localhost_nodeport_listeners",
     "Number of active localhost NodePort userspace proxy listeners.",

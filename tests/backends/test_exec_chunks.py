@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.exec import CommandError, batches, local_run
 from kubeproxy.backends.host import Capability, host_of
 from kubeproxy.backends.iptables.apply import restore, restore_timeout

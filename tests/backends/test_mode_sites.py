@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kubeproxy"
 # File: why its comparison with a mode's name is about something else.
 NOT_THE_MODE = {
     "doctor/reconstruct.py": "the dump's kind (doctor/core.py's mode_of: an nft or iptables listing), which parser reads it",
-    "explain/core.py": "a hop's table kind (the tracer's IPVS hops)",
+    "explain/service_walk.py": "a hop's table kind (the tracer's IPVS hops)",
     "explain/rendered.py": "a render's text format (Mode.render_format)",
     "netfilter/iptables_list.py": "the text of an `iptables -L` command line",
     "proxy/config.py": "KubeProxyConfiguration's sections (iptables, ipvs, nftables), which Mode names per mode",

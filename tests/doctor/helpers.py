@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.doctor.core import DoctorInput, diagnose

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from click.testing import CliRunner
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cli import main
 from kubeproxy.lab import builders as O

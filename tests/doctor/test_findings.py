@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.conntrack.flows import parse_flows
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.doctor.core import DoctorInput, diagnose

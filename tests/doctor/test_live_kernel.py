@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cluster.state import ClusterState

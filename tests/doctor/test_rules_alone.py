@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.doctor.core import DoctorInput, diagnose

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.root
 DEMO = Path(__file__).parents[2] / "kubeproxy" / "examples" / "demo.yaml"
 
 def _rendered() -> str:
-    render = pytest.importorskip("kubeproxy.render")
+    render = pytest.importorskip("kubeproxy.node_render")
     from kubeproxy.proxy.config import ProxyConfig
 
     loaded = render.load([str(DEMO)])

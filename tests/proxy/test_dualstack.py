@@ -524,9 +524,9 @@ def test_ipvs_render_prints_both_families() -> None:
 
 
 def test_node_ip_pair_flag_makes_both_families_and_their_node_ips() -> None:
+    from kubeproxy.node_render import node_families
     from kubeproxy.proxy.flags import FlagError, parse, resolve
     from kubeproxy.proxy.options import node_ips, node_options
-    from kubeproxy.render import node_families
 
     cfg = resolve(parse(["--node-ip", "fd00::2, 192.168.0.2"])).cfg
     assert cfg.node_ip == "fd00::2,192.168.0.2"

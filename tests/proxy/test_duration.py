@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubeproxy.backends.ipvs.options import ipvs_options
+from kubeproxy.backends.ipvs.config_section import ipvs_options
 from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_conntrack_timeout
 from kubeproxy.proxy.config import ConfigError, parse_duration
 from kubeproxy.proxy.duration import DurationError, format_go_duration, parse_go_duration_ns

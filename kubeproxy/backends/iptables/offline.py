@@ -1,6 +1,6 @@
 """`kubeproxy render --proxy-mode iptables`: the iptables-restore input of a full sync.
 
-A dual-stack node (kubeproxy.render.node_families) gets the ip6tables-restore input after the
+A dual-stack node (kubeproxy.node_render.node_families) gets the ip6tables-restore input after the
 IPv4 one, under a `# ip6tables-restore` line, as the live proxy feeds each to its own tool.
 """
 
@@ -14,7 +14,7 @@ from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
 
 
 def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:
-    from kubeproxy.render import choose_node, node_families, render_iptables  # the shared loader imports this package
+    from kubeproxy.node_render import choose_node, node_families, render_iptables  # the shared loader imports this package
 
     families = node_families(cfg, choose_node(state, cfg)[1])
     sections: list[str] = []

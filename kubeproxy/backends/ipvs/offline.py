@@ -1,6 +1,6 @@
 """The IPVS rendering of a cluster state without a kernel: for `kubeproxy render --proxy-mode ipvs`.
 
-Makes the same choice of node, IP families and options as the other modes (kubeproxy.render); the
+Makes the same choice of node, IP families and options as the other modes (kubeproxy.node_render); the
 NodePort addresses are the node's own (--node-ip and the Node object), since there are no
 interfaces to read. A dual-stack node gets the IPv4 part, then the IPv6 one (KUBE-6-... sets,
 ip6tables-restore input, IPv6 virtual servers), each under its own header.
@@ -12,13 +12,13 @@ import ipaddress
 from dataclasses import dataclass
 
 from kubeproxy.backends.base import OfflineOptions, OfflineText
-from kubeproxy.backends.ipvs.options import ipvs_options
+from kubeproxy.backends.ipvs.config_section import ipvs_options
 from kubeproxy.backends.ipvs.render import IpvsOptions, IpvsRendered, render
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.node_render import choose_node, node_families, primary_family
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.node_model import NodeView, build_view
 from kubeproxy.proxy.options import Family, NodeOptions, node_ips, node_options
-from kubeproxy.render import choose_node, node_families, primary_family
 
 
 @dataclass(frozen=True)

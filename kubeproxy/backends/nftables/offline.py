@@ -1,6 +1,6 @@
 """The nftables rendering of a cluster state without a kernel: for `kubeproxy render --proxy-mode nftables`.
 
-Makes the same choice of node, IP families and options as the iptables mode (kubeproxy.render):
+Makes the same choice of node, IP families and options as the iptables mode (kubeproxy.node_render):
 a dual-stack node gets both tables, `ip kube-proxy` and `ip6 kube-proxy`, in one `nft -f` input.
 """
 
@@ -12,10 +12,10 @@ from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.node_render import choose_node, node_families, primary_family
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.node_model import NodeView, build_view
 from kubeproxy.proxy.options import Family, NodeOptions, node_options
-from kubeproxy.render import choose_node, node_families, primary_family
 
 
 @dataclass(frozen=True)

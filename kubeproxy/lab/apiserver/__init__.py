@@ -50,16 +50,7 @@ strategic merge, JSON patch), `rules` and `admission` (what the real server refu
 """
 
 from kubeproxy.lab.apiserver.admission import FIELD_VALIDATION, admit, invalid_error
-from kubeproxy.lab.apiserver.cli import main
 from kubeproxy.lab.apiserver.discovery import SERVER_VERSION
-from kubeproxy.lab.apiserver.errors import (
-    BLOCK_TIMEOUT,
-    JSON,
-    TOO_LARGE_RETRY_SECONDS,
-    ApiError,
-    status_object,
-    too_large_resource_version,
-)
 from kubeproxy.lab.apiserver.lifecycle import ApiServer
 from kubeproxy.lab.apiserver.patches import json_patch, merge_patch, strategic_merge_patch
 from kubeproxy.lab.apiserver.resources import (
@@ -81,6 +72,15 @@ from kubeproxy.lab.apiserver.resources import (
 )
 from kubeproxy.lab.apiserver.rules import Cause
 from kubeproxy.lab.apiserver.selectors import Selector, selector_matches
+from kubeproxy.lab.apiserver.serve_command import main
+from kubeproxy.lab.apiserver.status_errors import (
+    BLOCK_TIMEOUT,
+    JSON,
+    TOO_LARGE_RETRY_SECONDS,
+    ApiError,
+    status_object,
+    too_large_resource_version,
+)
 from kubeproxy.lab.apiserver.store import Event, Store
 
 __all__ = [

@@ -1,5 +1,5 @@
 """`python -m kubeproxy.lab.apiserver`."""
 
-from kubeproxy.lab.apiserver.cli import main
+from kubeproxy.lab.apiserver.serve_command import main
 
 main(prog_name="python -m kubeproxy.lab.apiserver")

@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from kubeproxy.lab.apiserver.errors import JSON, ApiError
 from kubeproxy.lab.apiserver.resources import ResourceType
 from kubeproxy.lab.apiserver.rules import Cause, check_metadata, required
+from kubeproxy.lab.apiserver.status_errors import JSON, ApiError
 
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 

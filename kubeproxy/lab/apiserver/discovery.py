@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kubeproxy.lab.apiserver.errors import JSON
 from kubeproxy.lab.apiserver.resources import ResourceType
+from kubeproxy.lab.apiserver.status_errors import JSON
 
 SERVER_VERSION = {
     "major": "1",

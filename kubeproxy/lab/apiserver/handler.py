@@ -19,10 +19,10 @@ import yaml
 
 from kubeproxy.lab.apiserver import discovery, hostile, paging, watch
 from kubeproxy.lab.apiserver.admission import FIELD_VALIDATION, admit
-from kubeproxy.lab.apiserver.errors import JSON, ApiError
 from kubeproxy.lab.apiserver.patches import json_patch, merge_patch, strategic_merge_patch
 from kubeproxy.lab.apiserver.resources import NAMESPACE, ResourceType, Route, route_of
 from kubeproxy.lab.apiserver.selectors import Selector
+from kubeproxy.lab.apiserver.status_errors import JSON, ApiError
 
 if TYPE_CHECKING:
     from kubeproxy.lab.apiserver.lifecycle import ApiServer

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from kubeproxy.lab.apiserver.errors import BLOCK_TIMEOUT, JSON, ApiError
 from kubeproxy.lab.apiserver.handler import Handler, HttpServer
 from kubeproxy.lab.apiserver.hostile import Hostility
 from kubeproxy.lab.apiserver.resources import DEFAULT_RESOURCES, NAMESPACE, SYSTEM_NAMESPACES, ResourceType
+from kubeproxy.lab.apiserver.status_errors import BLOCK_TIMEOUT, JSON, ApiError
 from kubeproxy.lab.apiserver.store import Store
 
 log = logging.getLogger("kubeproxy.lab.apiserver")

@@ -16,7 +16,7 @@ import binascii
 import json
 from dataclasses import dataclass
 
-from kubeproxy.lab.apiserver.errors import ApiError
+from kubeproxy.lab.apiserver.status_errors import ApiError
 
 TOKEN_FORMAT = "meta.k8s.io/v1"
 # What upstream says when the version a continue token names has been compacted away; with it

@@ -7,8 +7,8 @@ import copy
 import json
 from typing import Any
 
-from kubeproxy.lab.apiserver.errors import JSON, ApiError
 from kubeproxy.lab.apiserver.resources import ResourceType
+from kubeproxy.lab.apiserver.status_errors import JSON, ApiError
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

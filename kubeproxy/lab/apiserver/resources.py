@@ -10,7 +10,6 @@ from lightkube.resources import apps_v1 as lightkube_apps
 from lightkube.resources import core_v1 as lightkube_core
 from lightkube.resources import rbac_authorization_v1 as lightkube_rbac
 
-from kubeproxy.lab.apiserver.errors import JSON
 from kubeproxy.lab.apiserver.rules import (
     RBAC_GROUP,
     Cause,
@@ -19,6 +18,7 @@ from kubeproxy.lab.apiserver.rules import (
     check_daemon_set,
     check_policy_rules,
 )
+from kubeproxy.lab.apiserver.status_errors import JSON
 
 
 @dataclass(frozen=True)

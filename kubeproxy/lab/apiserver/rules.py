@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kubeproxy.lab.apiserver.errors import JSON
 from kubeproxy.lab.apiserver.selectors import selector_matches
+from kubeproxy.lab.apiserver.status_errors import JSON
 
 if TYPE_CHECKING:
     from kubeproxy.lab.apiserver.resources import ResourceType

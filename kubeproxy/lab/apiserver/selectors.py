@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubeproxy.lab.apiserver.errors import JSON, ApiError
+from kubeproxy.lab.apiserver.status_errors import JSON, ApiError
 
 # Field labels the real server takes beyond metadata.name and metadata.namespace, by kind
 # (k8s.io/kubernetes v1.37.2 pkg/apis/core/v1/conversion.go, AddFieldLabelConversionsForService).

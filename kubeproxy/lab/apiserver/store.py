@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from kubeproxy.lab.apiserver.errors import JSON, ApiError, too_large_resource_version
 from kubeproxy.lab.apiserver.resources import ResourceType
 from kubeproxy.lab.apiserver.selectors import Selector
+from kubeproxy.lab.apiserver.status_errors import JSON, ApiError, too_large_resource_version
 
 
 def not_found(rt: ResourceType, name: str) -> ApiError:

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kubeproxy.lab.apiserver.errors import JSON, ApiError, status_object
 from kubeproxy.lab.apiserver.resources import Route
 from kubeproxy.lab.apiserver.selectors import Selector
+from kubeproxy.lab.apiserver.status_errors import JSON, ApiError, status_object
 from kubeproxy.lab.apiserver.store import Event
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ a client outside and a load balancer that follows health-check node ports.
 - `cli`: `kubeproxy lab cluster`.
 """
 
-from kubeproxy.lab.multinode.balancer import HealthChange, LoadBalancer, Request
 from kubeproxy.lab.multinode.bed import MultiNodeCluster, Node
+from kubeproxy.lab.multinode.lb_handle import HealthChange, LoadBalancer, Request
 
 __all__ = ["HealthChange", "LoadBalancer", "MultiNodeCluster", "Node", "Request"]

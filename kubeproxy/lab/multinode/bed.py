@@ -59,8 +59,8 @@ from kubeproxy.lab.cluster import (
     wire_pod,
 )
 from kubeproxy.lab.kubelet import LabKubelet, NodeInfo, PodInfo
-from kubeproxy.lab.multinode.balancer import LoadBalancer
 from kubeproxy.lab.multinode.control import start_in
+from kubeproxy.lab.multinode.lb_handle import LoadBalancer
 from kubeproxy.lab.multinode.upstream import UpstreamControl
 from kubeproxy.proxy.health import TO_BE_DELETED_TAINT
 from kubeproxy.proxy.options import Family

@@ -8,8 +8,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from kubeproxy.lab import builders
-from kubeproxy.lab.multinode.balancer import LoadBalancer
 from kubeproxy.lab.multinode.bed import DualPod, MultiNodeCluster
+from kubeproxy.lab.multinode.lb_handle import LoadBalancer
 from kubeproxy.proxy.options import Family
 
 

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.lab.netns import NetNS
+from kubeproxy.node_render import NodeRendering
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.node_model import NodeView
 from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
-from kubeproxy.render import NodeRendering
 from tests.paths import DEMO
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables import cache as cache_module
 from kubeproxy.backends.iptables import render as render_module
 from kubeproxy.backends.iptables.cache import RenderCache

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeproxy import render as offline
+from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.last_restore import AppliedChains, Filtered

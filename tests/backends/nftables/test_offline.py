@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kubeproxy.backends.nftables.offline import render_nftables
+from kubeproxy.node_render import load
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.render import load
 from tests.paths import DEMO
 
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kubeproxy.backends.userspace.metrics import RelayCollector, relay_health
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
 from kubeproxy.backends.userspace.relay_loop import RelayServer
+from kubeproxy.backends.userspace.relay_metrics import RelayCollector, relay_health
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.options import Family

@@ -15,7 +15,6 @@ import click
 
 from kubeproxy.lab.cluster import ClusterError
 from kubeproxy.lab.control_plane import UPSTREAM_VERSION, upstream_bin
-from kubeproxy.lab.multinode.balancer import LoadBalancer
 from kubeproxy.lab.multinode.bed import (
     CLIENT_IP,
     CLIENT_IP6,
@@ -25,6 +24,7 @@ from kubeproxy.lab.multinode.bed import (
     ROUTER_IP6,
     MultiNodeCluster,
 )
+from kubeproxy.lab.multinode.lb_handle import LoadBalancer
 from kubeproxy.lab.multinode.scenario import LocalService, move_endpoint, move_pod
 from kubeproxy.lab.netns import NetnsError
 from kubeproxy.lab.node_rules import MODES
