@@ -162,6 +162,7 @@ class LiveProxy:
         try:
             report, view = await asyncio.to_thread(lane.program, view, opts, changes, primary=lane is self.lanes[0])
         except (SyncError, OSError) as exc:
+            lane.metrics.record_duration(changes.full, time.perf_counter() - started)
             lane.tracker.request_full_sync()  # what the failed sync consumed is lost: the retry rewrites everything
             lane.count_failures([*lane.quarantine.take_refusals(), exc], changes)
             self.family_lanes.show_quarantine()

@@ -147,10 +147,15 @@ class FamilyMetrics:
         self.metrics = metrics
         self.family = str(family)
 
+    def record_duration(self, full: bool, elapsed: float) -> None:
+        """How long a sync of this family took, whether it succeeded or not (upstream observes the
+        latencies in a deferred function, so a failed sync is timed too)."""
+        self.sync_duration.observe(elapsed)
+        (self.sync_full_duration if full else self.sync_partial_duration).observe(elapsed)
+
     def record_sync(self, report: SyncReport, elapsed: float, now: float, latencies: Iterable[float]) -> None:
         """A successful sync of this family: its duration, rule counts and programming latencies."""
-        self.sync_duration.observe(elapsed)
-        (self.sync_full_duration if report.full else self.sync_partial_duration).observe(elapsed)
+        self.record_duration(report.full, elapsed)
         self.last_timestamp.set(now)
         for table, count in report.rule_counts.items():
             self.iptables_total.labels(table=table).set(count)

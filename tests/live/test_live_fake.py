@@ -87,6 +87,11 @@ def _run(mode: str, node: FakeNode, initial: list[dict[str, Any]], body: Callabl
     asyncio.run(main())
 
 
+def _timed_syncs(proxy: LiveProxy, kind: str) -> float | None:
+    name = f"kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count"
+    return proxy.metrics.registry.get_sample_value(name, {"ip_family": "IPv4"})
+
+
 async def _next_sync(proxy: LiveProxy) -> None:
     await proxy.wait_for_syncs(proxy.syncs + proxy.failed_syncs + 1)
 
@@ -131,6 +136,9 @@ def test_a_refusal_no_service_explains_fails_the_sync_and_retries_in_full(mode: 
             await _next_sync(proxy)
         assert proxy.failed_syncs == 1 and len(proxy.lanes[0].quarantine) == 0
         assert calls[:2] == [False, True]  # the partial sync failed, the retry was full
+        # Timed whether it failed or not, as upstream's deferred observation: the failed partial
+        # sync, the first full sync and the full retry.
+        assert (_timed_syncs(proxy, "partial"), _timed_syncs(proxy, "full")) == (1, 2)
 
     _run(mode, node, _service("web", "10.96.0.10", ["10.244.1.10"]), body)
 
@@ -138,10 +146,7 @@ def test_a_refusal_no_service_explains_fails_the_sync_and_retries_in_full(mode: 
 def test_each_sync_is_timed_as_full_or_partial(mode: str) -> None:
     """Upstream's iptables and nftables modes both export the full and the partial sync latency."""
     node = FakeNode()
-
-    def count(proxy: LiveProxy, kind: str) -> float | None:
-        name = f"kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count"
-        return proxy.metrics.registry.get_sample_value(name, {"ip_family": "IPv4"})
+    count = _timed_syncs
 
     async def body(proxy: LiveProxy, source: Source) -> None:
         assert (count(proxy, "full"), count(proxy, "partial")) == (1, None)
