@@ -72,13 +72,16 @@ def csv_values(values: tuple[str, ...]) -> tuple[str, ...]:
               help="NAME=VALUE of the node, e.g. net.netfilter.nf_conntrack_udp_timeout=30 (repeatable).")
 @click.option("--stat", "stats", multiple=True, help="A `conntrack -S` counter, e.g. insert_failed=30493 (repeatable).")
 @click.option("--conntrack", "conntrack_path", help="`conntrack -L` output of the node, for the SNAT ports in use.")
+@click.option("--snat-other-flows", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="New masqueraded flows/s per Service besides the load the SNAT finding predicts (a health "
+              "check, other clients): they hold ports too, and the rules cannot show them.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema: docs/tools.md, `kubeproxy doctor`).")
 def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_path: str | None, live: bool,
            netns: str | None, manifests: tuple[str, ...],
            kubeconfig: str | None, master: str | None, api_timeout: float, hostname_override: str, node_ip: str,
            cluster_cidr: tuple[str, ...], iface: tuple[str, ...], route: tuple[str, ...], local_ip: tuple[str, ...],
            in_iface: str, sysctls: tuple[str, ...],
-           stats: tuple[str, ...], conntrack_path: str | None, as_json: bool) -> None:
+           stats: tuple[str, ...], conntrack_path: str | None, snat_other_flows: float, as_json: bool) -> None:
     """What on this node will break, at what load, and why: findings worst first, each with evidence and fixes.
 
     Offline from a dump (--rules) or --live (read-only); the objects from --manifests or the API
@@ -163,7 +166,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_
         state, told = state_from_rules(ruleset, "ipvs" if ipvs is not None else mode_of(ruleset), cfg.hostname_override,
                                        node, in_iface or "eth0")
         notes += told
-    report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source, ipvs))
+    report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source, ipvs, snat_other_flows))
     report.notes[:0] = notes
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -33,6 +33,7 @@ class DoctorInput:
     in_iface: str = ""  # where outside traffic arrives; default: the default route's interface
     source: str = ""  # where the rules came from, for the report
     ipvs: IpvsState | None = None  # an IPVS-mode node's virtual servers (its ipsets are in `node`)
+    snat_other_flows: float = 0.0  # masqueraded new flows/s per Service besides the predicted load
 
 
 def mode_of(ruleset: Ruleset) -> str:
@@ -144,7 +145,7 @@ def diagnose(inp: DoctorInput) -> Report:
         fam_probes = probe_all(_of_family(inp.ruleset, family), node, view, nodeport_ips(inp.ruleset, node_ips, inp.ipvs),
                                in_iface, family, inp.ipvs)
         probes += fam_probes
-        found = snat_findings(fam_probes, view, inp.facts, mode, family)
+        found = snat_findings(fam_probes, view, inp.facts, mode, family, inp.snat_other_flows)
         found += foreign_rule_findings(fam_probes, view)
         if family == families[0]:
             found += chain_findings(inp.ruleset, view if inp.state.services else None)

@@ -115,7 +115,7 @@ class ProxyConfig:
     ipvs: dict[str, Any] = field(default_factory=dict)  # upstream's ipvs section, used in ipvs mode only
     # Ours: the live SNAT gauge (proxy/snat_watch.py); 0 s leaves it off (a sample dumps conntrack).
     snat_watch_interval: float = 0.0
-    snat_watch_threshold: float = 0.6  # share of the SNAT ports; the lab's health checks fail from 0.75
+    snat_watch_threshold: float = 0.6  # share of the SNAT ports; the lab's health checks fail from 0.86
     snat_watch_max_entries: int = 20_000
     # Userspace mode only (upstream's portRange / udpIdleTimeout, from before v1.26).
     port_range: str = ""  # --proxy-port-range: where relay listeners bind; "" any free port

@@ -192,7 +192,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("snat-watch", "duration", "Sample the SNAT ports in use per masqueraded endpoint this often "
          "(kubeproxy_snat_port_utilization); 0 (the default) disables it.", with_config=True, ours=True),
     Flag("snat-watch-threshold", "float", "Warn when a Service's fullest endpoint holds this share of its SNAT "
-         "ports (default 0.6; the lab's health checks fail from 0.75).", with_config=True, ours=True),
+         "ports (default 0.6; the lab's health checks fail from 0.86).", with_config=True, ours=True),
     Flag("snat-watch-max-entries", "int", "Read at most this many conntrack entries per sample (default 20000); "
          "a larger table is sampled and the counts scaled.", with_config=True, ours=True),
     # Upstream's userspace-mode flags (removed with the mode in v1.26; kubeproxy has the mode).

@@ -44,14 +44,15 @@ def state_of(objs: list[dict[str, Any]]) -> ClusterState:
 
 
 def rendered_report(objs: list[dict[str, Any]], facts: NodeFacts | None = None, *, cfg: ProxyConfig = CFG,
-                    rules: str | None = None) -> Report:
+                    rules: str | None = None, snat_other_flows: float = 0.0) -> Report:
     """Doctor on the rules our iptables renderer makes for `objs` (with upstream's jumps)."""
     state = state_of(objs)
     cfg = validate(cfg)
     if rules is None:
         rules = with_jumps(offline.render_iptables(state, cfg).rendered.text)
     node = Node.from_flags(ifaces=NODE_IFACES, routes=NODE_ROUTES)
-    return diagnose(DoctorInput(detect.parse(rules), state, cfg, node, facts or NodeFacts(), "eth0"))
+    return diagnose(DoctorInput(detect.parse(rules), state, cfg, node, facts or NodeFacts(), "eth0",
+                                snat_other_flows=snat_other_flows))
 
 
 def dns_world(*, etp: str = "", pods: int = 1, annotations: dict[str, str] | None = None,

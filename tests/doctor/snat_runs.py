@@ -1,11 +1,12 @@
 """The DNS lab's ramps (`kubeproxy lab dns`) that doctor's SNAT prediction is compared with.
 
-FITTED are the runs doctor's 0.75 (HEALTHY_FRACTION) was derived from (docs/labs.md, "The
+FITTED are the runs doctor's 0.86 (HEALTHY_FRACTION) was derived from (docs/labs.md, "The
 capacity rule"): a prediction compared with them checks how the rule scales, not whether it
 predicts. HELD_OUT were predicted before they were run (bench/snat_prediction.py; the committed
 bench/snat_prediction*.txt tables came first), at conditions the fraction never saw. The rates
 bracket the onset: every health check passed at `max_healthy`; at `first_failing` checks failed
-and the node counted SNAT drops (conntrack insert failures).
+and the node counted SNAT drops (conntrack insert failures). Every run carried the lab's own
+health check, CHECK_RATE new masqueraded flows/s besides the ramp's load.
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ HELD_OUT = (
     LabRun("nft-30", "nftables", 1800, 1900),
     LabRun("ports-5k", "snat", 40, 60, snat_ports=(40000, 44999)),
     LabRun("pods-2-ports-10k", "snat", 450, 500, pods=2, snat_ports=(40000, 49999)),
+    LabRun("pods-3-ports-3k", "snat", 160, 180, pods=3, snat_ports=(40000, 42999)),
+    LabRun("ports-5k-15", "snat", 200, 220, udp_timeout=15, snat_ports=(40000, 44999)),
+    LabRun("ports-20k-60", "snat", 200, 220, udp_timeout=60, snat_ports=(40000, 59999)),
 )
 
-# With 10,000 or 5,000 ports the lab's own health check (100 queries/s: 3,000 ports at 30 s) is a
-# large part of the bound, and the 0.75 fitted at 64,512 ports leaves it out: doctor predicts 250/s
-# where checks failed at 225/s, and 125/s where they failed at 60/s (docs/labs.md, "The prediction
-# on runs it was not fitted on").
-KNOWN_MISSES = {"ports-10k", "ports-5k"}
+# The lab's health check: 100 queries/s through the Service, as masqueraded as the ramp's load.
+CHECK_RATE = 100.0
 
 
 def error(predicted: float, run: LabRun) -> float:

@@ -36,7 +36,7 @@ def test_seed000_kube_proxy_dump_alone_gives_the_snat_bound() -> None:
     assert udp.subject == "Service default/ares-k29-bindapp:dns-udp-53 (UDP)"
     # 64,512 ports / 30 s, as with the objects (tests/doctor/test_seed000.py)
     assert udp.data["bound_per_service"] == pytest.approx(2150.4)
-    assert udp.data["health_fail_per_service"] == pytest.approx(1612.8)
+    assert udp.data["health_fail_per_service"] == pytest.approx(0.86 * 64512 / 30, abs=0.1)
     assert {x["address"] for x in udp.data["frontends"]} == {"10.24.138.29:53", "10.5.6.29:53", "203.0.113.29:53"}
     assert [e["address"] for e in udp.data["endpoints"]] == ["10.100.13.3:53"]
     assert "read back from the proxy's own rules" in notes[0]
