@@ -5,10 +5,12 @@
     .venv/bin/python bench/snat_prediction.py measure CONDITION [--whole-ramp] [--json bench/snat_measured_CONDITION.json]
     .venv/bin/python bench/snat_prediction.py table [--prediction ...] [--measured ... ...]
 
-doctor's rule (kubeproxy/doctor/snat.py) is ports / timeout per endpoint, and health checks failing
-from HEALTHY_FRACTION (0.75) of it; that fraction came from ramps at a 30 s and 60 s UDP timeout
-(snat) and 5 s (nft-ct-timeout), so none of those conditions can test it. Each condition here
-differs from them in one thing the rule claims to account for:
+`doctor` is what doctor prints with no other flows given: in the three committed rounds' tables,
+0.75 x ports / timeout per endpoint (no flow but the load counted); `candidate` counts every
+masqueraded flow, the lab's 100 checks/s included, against 0.86 of each endpoint's ports, the
+rule kubeproxy/doctor/snat.py applies (with --snat-other-flows). Both fractions came from ramps at
+a 30 s and 60 s UDP timeout (snat) and 5 s (nft-ct-timeout), so none of those conditions can test
+them. Each condition here differs from them in one thing the rule claims to account for:
 
     timeout-45   snat, the node's UDP timeout at 45 s
     pods-2       snat, two BIND pods (each endpoint ip:port has a port space of its own)
@@ -185,8 +187,8 @@ def _doctor(world: DnsWorld) -> dict[str, Any]:
 
 # The candidate model: a new flow fails once its endpoint's ports in use reach a share F of the
 # range, counting every masqueraded flow, the lab's own health check (100 queries/s) included.
-# doctor's 0.75 of the bound leaves the check out, which matters once the check is a large part of
-# the bound. F is fitted on the three ramps doctor's 0.75 came from (docs/labs.md) and on nothing
+# The 0.75-of-the-bound rule leaves the check out, which matters once the check is a large part of
+# the bound. F is fitted on the three ramps the 0.75 came from (docs/labs.md) and on nothing
 # else: the share of ports in use at each one's max healthy step and first failing step bracket it.
 CHECK_RATE = 100.0
 FIT_RUNS = ((64_512, 30, 1600, 1800), (64_512, 60, 800, 900), (64_512, 5, 10_000, 12_000))  # ports, s, ok, failing
