@@ -12,8 +12,8 @@ raised to 600 s so that none expires during the run. Then, per round:
 
     list s    `conntrack -L -p udp` in the namespace (the kernel dump and the tool's printing)
     parse s   kubeproxy.backends.conntrack.flows.parse_flows of that text
-    count s   kubeproxy.doctor.watch.sample (the per-endpoint count)
-    fast s    kubeproxy.doctor.watch.sample_text: the same counts from the text, no Flow objects
+    count s   kubeproxy.doctor.snat_gauge.sample (the per-endpoint count)
+    fast s    kubeproxy.doctor.snat_gauge.sample_text: the same counts from the text, no Flow objects
     count-C s `conntrack -C` (the table's size only), for comparison
     netlink s kubeproxy.proxy.ctnetlink.dump of the whole table + snat_watch.sample_dump (what
               `kubeproxy run --snat-watch` does below --snat-watch-max-entries), in the namespace
@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubeproxy.backends.conntrack.flows import parse_flows
-from kubeproxy.doctor import watch
+from kubeproxy.doctor import snat_gauge
 from kubeproxy.lab import netns as L
 from kubeproxy.proxy.node_model import ServicePortName
 
@@ -113,10 +113,10 @@ def main() -> None:
             flows = parse_flows(text)
             rows["parse"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            gauges = watch.sample(flows, targets, {"10.9.0.1"})
+            gauges = snat_gauge.sample(flows, targets, {"10.9.0.1"})
             rows["count"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            fast = watch.sample_text(text, targets, {"10.9.0.1"})
+            fast = snat_gauge.sample_text(text, targets, {"10.9.0.1"})
             rows["fast"].append(time.perf_counter() - t)
             assert fast == gauges
             t = time.perf_counter()

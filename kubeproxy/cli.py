@@ -41,8 +41,8 @@ class LazyGroup(click.Group):
     """
 
     LAZY: ClassVar[dict[str, str]] = {
-        "dns": "kubeproxy.lab.dns.commands:dns",
-        "lab": "kubeproxy.lab.dns.commands:lab",
+        "dns": "kubeproxy.lab.dns.command_group:dns",
+        "lab": "kubeproxy.lab.dns.command_group:lab",
         "doctor": "kubeproxy.doctor.commands:doctor",
         "graph": "kubeproxy.doctor.commands:graph",
         "explain": "kubeproxy.explain.command:explain",

@@ -119,7 +119,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_
         notes += loaded.warnings
         state = loaded.state
     elif kubeconfig or master:
-        from kubeproxy.doctor.api import ApiReadError, read_objects
+        from kubeproxy.doctor.from_apiserver import ApiReadError, read_objects
 
         # The Node to list is this node's, as for `kubeproxy run`: --hostname-override, else the hostname.
         node_name = cfg.hostname_override or socket.gethostname().strip().lower()

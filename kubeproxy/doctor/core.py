@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.ipvs.render import DUMMY_DEVICE
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.doctor.address_probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, nodeport_ips, probe_all
 from kubeproxy.doctor.conntrack import conntrack_findings
 from kubeproxy.doctor.cost import cost_findings
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding, Report, ordered
 from kubeproxy.doctor.foreign import bypass_findings, chain_findings, foreign_rule_findings, jump_findings
-from kubeproxy.doctor.probe import OUR_NFT_TABLE, OUTSIDE_SOURCE, Probe, nodeport_ips, probe_all
 from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
 from kubeproxy.netfilter import addr as A

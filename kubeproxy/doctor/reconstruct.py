@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubeproxy.cluster.state import ClusterState, build_state
-from kubeproxy.doctor.probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS
+from kubeproxy.doctor.address_probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet

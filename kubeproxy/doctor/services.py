@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kubeproxy.cluster.objects import LABEL_ZONE
+from kubeproxy.doctor.address_probe import Probe
 from kubeproxy.doctor.findings import Finding
-from kubeproxy.doctor.probe import Probe
 from kubeproxy.netfilter.ruleset import Ruleset
 from kubeproxy.proxy.node_model import NodeView, ServicePortName
 from kubeproxy.proxy.topology import categorize

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from kubeproxy.backends import registry
 from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_conntrack_timeout
+from kubeproxy.doctor.address_probe import Frontend, Probe, hostport, is_masquerade, masquerade_ports, random_fully
 from kubeproxy.doctor.facts import TCP_TIME_WAIT, UDP_TIMEOUT, NodeFacts
 from kubeproxy.doctor.findings import Finding
-from kubeproxy.doctor.probe import Frontend, Probe, hostport, is_masquerade, masquerade_ports, random_fully
 from kubeproxy.proxy.node_model import NodeView, ServicePortName
 from kubeproxy.proxy.options import Family
 from kubeproxy.proxy.snat_watch import DEFAULT_SNAT_PORTS, HEALTHY_FRACTION  # shared with the live gauge

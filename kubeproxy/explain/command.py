@@ -52,9 +52,9 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     from kubeproxy.backends import registry
     from kubeproxy.backends.base import OfflineOptions
     from kubeproxy.cluster.state import ClusterState
+    from kubeproxy.doctor.address_probe import nodeport_ips
     from kubeproxy.doctor.core import DoctorInput, families_of, mode_of, node_context
     from kubeproxy.doctor.live import LiveError, read_ipvs, read_rules
-    from kubeproxy.doctor.probe import nodeport_ips
     from kubeproxy.explain.rendered import read_render
     from kubeproxy.explain.service_walk import explain as explain_service
     from kubeproxy.explain.text import render_text, to_json

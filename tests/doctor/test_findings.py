@@ -243,24 +243,24 @@ def test_kube_services_length_cost() -> None:
 
 def test_snat_watch_sample_counts_masqueraded_flows_per_endpoint() -> None:
     from kubeproxy.backends.conntrack.flows import parse_flows
-    from kubeproxy.doctor import watch
+    from kubeproxy.doctor import snat_gauge
     from kubeproxy.proxy.node_model import build_view
 
     state = state_of(dns_world(pods=2))
     view = build_view(state.services.values(), state.slices.values(), Family.IPV4, "node-1")
-    targets = watch.masqueraded_endpoints(view)
+    targets = snat_gauge.masqueraded_endpoints(view)
     assert sorted(targets) == ["10.244.1.10:53", "10.244.1.11:53"]
     lines = [f"udp 17 29 src=100.64.0.{i % 200} dst=203.0.113.53 sport={2000 + i} dport=53 src=10.244.1.10 "
              f"dst=192.168.0.2 sport=53 dport={2000 + i}" for i in range(40_000)]
     lines += ["udp 17 29 src=100.64.0.1 dst=203.0.113.53 sport=9 dport=53 src=10.244.1.11 dst=100.64.0.1 sport=53 dport=9"]
-    gauges = watch.sample(parse_flows(lines), targets, {"192.168.0.2"})
+    gauges = snat_gauge.sample(parse_flows(lines), targets, {"192.168.0.2"})
     assert [(g.endpoint, g.in_use) for g in gauges] == [("10.244.1.10:53", 40_000), ("10.244.1.11:53", 0)]
     # the fast path reads the same text to the same counts, and skips lines it cannot read
-    assert watch.sample_text("\n".join([*lines, "garbage", "udp 17 29 src=1.2.3.4"]), targets, {"192.168.0.2"}) == gauges
-    warned = watch.warnings(gauges)
+    assert snat_gauge.sample_text("\n".join([*lines, "garbage", "udp 17 29 src=1.2.3.4"]), targets, {"192.168.0.2"}) == gauges
+    warned = snat_gauge.warnings(gauges)
     assert len(warned) == 1 and warned[0].startswith("Service default/dns:dns: endpoint 10.244.1.10:53 holds 40,000")
     local = build_view(state_of(dns_world(etp="Local")).services.values(), state.slices.values(), Family.IPV4, "node-1")
-    assert watch.masqueraded_endpoints(local) == {}
+    assert snat_gauge.masqueraded_endpoints(local) == {}
 
 
 def test_ipv6_service_frontends_get_the_snat_finding_from_an_ip6tables_dump() -> None:

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from kubeproxy.lab.dns.check import run_check
-from kubeproxy.lab.dns.commands import dns
+from kubeproxy.lab.dns.command_group import dns
+from kubeproxy.lab.dns.dns_message import Zone, answer, make_query
 from kubeproxy.lab.dns.responder import Responder
-from kubeproxy.lab.dns.wire import Zone, answer, make_query
 
 
 def _run(*args: str) -> Result:
@@ -169,8 +169,8 @@ def test_ipv6_server() -> None:
 
 
 def test_without_server_or_nameserver_the_error_says_what_to_give(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubeproxy.lab.dns import commands
+    from kubeproxy.lab.dns import command_group
 
-    monkeypatch.setattr(commands, "RESOLV_CONF", tmp_path / "resolv.conf")  # none: no query is sent anywhere
+    monkeypatch.setattr(command_group, "RESOLV_CONF", tmp_path / "resolv.conf")  # none: no query is sent anywhere
     out = _run("check")
     assert out.exit_code == 2 and "no nameserver in" in out.output + (out.stderr or "")

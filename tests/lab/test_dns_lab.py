@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.cluster import CLIENT_IP, NODE_IP
 from kubeproxy.lab.dns.bind import ANSWER_IP, ANSWER_NAME, BindServer, named_conf, zone_text
-from kubeproxy.lab.dns.commands import lab, parse_ramp
+from kubeproxy.lab.dns.command_group import lab, parse_ramp
 from kubeproxy.lab.dns.lab import Check, LabPlan, Sample, ScenarioResult, Step
 from kubeproxy.lab.dns.scenarios import SCENARIOS
 from kubeproxy.lab.dns.world import EXTERNAL_IP, SNAT_PORTS, DnsWorld, LabError, check_proxy_mode

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from kubeproxy.lab.dns.commands import dns
+from kubeproxy.lab.dns.command_group import dns
+from kubeproxy.lab.dns.dns_message import make_query
 from kubeproxy.lab.dns.load import LoadPlan, run_schedule
 from kubeproxy.lab.dns.responder import Responder
-from kubeproxy.lab.dns.wire import make_query
 from kubeproxy.lab.netns import NetNS
 
 
@@ -196,7 +196,7 @@ def test_progress_lines_show_how_far_the_run_is() -> None:
 
 
 def test_check_defaults_to_the_hosts_nameserver(tmp_path: Path) -> None:
-    from kubeproxy.lab.dns.commands import system_nameserver
+    from kubeproxy.lab.dns.command_group import system_nameserver
 
     conf = tmp_path / "resolv.conf"
     conf.write_text("# written by hand\nsearch lab.test\nnameserver 192.0.2.53\nnameserver 192.0.2.54\n")

@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
+from kubeproxy.lab.dns.dns_message import WireError, Zone, answer, encode_name, make_query, parse_qtype, response_rcode
 from kubeproxy.lab.dns.endpoints import AddressError, parse_server, source_addresses
 from kubeproxy.lab.dns.responder import Responder
 from kubeproxy.lab.dns.stats import Summary, format_duration, percentile
-from kubeproxy.lab.dns.wire import WireError, Zone, answer, encode_name, make_query, parse_qtype, response_rcode
 
 
 def test_query_bytes_are_rfc1035() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from kubeproxy.lab import netns as L
 
 ZONE = "lab.test."
-# The name the load generator and the health check ask for (kubeproxy.lab.dns.commands.DEFAULT_NAME).
+# The name the load generator and the health check ask for (kubeproxy.lab.dns.command_group.DEFAULT_NAME).
 ANSWER_NAME = "www.lab.test."
 ANSWER_IP = "192.0.2.53"
 DNS_PORT = 53

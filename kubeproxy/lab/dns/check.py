@@ -22,11 +22,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from kubeproxy.lab.dns.dns_message import Query, rcode_name, response_rcode
 from kubeproxy.lab.dns.endpoints import family_of, format_hostport
 from kubeproxy.lab.dns.limits import ensure_open_files
 from kubeproxy.lab.dns.sockets import errno_name, query_socket, recv_stamped
 from kubeproxy.lab.dns.stats import Summary, format_duration
-from kubeproxy.lab.dns.wire import Query, rcode_name, response_rcode
 
 
 @dataclass(frozen=True)

@@ -49,11 +49,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from kubeproxy.lab.dns.dns_message import Query, rcode_name, response_rcode
 from kubeproxy.lab.dns.endpoints import family_of, format_hostport
 from kubeproxy.lab.dns.limits import ensure_open_files, ephemeral_ports
 from kubeproxy.lab.dns.sockets import errno_name, query_socket, recv_stamped
 from kubeproxy.lab.dns.stats import Summary, format_duration
-from kubeproxy.lab.dns.wire import Query, rcode_name, response_rcode
 
 _BURST = 64  # sends before the loop reads answers again, when catching up
 _START_MARGIN = 0.05  # seconds between "everyone ready" and t0

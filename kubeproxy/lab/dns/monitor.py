@@ -33,9 +33,9 @@ from typing import Any, TextIO
 import click
 
 from kubeproxy.lab.dns.check import run_check
+from kubeproxy.lab.dns.dns_message import make_query
 from kubeproxy.lab.dns.endpoints import family_of, parse_server, source_addresses
 from kubeproxy.lab.dns.load import LoadPlan, run_load
-from kubeproxy.lab.dns.wire import make_query
 
 _COUNT = Path("/proc/sys/net/netfilter/nf_conntrack_count")
 _STATS = Path("/proc/net/stat/nf_conntrack")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from kubeproxy.lab.dns.wire import Zone, answer
+from kubeproxy.lab.dns.dns_message import Zone, answer
 
 _RCVBUF = 4 << 20
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python < 3.12 lacks the name

@@ -21,10 +21,10 @@ import click
 
 from kubeproxy.lab.control_plane_cli import control_plane
 from kubeproxy.lab.dns.check import format_check, run_check
+from kubeproxy.lab.dns.dns_message import Query, WireError, make_query, parse_qtype
 from kubeproxy.lab.dns.endpoints import AddressError, family_of, parse_server, source_addresses
 from kubeproxy.lab.dns.load import LoadError, LoadPlan, format_report, run_load
 from kubeproxy.lab.dns.scenarios import MAX_RATE, MAX_STEPS, SCENARIOS
-from kubeproxy.lab.dns.wire import Query, WireError, make_query, parse_qtype
 from kubeproxy.lab.multinode.cluster_command import cluster as multinode_cluster
 from kubeproxy.proxy.config import ConfigError, parse_duration
 
