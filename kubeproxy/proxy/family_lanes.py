@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -86,10 +87,27 @@ class FamilyLane:
         return replace(self, family=family, metrics=metrics.for_family(family))
 
     def take(
-        self, state: ClusterState, cfg: ProxyConfig, node_name: str, interface_ips: tuple[str, ...] | None
+        self,
+        state: ClusterState,
+        cfg: ProxyConfig,
+        node_name: str,
+        interface_ips: tuple[str, ...] | None,
+        followers: Sequence[FamilyLane] = (),
     ) -> tuple[NodeView, NodeOptions, Changes]:
         """This family's view of `state`, the options to program it with and the changes since
-        the last sync; the held Services those changes touch leave the quarantine."""
+        the last sync; the held Services those changes touch leave the quarantine.
+
+        The primary lane's tracker alone sees the events: `followers` (the other active lanes)
+        learn what it takes at the moment it takes it, with no await in between, so an event
+        applied while a sync waits (for the interfaces' addresses, for the kernel) reaches every
+        family's next sync.
+        """
+        pending = self.tracker.pending()
+        for lane in followers:
+            if pending is None:
+                lane.tracker.request_full_sync()
+            else:
+                lane.tracker.touch(pending)
         opts = node_options(
             cfg,
             family=self.family,
@@ -213,13 +231,6 @@ class FamilyLanes:
                 found = await self._second(family, families[0], proc_ipv6)
             if found is not None:
                 active.append(found)
-        # The primary lane's tracker sees every event; the others learn what it saw.
-        pending = self.primary.tracker.pending()
-        for lane in active[1:]:
-            if pending is None:
-                lane.tracker.request_full_sync()
-            else:
-                lane.tracker.touch(pending)
         return active
 
     def show_quarantine(self) -> None:

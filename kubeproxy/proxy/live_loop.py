@@ -143,7 +143,7 @@ class LiveProxy:
         self._pending = [0, 0]
         failed = False
         for lane in lanes:
-            failed = not await self._sync_lane(lane, triggers) or failed
+            failed = not await self._sync_lane(lane, triggers, lanes[1:] if lane is lanes[0] else ()) or failed
         self.last_changes, self.last_report = self.lanes[0].last_changes, self.lanes[0].last_report
         if failed:
             self.failed_syncs += 1
@@ -154,10 +154,10 @@ class LiveProxy:
         async with self._progress:
             self._progress.notify_all()
 
-    async def _sync_lane(self, lane: FamilyLane, triggers: dict[ServiceKey, list[float]]) -> bool:
+    async def _sync_lane(self, lane: FamilyLane, triggers: dict[ServiceKey, list[float]], others: Sequence[FamilyLane]) -> bool:
         started = time.perf_counter()
         interface_ips = await self.family_lanes.interface_ips(lane.family, self.state.nodes.get(self.node_name))
-        view, opts, changes = lane.take(self.state, self.cfg, self.node_name, interface_ips)
+        view, opts, changes = lane.take(self.state, self.cfg, self.node_name, interface_ips, others)
         self.family_lanes.show_quarantine()
         try:
             report, view = await asyncio.to_thread(lane.program, view, opts, changes, primary=lane is self.lanes[0])

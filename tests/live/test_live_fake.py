@@ -137,7 +137,8 @@ def test_a_refusal_no_service_explains_fails_the_sync_and_retries_in_full(mode: 
         assert proxy.failed_syncs == 1 and len(proxy.lanes[0].quarantine) == 0
         assert calls[:2] == [False, True]  # the partial sync failed, the retry was full
         # Timed whether it failed or not, as upstream's deferred observation: the failed partial
-        # sync, the first full sync and the full retry.
+        # sync, the first full sync and the full retry (the rules may show before it is reported).
+        await proxy.wait_for_syncs(3)
         assert (_timed_syncs(proxy, "partial"), _timed_syncs(proxy, "full")) == (1, 2)
 
     _run(mode, node, _service("web", "10.96.0.10", ["10.244.1.10"]), body)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import socket
 import subprocess
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -575,3 +576,29 @@ def test_userspace_ipv6_lane_needs_ip6tables() -> None:
 
     assert "ip6tables" in (kernel_lacks(Family.IPV6, "userspace", no_ip6tables) or "")
     assert kernel_lacks(Family.IPV4, "userspace", no_ip6tables) is None
+
+
+def test_an_event_applied_while_a_sync_waits_reaches_the_second_family() -> None:
+    """nftables mode reads the interfaces' addresses at each sync (nodePortAddresses defaults to
+    the primary address there): an event applied while the first lane waits for them must reach
+    the second lane's next sync, not only the first's."""
+    fake = FakeNode()
+    entered, release = threading.Event(), threading.Event()
+    hold = {"on": False}
+
+    def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        if argv[:1] == ["ip"] and hold["on"]:
+            hold["on"] = False
+            entered.set()
+            release.wait(10)
+        return fake.run(argv, **kw)
+
+    async def body(proxy: LiveProxy, source: Source) -> None:
+        hold["on"] = True
+        source.publish(endpoints("both", "IPv6", "fd00:10:244:1::30"))
+        await asyncio.to_thread(entered.wait, 10)  # the sync waits for the interfaces' addresses
+        source.publish(endpoints("v6only", "IPv6", "fd00:10:244:1::31"))  # a Service of the second family only
+        release.set()
+        await _until(lambda: "fd00:10:244:1::31" in rules(fake, "nftables", Family.IPV6))
+
+    run_proxy("nftables", run, DUAL, body)
