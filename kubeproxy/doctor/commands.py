@@ -164,7 +164,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_
         from kubeproxy.doctor.reconstruct import state_from_rules
 
         state, told = state_from_rules(ruleset, "ipvs" if ipvs is not None else mode_of(ruleset), cfg.hostname_override,
-                                       node, in_iface or "eth0")
+                                       node, in_iface or "eth0", ipvs)
         notes += told
     report = diagnose(DoctorInput(ruleset, state, cfg, node, facts, in_iface, source, ipvs, snat_other_flows))
     report.notes[:0] = notes

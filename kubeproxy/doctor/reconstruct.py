@@ -20,6 +20,7 @@ from typing import Any
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.doctor.address_probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS
 from kubeproxy.netfilter import addr as A
+from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
 from kubeproxy.netfilter.ruleset import Addr, Jump, Nat, Port, Proto, Rule, Ruleset, Table
@@ -341,12 +342,17 @@ def from_nftables(ruleset: Ruleset, node: Node, in_iface: str, node_name: str = 
 
 
 def state_from_rules(ruleset: Ruleset, mode: str, node_name: str = "", node: Node | None = None,
-                     in_iface: str = "eth0") -> tuple[ClusterState, list[str]]:
-    """The cluster state the rules show, through the same gate as manifests, and what was said."""
-    if mode not in ("iptables", "nftables"):
+                     in_iface: str = "eth0", ipvs: IpvsState | None = None) -> tuple[ClusterState, list[str]]:
+    """The cluster state the rules (and in IPVS mode the virtual servers and the ipsets already
+    loaded into `node`) show, through the same gate as manifests, and what was said."""
+    if mode not in ("iptables", "nftables") and not (mode == "ipvs" and ipvs is not None):
         return ClusterState(), [f"no --manifests or --kubeconfig: reading the Services back from {mode} rules is not "
                                 "supported: service findings (SNAT capacity, foreign DNAT, endpoints) need the objects"]
-    if mode == "nftables":
+    if ipvs is not None:
+        from kubeproxy.doctor.reconstruct_ipvs import from_ipvs  # it builds on this module's records
+
+        found = from_ipvs(ipvs, node or Node(), node_name or RULES_NODE)
+    elif mode == "nftables":
         found = from_nftables(ruleset, node or Node(), in_iface, node_name or RULES_NODE)
     else:
         found = from_iptables(ruleset, node_name or RULES_NODE)
