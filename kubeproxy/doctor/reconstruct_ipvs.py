@@ -48,24 +48,33 @@ def _entry(member: str) -> tuple[str, str, int, str] | None:
         return None
 
 
+# ipset names are at most 31 characters (upstream's ipset.go truncates the IPv6 ones)
+_IPSET_NAME_MAX = 31
+
+
 @dataclass
 class _Sets:
-    """The proxy's ipsets, read as (ip, PROTO, port) keys."""
+    """The proxy's ipsets of both families, read as (ip, PROTO, port) keys."""
 
     node: Node
 
+    def members(self, name: str) -> list[str]:
+        """An IPv4 set's members and those of its IPv6 twin (`KUBE-6-...`, cut to 31 characters)."""
+        v6 = name.replace("KUBE-", "KUBE-6-", 1)[:_IPSET_NAME_MAX]
+        return self.node.ipsets.get(name, []) + self.node.ipsets.get(v6, [])
+
     def keys(self, name: str) -> set[tuple[str, str, int]]:
-        return {e[:3] for m in self.node.ipsets.get(name, []) if (e := _entry(m)) is not None}
+        return {e[:3] for m in self.members(name) if (e := _entry(m)) is not None}
 
     def node_ports(self, local: bool) -> set[tuple[str, int]]:
         infix = "-LOCAL" if local else ""
         out = {(proto, int(m)) for proto in ("TCP", "UDP")
-               for m in self.node.ipsets.get(f"KUBE-NODE-PORT{infix}-{proto}", []) if m.isdigit()}
+               for m in self.members(f"KUBE-NODE-PORT{infix}-{proto}") if m.isdigit()}
         return out | {(p, port) for _, p, port in self.keys(f"KUBE-NODE-PORT{infix}-SCTP-HASH")}
 
     def source_ranges(self) -> dict[tuple[str, str, int], list[str]]:
         out: dict[tuple[str, str, int], list[str]] = {}
-        for m in self.node.ipsets.get("KUBE-LOAD-BALANCER-SOURCE-CIDR", []):
+        for m in self.members("KUBE-LOAD-BALANCER-SOURCE-CIDR"):
             e = _entry(m)
             if e is not None and e[3]:
                 out.setdefault(e[:3], []).append(e[3])
