@@ -146,6 +146,7 @@ def from_ipvs(ipvs: IpvsState, node: Node, node_name: str) -> Reconstructed:
     for name, rec in recs.items():
         for address, port in reals_of[name].items():
             rec.endpoints[address] = (port, (address, rec.protocol, port) in loop_back)
+    _health_check_port(recs, sets.members("KUBE-HEALTH-CHECK-NODE-PORT"), notes)
     found = _objects(recs, notes, node_name)
     _source_ranges(found.objects, sets.source_ranges(), sets.keys("KUBE-LOAD-BALANCER-FW"))
     if found.services:
@@ -156,6 +157,20 @@ def from_ipvs(ipvs: IpvsState, node: Node, node_name: str) -> Reconstructed:
             found.notes.insert(2, "no --ipset-file: virtual servers on the node's addresses read as NodePorts, all "
                                   "others as cluster IPs (external and load-balancer addresses need the ipsets)")
     return found
+
+
+def _health_check_port(recs: dict[tuple[str, str, str], _PortRec], members: list[str], notes: list[str]) -> None:
+    """KUBE-HEALTH-CHECK-NODE-PORT holds bare ports: one is told to its Service only when a single
+    Service has externalTrafficPolicy Local."""
+    ports = sorted({int(m) for m in members if m.isdigit()})
+    local = {(ns, name) for (ns, name, _), r in recs.items() if r.external_local}
+    if len(ports) == 1 and len(local) == 1:
+        for (ns, name, _), r in recs.items():
+            if (ns, name) in local:
+                r.health_check_node_port = ports[0]
+    elif ports:
+        notes.append(f"health check node port(s) {', '.join(map(str, ports))}: not told to a Service "
+                     f"({len(local)} with externalTrafficPolicy Local)")
 
 
 def _source_ranges(objects: list[dict[str, Any]], ranges: dict[tuple[str, str, int], list[str]],

@@ -111,7 +111,7 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
         from kubeproxy.doctor.reconstruct import state_from_rules
 
         rules_mode = "ipvs" if ipvs is not None else mode_of(ruleset)
-        state, told = state_from_rules(ruleset, rules_mode, ctx.name, ctx.node, ctx.in_iface)
+        state, told = state_from_rules(ruleset, rules_mode, ctx.name, ctx.node, ctx.in_iface, ipvs)
         notes += told
     views = {f: build_view(state.services.values(), state.slices.values(), f, ctx.name) for f in families_of(ruleset)}
     result = explain_service(ruleset, ctx.node, views, namespace, name, port, nodeport_ips(ruleset, ctx.node_ips, ipvs),

@@ -150,6 +150,8 @@ create KUBE-LOAD-BALANCER-FW hash:ip,port family inet hashsize 1024 maxelem 6553
 add KUBE-LOAD-BALANCER-FW 198.51.100.9,tcp:443
 create KUBE-LOAD-BALANCER-SOURCE-CIDR hash:ip,port,net family inet hashsize 1024 maxelem 65536
 add KUBE-LOAD-BALANCER-SOURCE-CIDR 198.51.100.9,tcp:443,203.0.113.0/24
+create KUBE-HEALTH-CHECK-NODE-PORT bitmap:port range 0-65535
+add KUBE-HEALTH-CHECK-NODE-PORT 30999
 create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536
 add KUBE-LOOP-BACK 10.244.1.5,udp:5353,10.244.1.5
 create KUBE-6-CLUSTER-IP hash:ip,port family inet6 hashsize 1024 maxelem 65536
@@ -173,6 +175,8 @@ def test_a_hand_written_ipvs_node_is_read_back() -> None:
     dns = services["ip-10-96-0-10"]
     assert (dns["type"], dns["externalTrafficPolicy"], dns["ports"]) == (
         "NodePort", "Local", [{"protocol": "UDP", "port": 53, "name": "udp-53", "nodePort": 30053}])
+    # the only Local Service: the health check node port is its
+    assert dns["healthCheckNodePort"] == 30999
     lb = services["ip-10-96-0-20"]
     assert (lb["type"], lb["loadBalancerSourceRanges"], lb["sessionAffinityConfig"]) == (
         "LoadBalancer", ["203.0.113.0/24"], {"clientIP": {"timeoutSeconds": 300}})
@@ -201,3 +205,21 @@ def test_without_ipsets_node_addresses_are_nodeports(tmp_path: Path) -> None:
     assert names == ["ip-10-96-0-10", "ip-10-96-0-20", "ip-10-96-0-30", "ip-172-16-0-1", "ip-198-51-100-9",
                      "ip-2001-db8--9", "ip-fd00--20"]
     assert any("no --ipset-file" in n for n in found.notes)
+
+
+def _explained(dumps: dict[str, Path], service: str, *more: str) -> set[tuple[str, frozenset[tuple[str, float]]]]:
+    res = CliRunner().invoke(main, ["explain", service, "--rules", str(dumps["iptables"]), "--ipvs", str(dumps["ipvs"]),
+                                    "--ipset-file", str(dumps["ipset"]), *NODE, "--json", *more])
+    assert res.exit_code == 0, res.output
+    ports = json.loads(res.stdout)["ports"]
+    return {(a["address"], frozenset((d["to"], round(d["share"], 6)) for d in a["destinations"]))
+            for p in ports for a in p["addresses"]}
+
+
+def test_explain_reads_an_ipvs_service_back_by_its_cluster_ip(tmp_path: Path) -> None:
+    """`explain` on the dumps alone names the Service by its cluster IP and sends each of its
+    addresses where the objects do."""
+    manifests, dumps = _dumps(tmp_path, _affinity_and_local_world(), NODE)
+    alone = _explained(dumps, "ipvs/ip-10-96-0-53")
+    assert alone == _explained(dumps, "default/dns", "--manifests", manifests)
+    assert {address for address, _ in alone} >= {"10.96.0.53:53", "203.0.113.53:53", "192.168.0.2:30053"}
