@@ -23,7 +23,7 @@ from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
-from kubeproxy.netfilter.ruleset import Addr, Jump, Nat, Port, Proto, Rule, Ruleset, Table
+from kubeproxy.netfilter.ruleset import Addr, Jump, Nat, Port, Proto, Rule, Ruleset, Table, UnknownTarget
 from kubeproxy.netfilter.simulate import Simulator
 
 # The node the rules were taken from: local endpoints (those of a KUBE-SVL chain) are placed on it.
@@ -52,6 +52,9 @@ class _PortRec:
     external_local: bool = False
     internal_local: bool = False
     endpoints: dict[str, tuple[int, bool]] = field(default_factory=dict)  # address -> (port, on this node)
+    # Chains the port's rules lead to that the dump lacks (an excerpt): its endpoints are unknown.
+    unknown: list[str] = field(default_factory=list)
+    rejected: bool = False  # a "has no endpoints" rule says it has none
 
 
 @dataclass
@@ -83,7 +86,14 @@ def _facts(rule: Rule) -> tuple[str | None, str, int]:
 
 
 def _jump(rule: Rule) -> str:
-    return next((s.chain for s in rule.load() if isinstance(s, Jump)), "")
+    """The chain the rule jumps to; a KUBE- target the dump never declares (an excerpt's cut)
+    counts too, so that the port it leads to is known to lack its endpoints."""
+    for s in rule.load():
+        if isinstance(s, Jump):
+            return s.chain
+        if isinstance(s, UnknownTarget) and s.name.startswith("KUBE-"):
+            return s.name
+    return ""
 
 
 def _add(values: list[str], value: str | None) -> None:
@@ -105,9 +115,12 @@ def _read_purpose_rules(nat: Table | None, filt: Table | None, recs: dict[tuple[
                 if what == "cluster IP":
                     _add(rec.cluster_ips, dst)
                     rec.port = rec.port or dport
-                    if target.startswith(("KUBE-SVC-", "KUBE-SVL-")):
-                        rec.cluster_chains.add(target)
-                        rec.internal_local |= target.startswith("KUBE-SVL-")
+                    # KUBE-SERVICES jumps to the service chain; inside that chain, the masquerade
+                    # mark rule bears the same comment (and in an excerpt it may be all there is).
+                    for svc_chain in (target, chain.name):
+                        if svc_chain.startswith(("KUBE-SVC-", "KUBE-SVL-")):
+                            rec.cluster_chains.add(svc_chain)
+                            rec.internal_local |= svc_chain.startswith("KUBE-SVL-")
                 elif what in ("external IP", "loadbalancer IP"):
                     _add(rec.external_ips if what == "external IP" else rec.lb_ips, dst)
                     rec.port = rec.port or dport
@@ -116,6 +129,7 @@ def _read_purpose_rules(nat: Table | None, filt: Table | None, recs: dict[tuple[
                 elif what == "health check node port":
                     rec.health_check_node_port = dport
                 elif what in ("has no endpoints", "has no local endpoints"):
+                    rec.rejected = True
                     if dst is not None and table.name == "filter" and chain.name in ("KUBE-SERVICES",):
                         _add(rec.cluster_ips, dst)
                         rec.port = rec.port or dport
@@ -127,10 +141,14 @@ def _read_purpose_rules(nat: Table | None, filt: Table | None, recs: dict[tuple[
                         rec.external_chains.add(target)
 
 
-def _endpoint_chains(nat: Table, chain_name: str, seen: set[str]) -> list[tuple[str, bool]]:
+def _endpoint_chains(nat: Table, chain_name: str, seen: set[str], missing: set[str]) -> list[tuple[str, bool]]:
     """The KUBE-SEP chains a service chain leads to, with whether each is on this node (reached
-    through a KUBE-SVL chain); KUBE-EXT/FW/XLB chains are followed."""
-    if chain_name in seen or chain_name not in nat.chains:
+    through a KUBE-SVL chain); KUBE-EXT/FW/XLB chains are followed. A service chain the table
+    lacks goes to `missing`."""
+    if chain_name in seen:
+        return []
+    if chain_name not in nat.chains or not nat.chains[chain_name].declared:
+        missing.add(chain_name)
         return []
     seen.add(chain_name)
     out: list[tuple[str, bool]] = []
@@ -140,7 +158,7 @@ def _endpoint_chains(nat: Table, chain_name: str, seen: set[str]) -> list[tuple[
         if target.startswith("KUBE-SEP-"):
             out.append((target, local))
         elif target.startswith(("KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-XLB-")):
-            out += _endpoint_chains(nat, target, seen)
+            out += _endpoint_chains(nat, target, seen, missing)
     return out
 
 
@@ -239,29 +257,43 @@ def from_iptables(ruleset: Ruleset, node_name: str = RULES_NODE) -> Reconstructe
         filt = next((t for t in ruleset.tables if t.name == "filter" and t.family == nat.family), None)
         _read_purpose_rules(nat, filt, recs)
     for (ns, name, pname), rec in sorted(recs.items()):
+        missing_in_each: list[set[str]] = []  # a chain of one family is absent from the other's table
         for nat in nats:
             rec.affinity = rec.affinity or _affinity(nat, rec.cluster_chains)
             rec.external_local |= _external_local(nat, rec.external_chains)
             seen: set[str] = set()
+            missing_in_each.append(set())
             for sep, local in [e for c in sorted(rec.cluster_chains | rec.external_chains)
-                               for e in _endpoint_chains(nat, c, seen)]:
+                               for e in _endpoint_chains(nat, c, seen, missing_in_each[-1])]:
                 dnat = next((s for r in nat.chains[sep].rules for s in r.load() if isinstance(s, Nat) and s.kind == "dnat"),
                             None) if sep in nat.chains else None
                 if dnat is None or not isinstance(dnat.addr, int):
                     notes.append(f"{sep} (endpoint of {ns}/{name}{':' + pname if pname else ''}) has no DNAT rule: "
                                  "its endpoint is unknown")
+                    rec.unknown.append(sep)
                     continue
                 address = A.fmt_ip(dnat.addr, dnat.v6 or nat.family == "ip6")
                 port = dnat.port if isinstance(dnat.port, int) else rec.port
                 was_local = rec.endpoints.get(address, (0, False))[1]
                 rec.endpoints[address] = (port, local or was_local)
+        rec.unknown += sorted(set.intersection(*missing_in_each) if missing_in_each else set())
+        chains = sorted(rec.cluster_chains | rec.external_chains)
+        if not rec.endpoints and not rec.unknown and not rec.rejected:
+            # The proxy writes a service chain only with endpoints behind it, and a reject rule
+            # without: neither means the dump was cut.
+            rec.unknown.append(f"{', '.join(chains)}'s endpoint rules" if chains else "the rule that leads to its endpoints")
     return _objects(recs, notes, node_name)
 
 
 def _objects(recs: dict[tuple[str, str, str], _PortRec], notes: list[str], node_name: str) -> Reconstructed:
     by_service: dict[tuple[str, str], dict[str, _PortRec]] = {}
     for (ns, name, pname), rec in recs.items():
-        if rec.port or rec.cluster_ips:
+        if rec.unknown:
+            # A finding on part of its endpoints (none, a share, a bound) would be the dump's cut,
+            # not the cluster's: the port is left out and said so.
+            notes.append(f"{ns}/{name}{':' + pname if pname else ''}: left out, the dump lacks "
+                         f"{', '.join(rec.unknown)} (an excerpt?), so its endpoints are unknown")
+        elif rec.port or rec.cluster_ips:
             by_service.setdefault((ns, name), {})[pname] = rec
     objects: list[dict[str, Any]] = []
     for (ns, name), ports in sorted(by_service.items()):
@@ -357,7 +389,9 @@ def state_from_rules(ruleset: Ruleset, mode: str, node_name: str = "", node: Nod
     else:
         found = from_iptables(ruleset, node_name or RULES_NODE)
     if not found.services:
-        return ClusterState(), ["no --manifests or --kubeconfig, and no Service rules of the proxy in the dump: "
-                                "service findings (SNAT capacity, foreign DNAT, endpoints) need the objects"]
+        lead = ("no Service of the proxy's rules could be read back whole" if found.notes
+                else "no Service rules of the proxy in the dump")
+        return ClusterState(), [f"no --manifests or --kubeconfig, and {lead}: service findings (SNAT capacity, "
+                                "foreign DNAT, endpoints) need the objects", *found.notes]
     state, warnings = build_state(found.objects)
     return state, found.notes + [f"rules: {w}" for w in warnings]
