@@ -115,7 +115,7 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
         notes += told
     views = {f: build_view(state.services.values(), state.slices.values(), f, ctx.name) for f in families_of(ruleset)}
     result = explain_service(ruleset, ctx.node, views, namespace, name, port, nodeport_ips(ruleset, ctx.node_ips, ipvs),
-                             ctx.in_iface, ipvs)
+                             ctx.in_iface, ipvs, ctx.name)
     if as_json:
         click.echo(json.dumps({**to_json(result), "notes": notes + ctx.notes}, indent=2))
     else:

@@ -2,7 +2,8 @@
 elements and IPVS virtual servers a new flow meets, in the order it meets them, and where it ends.
 
 The walk is the tracer's (kubeproxy.netfilter.simulate), so the order is the kernel's and every
-mode the tracer reads is covered the same way: iptables (and the userspace mode's relay rules),
+mode the tracer reads is covered the same way: iptables (and the userspace mode's redirects, which
+end at its relay: the endpoints it balances over are the objects', as its proxier chooses them),
 nftables, and IPVS with its ipsets. What the walk consults without naming it (the element of a
 verdict map or a selector map that matched) is added from the sets: every element whose key is
 the address, or whose comment names the Service.
@@ -21,8 +22,9 @@ from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
 from kubeproxy.netfilter.ruleset import Jump, NSet, Ruleset, Verdict
 from kubeproxy.netfilter.simulate import Hop, Simulator, TraceError
-from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.proxy.options import Family
+from kubeproxy.proxy.topology import categorize
 
 _PROTO_NAMES = {6: "tcp", 17: "udp", 132: "sctp"}
 
@@ -62,6 +64,7 @@ class AddressPath:
     elements: list[SetElement] = field(default_factory=list)
     destinations: list[Destination] = field(default_factory=list)
     error: str = ""
+    relay: str = ""  # the userspace mode's: its listener, where the rules redirect the flow
 
 
 @dataclass
@@ -135,7 +138,10 @@ def _elements(ruleset: Ruleset, fe: Frontend, proto: int, spn: str) -> list[SetE
     return sorted(out, key=lambda e: (e.table, e.set, e.text))
 
 
-def _path(sim: Simulator, ruleset: Ruleset, svc: ServicePortInfo, fe: Frontend, in_iface: str) -> AddressPath:
+def _path(sim: Simulator, ruleset: Ruleset, svc: ServicePortInfo, fe: Frontend, in_iface: str,
+          relayed: list[EndpointInfo]) -> AddressPath:
+    """`relayed`: the endpoints the userspace relay balances this port over, which the rules do
+    not show (they only redirect to the relay's listener)."""
     path = AddressPath(fe)
     proto = PROTOS.get(svc.protocol)
     if proto is None:
@@ -152,6 +158,18 @@ def _path(sim: Simulator, ruleset: Ruleset, svc: ServicePortInfo, fe: Frontend, 
     for o in res.outcomes:
         for h in o.path:
             seen.setdefault(_step(h), None)
+        if o.dnat is not None and any(h.target == "REDIRECT" for h in o.path):
+            # Only the userspace mode redirects a Service's flows: to its relay, which opens a
+            # new connection to each endpoint in turn (round robin).
+            port = o.dnat[1] if o.dnat[1] is not None else fe.port
+            path.relay = f"{hostport(o.dnat[0], port, o.v6)}, round robin over {len(relayed)} endpoint(s)"
+            for ep in relayed:
+                key = (hostport(A.parse_ip(ep.ip)[0], ep.port, o.v6), False)
+                shares[key] = shares.get(key, Fraction(0)) + o.probability / len(relayed)
+            if not relayed:
+                key = ("not relayed (no endpoints)", False)
+                shares[key] = shares.get(key, Fraction(0)) + o.probability
+            continue
         if o.dnat is not None:
             port = o.dnat[1] if o.dnat[1] is not None else fe.port
             where = hostport(o.dnat[0], port, o.v6)
@@ -168,7 +186,8 @@ def _path(sim: Simulator, ruleset: Ruleset, svc: ServicePortInfo, fe: Frontend, 
 
 
 def explain(ruleset: Ruleset, node: Node, views: dict[Family, NodeView], namespace: str, name: str,
-            port: str | None, nodeport_ips: list[str], in_iface: str, ipvs: IpvsState | None = None) -> Explanation:
+            port: str | None, nodeport_ips: list[str], in_iface: str, ipvs: IpvsState | None = None,
+            node_name: str = "") -> Explanation:
     """Every address of the Service's ports (of every family in `views`; its NodePort on each of
     `nodeport_ips`), walked as a new flow from outside the cluster (OUTSIDE_SOURCE) arriving on
     `in_iface`."""
@@ -180,6 +199,8 @@ def explain(ruleset: Ruleset, node: Node, views: dict[Family, NodeView], namespa
                 continue
             if port is not None and port not in (spn.port, str(svc.port)):
                 continue
-            paths = [_path(sim, ruleset, svc, fe, in_iface) for fe in frontends(svc, nodeport_ips, family)]
+            cat = categorize(view.endpoints.get(spn, []), svc, node_name, {})
+            relayed = cat.local if svc.internal_policy_local else cat.cluster  # as the userspace proxier's tables
+            paths = [_path(sim, ruleset, svc, fe, in_iface, relayed) for fe in frontends(svc, nodeport_ips, family)]
             ports.append(PortExplanation(spn, family, paths, svc.health_check_node_port or 0))
     return Explanation(f"{namespace}/{name}", ports)

@@ -18,6 +18,8 @@ def _path_lines(p: AddressPath) -> list[str]:
         return [*out, f"    not traced: {p.error}"]
     out += [f"    {_where(s.table, s.chain, s.line)}: {s.text}" for s in p.steps]
     out += [f"    element of {e.table} {e.set}: {e.text}" for e in p.elements]
+    if p.relay:
+        out.append(f"    relay (the userspace proxy) on {p.relay}")
     for d in p.destinations:
         out.append(f"    -> {d.where}  {prob_text(d.share)}" + ("  (masqueraded)" if d.masqueraded else ""))
     return out
@@ -47,6 +49,7 @@ def to_json(exp: Explanation) -> dict[str, Any]:
                 "address": p.frontend.address, "kind": p.frontend.kind, "error": p.error or None,
                 "steps": [{"table": s.table, "chain": s.chain, "rule": s.text, "line": s.line or None} for s in p.steps],
                 "elements": [{"table": e.table, "set": e.set, "element": e.text} for e in p.elements],
+                "relay": p.relay or None,
                 "destinations": [{"to": d.where, "share": float(d.share), "masqueraded": d.masqueraded}
                                  for d in p.destinations],
             } for p in port.paths],

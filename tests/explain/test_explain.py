@@ -62,6 +62,23 @@ def test_every_mode_sends_each_address_to_the_same_endpoints(tmp_path: Path, ser
         assert got == first, mode
 
 
+@pytest.mark.parametrize("service", SERVICES)
+def test_userspace_rules_lead_to_the_relay_and_on_to_the_endpoints(tmp_path: Path, service: str) -> None:
+    """The userspace mode's rules only redirect to its relay: explain goes on into the relay, to
+    the endpoints its proxier balances the port over, which for a cluster IP (internal traffic)
+    are the ones the kernel modes send to."""
+    world = str(_world(tmp_path))
+    relayed = _explain(service, "--manifests", world, "--proxy-mode", "userspace", *NODE)
+    kernel = _destinations(_explain(service, "--manifests", world, "--proxy-mode", "iptables", *NODE))
+    cluster_ips = [(p["name"], a) for p in relayed["ports"] for a in p["addresses"] if a["kind"] == "cluster IP"]
+    assert cluster_ips, service
+    for name, a in cluster_ips:
+        assert a["relay"].startswith("192.168.0.2:"), a
+        got = {(d["to"], round(d["share"], 6)) for d in a["destinations"]}
+        want = kernel[(name, a["address"])]
+        assert got == ({("not relayed (no endpoints)", 1.0)} if want == {("reject", 1.0)} else want), name
+
+
 def test_the_expected_endpoints_and_local_policy(tmp_path: Path) -> None:
     got = _destinations(_explain("default/dns", "--port", "dns", "--manifests", str(_world(tmp_path)), *NODE))
     every = {("10.244.1.10:53", round(1 / 3, 6)), ("10.244.2.11:53", round(1 / 3, 6)), ("10.244.2.12:53", round(1 / 3, 6))}

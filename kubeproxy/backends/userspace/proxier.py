@@ -13,7 +13,7 @@ A sync (called by the live loop in its worker thread):
    rewritten whole, nothing else is touched). Listeners of ports that went away close after
    the rules that led to them are gone.
 
-The relay loop (`server.py`) runs on its own thread from `prepare` on, so traffic never waits
+The relay loop (`relay_loop.py`) runs on its own thread from `prepare` on, so traffic never waits
 for a sync and a sync never waits for traffic. After each sync the proxier writes what it
 serves (`state_file`: proxy port and endpoints per service port) where test beds and people
 can read it, since, unlike the kernel modes, the rules do not show the endpoints.

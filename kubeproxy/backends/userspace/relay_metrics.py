@@ -1,6 +1,6 @@
 """The userspace relay's state in /metrics and /healthz, read at scrape time from each family's relay.
 
-The relay keeps plain counters on its own thread (server.RelayStats); nothing is pushed to the
+The relay keeps plain counters on its own thread (relay_loop.RelayStats); nothing is pushed to the
 Prometheus registry per connection, so a busy relay pays nothing for its metrics. Names are in the
 `kubeproxy_` namespace, labelled by `ip_family` like upstream's other metrics (a dual-stack node
 runs one relay per family).

@@ -20,7 +20,7 @@ podCIDRs), so every proxy programs both families; the API server stays on IPv4.
 
 Each node runs `kubeproxy run --kubeconfig ... --hostname-override node-N` in its namespace,
 watching the one API server; the test publishes Services, EndpointSlices and Nodes with
-`apply()`. The load balancer (balancer.py, lb.py) runs in the lb namespace.
+`apply()`. The load balancer (lb_handle.py, lb.py) runs in the lb namespace.
 """
 
 from __future__ import annotations
