@@ -138,6 +138,25 @@ def test_what_the_kernel_holds_is_explained_as_the_render(tmp_path: Path, mode: 
                     for p in live["ports"] for a in p["addresses"]] == steps, service
 
 
+@pytest.mark.root
+def test_what_the_kernel_holds_in_userspace_mode_is_explained_as_the_render(tmp_path: Path) -> None:
+    """The userspace render's redirects loaded into a namespace and read back with --live: the
+    same rules, then the relay and its endpoints, which only the objects say (--manifests)."""
+    world = str(_world(tmp_path))
+    rendered = CliRunner().invoke(main, ["render", "--manifests", world, "--proxy-mode", "userspace", "--with-jumps", *NODE[:4]])
+    assert rendered.exit_code == 0, rendered.output
+    with L.netns("kpx") as ns:
+        ns.run(["iptables-restore", "--noflush"], input=rendered.stdout)
+        for service in SERVICES:
+            from_render = _explain(service, "--manifests", world, "--proxy-mode", "userspace", *NODE)
+            live = _explain(service, "--live", "--netns", ns.name, "--manifests", world, *NODE)
+            assert _destinations(live) == _destinations(from_render), service
+            relays = [a["relay"] for p in live["ports"] for a in p["addresses"]]
+            assert relays and relays == [a["relay"] for p in from_render["ports"] for a in p["addresses"]], service
+            assert [[(s["table"], s["chain"]) for s in a["steps"]] for p in live["ports"] for a in p["addresses"]] == \
+                [[(s["table"], s["chain"]) for s in a["steps"]] for p in from_render["ports"] for a in p["addresses"]]
+
+
 def _ipvs_dumps(tmp_path: Path, world: str) -> dict[str, Path]:
     """The IPVS render cut into the dumps a node gives: iptables-save (with the proxy's jumps),
     `ipset save` and `ipvsadm-save -n`."""
