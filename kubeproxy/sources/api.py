@@ -340,6 +340,9 @@ class Reflector:
     # debug level only, so a lasting state (RBAC forbids a resource, the server is down) says
     # itself once, and again only when it changes or after the server has answered.
     _failure: str | None = field(default=None, init=False, repr=False)
+    # What makes two errors "the same": an HTTP error's status, whichever request met it (a
+    # resumed watch and the relist after it are both forbidden by one RBAC rule); else the text.
+    _failure_kind: str | None = field(default=None, init=False, repr=False)
     _must_list: bool = field(default=True, init=False, repr=False)
     # Set by a failure that may hide a restart of the API server (a cut or refused connection, a
     # 5xx answer): before watching again, check that the server still has our version.
@@ -436,8 +439,9 @@ class Reflector:
         server_asked = asked if self.backoff.server_delays > obeyed else None
         line = failed_to_watch(self.spec.kind, self.spec.api_version, error, delay, server_asked)
         failure = str(line.fields["err"])
-        log.log(logging.DEBUG if failure == self._failure else logging.WARNING, line)
-        self._failure = failure
+        kind = f"{error.code} {error.reason}" if isinstance(error, SourceError) and error.code >= 400 else failure
+        log.log(logging.DEBUG if kind == self._failure_kind else logging.WARNING, line)
+        self._failure, self._failure_kind = failure, kind
         await self.sleep(delay)
 
     def _answered(self) -> None:
@@ -445,7 +449,7 @@ class Reflector:
         self.failing_since = None
         if self._failure is not None:
             log.info("%s: the API server answers again (the last error: %s)", self.spec, self._failure)
-            self._failure = None
+            self._failure = self._failure_kind = None
 
     # -- list
 

@@ -14,7 +14,7 @@ import pytest
 
 from kubeproxy.lab import builders
 from kubeproxy.lab.apiserver import ApiServer
-from kubeproxy.sources.api import ApiSource, Reflector, ResourceSpec, node, services
+from kubeproxy.sources.api import ApiSource, Reflector, ResourceSpec, SourceError, node, services
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import ConnectionConfigError, connect, load_config
 from kubeproxy.sources.events import WatchEvent
@@ -429,3 +429,28 @@ def test_master_overrides_the_kubeconfig_server(apiserver: ApiServer, tmp_path: 
     assert config.cluster.server == "http://127.0.0.1:1"
     assert config.user is not None and config.user.token == "lab-token"
     assert load_config(master=apiserver.url).cluster.server == apiserver.url
+
+
+def test_one_lasting_http_error_is_said_once_whichever_request_met_it(
+    apiserver: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RBAC forbidding a resource denies the resumed watch and the relist after it, each in its
+    own words ("cannot watch", "cannot list"): one state, one warning; another status is said."""
+    caplog.set_level(logging.DEBUG, logger="kubeproxy.sources.api")
+
+    def forbidden(verb: str) -> SourceError:
+        return SourceError("/apis/discovery.k8s.io/v1/endpointslices", 403, "Forbidden",
+                           f'endpointslices.discovery.k8s.io is forbidden: cannot {verb} resource "endpointslices"')
+
+    async def main() -> None:
+        client = connect(load_config(apiserver.write_kubeconfig(tmp_path / "kubeconfig")), trust_env=False)
+        # Not running: nothing in between answers and ends the failing state.
+        reflector = Reflector(client, services(), lambda event: None, backoff=Backoff(rand=NoJitter()), sleep=Delays().sleep)
+        for error in (forbidden("watch"), forbidden("list"), forbidden("watch"),
+                      SourceError("/apis", 503, "Service Unavailable", "")):  # fmt: skip
+            await reflector._back_off(error)
+
+    run(main())
+    said = [r for r in caplog.records if r.getMessage().startswith('"Failed to watch"')]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG, logging.WARNING]
+    assert "cannot watch" in said[0].getMessage() and "503" in said[3].getMessage()
