@@ -516,11 +516,16 @@ class Reflector:
         proof = self.resume_proof
         # A source's checks go one at a time, so that those waiting are covered by the first.
         async with proof.lock if proof is not None else contextlib.nullcontext():
-            if proof is None or self.failing_since is None or not proof.covers(self.resource_version, self.failing_since):
+            covered = proof is not None and self.failing_since is not None and proof.covers(
+                self.resource_version, self.failing_since)
+            if not covered:
                 await self._ask_resume(proof)
         self._heard()
         self._check = False
-        self._answered()
+        if not covered:
+            # Only an answer to this resource ends its failing state: another's check says the
+            # server kept its history, not that it lets us read this (RBAC may still forbid it).
+            self._answered()
 
     async def _ask_resume(self, proof: ResumeProof | None) -> None:
         params = {
