@@ -84,7 +84,7 @@ from kubeproxy.lab.control_plane import ControlPlane, upstream_bin  # noqa: E402
 from kubeproxy.lab.kubelet import LabKubelet, NodeInfo  # noqa: E402
 from kubeproxy.lab.server_faults import SERVICE_ACCOUNT, STARVED, _starved  # noqa: E402
 from kubeproxy.lab.side_by_side import RBAC_MANIFEST, _attach  # noqa: E402
-from kubeproxy.proxy.options import NFACCT_COUNTERS  # noqa: E402
+from kubeproxy.model.options import NFACCT_COUNTERS  # noqa: E402
 
 UNDERLAY = ipaddress.ip_network("10.123.0.0/16")
 CONTROL_IP = str(UNDERLAY[1])

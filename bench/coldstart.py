@@ -19,7 +19,7 @@ For each size and mode, in a network namespace created for the run (needs root):
    In nftables mode a cold table goes to a pipeline of `nft` processes that overlap each other
    (backends/nftables/stream.py), so the tools' part is the wall time during which at least one
    tool ran, not the sum of their times; small transactions go through libnftables inside the
-   proxy process (backends/libnft.py) and count in "ours".
+   proxy process (kernel/libnft.py) and count in "ours".
 
 Phases (times from the fork, CLOCK_MONOTONIC, which every process of the machine shares):
   up       the metrics page answers (interpreter start-up, imports, flags, start-up checks)

@@ -15,7 +15,7 @@ raised to 600 s so that none expires during the run. Then, per round:
     count s   kubeproxy.doctor.snat_gauge.sample (the per-endpoint count)
     fast s    kubeproxy.doctor.snat_gauge.sample_text: the same counts from the text, no Flow objects
     count-C s `conntrack -C` (the table's size only), for comparison
-    netlink s kubeproxy.proxy.ctnetlink.dump of the whole table + snat_watch.sample_dump (what
+    netlink s kubeproxy.backends.conntrack.ctnetlink.dump of the whole table + snat_watch.sample_dump (what
               `kubeproxy run --snat-watch` does below --snat-watch-max-entries), in the namespace
     nl-20k s  the same dump cut at 20,000 entries and scaled (its cost is flat above that size);
               `err` is its worst endpoint's error against the exact count
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kubeproxy.backends.conntrack.flows import parse_flows
 from kubeproxy.doctor import snat_gauge
 from kubeproxy.lab import netns as L
-from kubeproxy.proxy.node_model import ServicePortName
+from kubeproxy.model.node_model import ServicePortName
 
 ENDPOINTS = [f"10.9.0.{11 + i}" for i in range(4)]
 # Each flow its own (address, port): explicit ports, since ephemeral picks repeat (birthday).
@@ -79,8 +79,9 @@ def build(ns: L.NetNS, entries: int) -> None:
 NETLINK = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from kubeproxy.proxy import ctnetlink, snat_watch
-from kubeproxy.proxy.node_model import ServicePortName
+from kubeproxy.backends.conntrack import ctnetlink
+from kubeproxy.proxy import snat_watch
+from kubeproxy.model.node_model import ServicePortName
 targets = {f"10.9.0.{11 + i}:53": [ServicePortName("bench", "dns", "dns", "UDP")] for i in range(4)}
 out = {}
 for label, limit in (("full", 10**9), ("cut", 20000)):

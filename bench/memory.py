@@ -180,10 +180,10 @@ def _analyse(out: Path) -> None:
 def _trim(out: Path) -> None:
     """On the proxy's loop once it has synced: RSS around gc.collect, malloc_trim and gc.freeze; JSON to `out`.
 
-    The proxy (proxy/memory.py) freezes the heap after its first sync, before any collection: unfreeze
+    The proxy (runtime/memory.py) freezes the heap after its first sync, before any collection: unfreeze
     first so the collection sees the cold start's cyclic garbage too, then freeze again.
     """
-    from kubeproxy.proxy.memory import release_free_memory
+    from kubeproxy.runtime.memory import release_free_memory
 
     steps: list[tuple[str, dict[str, float]]] = [("after first sync", _status(os.getpid()))]
     frozen = gc.get_freeze_count()

@@ -44,10 +44,10 @@ from kubeproxy.backends.nftables.apply import NftApplier  # noqa: E402
 from kubeproxy.backends.nftables.render import render  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortName, build_view  # noqa: E402
+from kubeproxy.model.options import node_options  # noqa: E402
+from kubeproxy.model.topology import categorize  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortName, build_view  # noqa: E402
-from kubeproxy.proxy.options import node_options  # noqa: E402
-from kubeproxy.proxy.topology import categorize  # noqa: E402
 
 
 def _bench_cluster() -> Callable[[int, int], list[dict]]:

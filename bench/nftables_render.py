@@ -43,8 +43,8 @@ import gc, json, resource, sys, time, tracemalloc
 from kubeproxy.cluster.state import build_state
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import node_options
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import node_options
 objs = json.load(open(sys.argv[1]))["items"]
 state = build_state(objs)[0]
 del objs

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What the object-building shortcuts buy, one row each: the time per call of the plain way and of
-the way `cluster/objects.py` (Endpoints) and `proxy/node_model.py` (the view's names and endpoint
+the way `cluster/objects.py` (Endpoints) and `model/node_model.py` (the view's names and endpoint
 infos) take, and the sizes behind their memory choices.
 
 Usage: .venv/bin/python bench/object_building.py [--endpoints 100000] [--runs 5]
@@ -31,7 +31,7 @@ from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.checks import CheckCache
 from kubeproxy.cluster.objects import Endpoint, _ipv4, read_endpoints
 from kubeproxy.cluster.schema import Endpoint as SchemaEndpoint
-from kubeproxy.proxy.node_model import EndpointInfo, ServicePortName, _new_endpoint_info, _new_port_name
+from kubeproxy.model.node_model import EndpointInfo, ServicePortName, _new_endpoint_info, _new_port_name
 
 
 def per_call(runs: int, calls: int, fn: Callable[[], Any]) -> float:

@@ -35,11 +35,11 @@ from render import cluster  # noqa: E402  (bench/render.py's generator)
 
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
-from kubeproxy.proxy.changes import Changes  # noqa: E402
+from kubeproxy.model.changes import Changes  # noqa: E402
+from kubeproxy.model.node_model import NodeView, build_view  # noqa: E402
+from kubeproxy.model.options import node_options  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
-from kubeproxy.proxy.node_model import NodeView, build_view  # noqa: E402
-from kubeproxy.proxy.options import node_options  # noqa: E402
 
 REFUSED = "10.253.253.253"
 CFG = ProxyConfig(cluster_cidr=("10.0.0.0/8",), hostname_override="node-0", min_sync_period=0.0, sync_period=3600.0,

@@ -45,9 +45,9 @@ from kubeproxy.backends.iptables.cache import RenderCache  # noqa: E402
 from kubeproxy.backends.iptables.render import render  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
+from kubeproxy.model.node_model import NodeView, build_view  # noqa: E402
+from kubeproxy.model.options import NFACCT_COUNTERS, node_options  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
-from kubeproxy.proxy.node_model import NodeView, build_view  # noqa: E402
-from kubeproxy.proxy.options import NFACCT_COUNTERS, node_options  # noqa: E402
 
 
 def cluster(services: int, endpoints: int) -> list[dict]:

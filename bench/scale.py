@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kubeproxy.lab import netns  # noqa: E402
-from kubeproxy.proxy.node_model import NodeView  # noqa: E402
+from kubeproxy.model.node_model import NodeView  # noqa: E402
 
 
 def _bench(name: str) -> ModuleType:

@@ -16,11 +16,11 @@ For each size (services × endpoints), in a throwaway network namespace (needs r
 3. resident memory of `kubeproxy run --manifests` after its first sync (VmHWM, VmRSS).
 
 Mode `nftables-exec` is nftables mode with every transaction sent by an `nft -f -` process, as
-before libnftables was used in-process (backends/libnft.py): run both for the comparison
+before libnftables was used in-process (kernel/libnft.py): run both for the comparison
 (memory is not measured for it: `kubeproxy run` always uses the library where it loads).
 
 The proxy is wired as `kubeproxy run` wires it (lists as one batch, typed where they fit, the
-collector managed as in its own process: proxy/memory.py). The test API server runs in this process and
+collector managed as in its own process: runtime/memory.py). The test API server runs in this process and
 keeps a history of 1,000 events: its watch scans the whole history on every write, so with the
 20k objects of the cold start in it (the bench kept 100,000 before) the server's scan took 30-50
 ms of every change and the GIL from the proxy. `cpu/change` is this process's CPU (proxy and
@@ -66,10 +66,10 @@ from kubeproxy.backends.nftables.proxier import NftablesProxier  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.apiserver import ApiServer  # noqa: E402
+from kubeproxy.model.node_model import build_view  # noqa: E402
+from kubeproxy.model.options import NFACCT_COUNTERS, node_options  # noqa: E402
 from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
-from kubeproxy.proxy.node_model import build_view  # noqa: E402
-from kubeproxy.proxy.options import NFACCT_COUNTERS, node_options  # noqa: E402
 from kubeproxy.sources.api import ApiSource  # noqa: E402
 from kubeproxy.sources.connection import connect, load_config  # noqa: E402
 from kubeproxy.sources.files import FileSource  # noqa: E402

@@ -14,7 +14,6 @@ import click
 
 from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.proxy import logs
 from kubeproxy.proxy.config import (
     DETECT_LOCAL_MODES,
     PROXY_MODES,
@@ -24,6 +23,7 @@ from kubeproxy.proxy.config import (
     parse_duration,
     validate,
 )
+from kubeproxy.runtime import logs
 
 # netfilter.detect's FORMATS, spelled here so that every command does not import the rules model
 # (70 ms) to build `trace --format`'s choices; tests/cli/test_cold_imports.py keeps the two equal.
@@ -224,7 +224,7 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
 def _render(cfg: ProxyConfig, manifests: tuple[str, ...], offline_args: tuple[bool, bool, bool]) -> None:
     from kubeproxy import node_render as offline
     from kubeproxy.backends import registry
-    from kubeproxy.backends.base import OfflineOptions
+    from kubeproxy.model.contract import OfflineOptions
 
     loaded = offline.load(manifests, options=cfg.parse_options(from_api_server=False))
     for warning in loaded.warnings:
@@ -292,8 +292,8 @@ def cleanup(ipv6: bool) -> None:
     Chains shared with kubelet (KUBE-MARK-MASQ, KUBE-FIREWALL) go only if nothing else uses them.
     """
     from kubeproxy.backends import registry
-    from kubeproxy.backends.exec import local_run
-    from kubeproxy.proxy.options import Family
+    from kubeproxy.kernel.exec import local_run
+    from kubeproxy.model.options import Family
 
     done = registry.cleanup_all(local_run, [Family.IPV6] if ipv6 else list(Family))
     for item in done.removed:

@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.text import Text
 
 from kubeproxy.backends.iptables import names
+from kubeproxy.model.topology import categorize
 from kubeproxy.node_render import Loaded, NodeRendering
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.topology import categorize
 from kubeproxy.ui import FittingTable
 
 

@@ -19,9 +19,9 @@ from kubeproxy.cluster.manifests import manifest_files, parse_objects, read_text
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.cluster.validation import ParseOptions
+from kubeproxy.model.node_model import NodeView, build_view
+from kubeproxy.model.options import NFACCT_COUNTERS, Family, NodeOptions, node_ips, node_options
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import NodeView, build_view
-from kubeproxy.proxy.options import NFACCT_COUNTERS, Family, NodeOptions, node_ips, node_options
 
 
 @dataclass

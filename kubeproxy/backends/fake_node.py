@@ -1,6 +1,6 @@
 """One fake node for tests without root: every kernel tool the proxy runs, in memory.
 
-A `FakeNode` is a host (backends/host.py) that sends each command to the fake of its tool:
+A `FakeNode` is a host (kernel/host.py) that sends each command to the fake of its tool:
 iptables, ip6tables, their -save/-restore and nfacct to `FakeIptables`, nft to `FakeNft`,
 conntrack and `ip` (local routes) to `FakeConntrack`, ipvsadm, ipset and kube-ipvs0 to
 `FakeIpvs`, and the tools of a registered mode that brings its own fakes to those; the
@@ -16,12 +16,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kubeproxy.backends.conntrack.fake import FakeConntrack
-from kubeproxy.backends.host import NO_CAPABILITIES, Capability, Feed
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.ipvs.fake import FakeIpvs
 from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.fake_stream import StreamingFakeNft
 from kubeproxy.backends.registry import MODES, FakeTool
+from kubeproxy.kernel.host import NO_CAPABILITIES, Capability, Feed
 
 
 @dataclass

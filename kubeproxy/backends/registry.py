@@ -13,16 +13,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kubeproxy.backends.base import Backend, OfflineRenderer
+from kubeproxy.model.contract import Backend, OfflineRenderer
 
 if TYPE_CHECKING:
     import subprocess
 
     from prometheus_client.registry import Collector
 
-    from kubeproxy.backends.exec import Runner
+    from kubeproxy.kernel.exec import Runner
+    from kubeproxy.model.options import Family
     from kubeproxy.proxy.config import ProxyConfig
-    from kubeproxy.proxy.options import Family
 
 # Each field that names code imports its mode's package when called: a process runs one mode,
 # and importing all four (and prometheus_client) cost `kubeproxy render` a tenth of a second.
@@ -104,6 +104,11 @@ class Mode:
     # text), "iptables-save" (restore sections by family), "ipvs" (those with ipset and ipvsadm
     # parts); "": nothing explain reads.
     render_format: str = ""
+    # The module whose `read_rules(run, ports)` reads a node's rules back per service port
+    # (backends/rules_readback.py), for the lab's beds to wait on; "": the lab cannot read it.
+    readback: str = ""
+    # Kernel modules it needs beyond netfilter's; a kernel without them runs it in the VM's beds.
+    kernel_modules: tuple[str, ...] = ()
 
 
 # -- the four modes
@@ -160,14 +165,14 @@ def _userspace_cleanup(run: Runner, family: Family) -> list[str]:
 
 def _restore(variant: str) -> str:
     from kubeproxy.backends.iptables.apply import iptables_tool
-    from kubeproxy.proxy.options import Family
+    from kubeproxy.model.options import Family
 
     return iptables_tool(Family.IPV4, variant, "-restore")  # IPv6's comes from the same package
 
 
 def _ip6tables_probe(variant: str) -> tuple[list[str], str | None]:
     from kubeproxy.backends.iptables.apply import iptables_tool
-    from kubeproxy.proxy.options import Family
+    from kubeproxy.model.options import Family
 
     # ip6tables with a nat table, as upstream's platform check asks of it
     return [iptables_tool(Family.IPV6, variant), "-w", "-t", "nat", "-S", "POSTROUTING"], None
@@ -231,6 +236,7 @@ MODES: dict[str, Mode] = {
         listings=IPTABLES_LISTINGS,
         logs_iptables_variant=True,
         render_format="iptables-save",
+        readback="kubeproxy.backends.iptables.readback",
     ),
     "nftables": Mode(
         "nftables",
@@ -254,6 +260,7 @@ MODES: dict[str, Mode] = {
         localhost_nodeports_gate="KubeProxyNFTablesLocalhostNodePorts",
         udp_timeout_annotation=True,
         render_format="nft",
+        readback="kubeproxy.backends.nftables.readback",
     ),
     "ipvs": Mode(
         "ipvs",
@@ -269,6 +276,8 @@ MODES: dict[str, Mode] = {
         listings=(("ipvsadm-save", "-n"), ("ipset", "save"), *IPTABLES_LISTINGS),
         periods_section="ipvs",
         render_format="ipvs",
+        readback="kubeproxy.backends.ipvs.readback",
+        kernel_modules=("ip_vs",),  # upstream's CleanupLeftovers: `modprobe -va ip_vs` (ipvs/cleanup.go)
     ),
     "userspace": Mode(
         "userspace",
@@ -285,6 +294,7 @@ MODES: dict[str, Mode] = {
         relays=True,
         file_fields=("portRange", "udpIdleTimeout"),
         render_format="iptables-save",
+        readback="kubeproxy.backends.userspace.readback",
     ),
 }
 

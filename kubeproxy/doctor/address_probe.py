@@ -11,14 +11,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kubeproxy.model.node_model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import Family
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
 from kubeproxy.netfilter.ruleset import ParseError, Ruleset
 from kubeproxy.netfilter.simulate import Hop, Outcome, Simulator, TraceError
-from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import Family
 
 # A client outside the cluster and the node (TEST-NET-2, and IPv6's documentation prefix): what
 # external traffic looks like.

@@ -14,13 +14,13 @@ from kubeproxy.doctor.findings import Finding, Report, ordered
 from kubeproxy.doctor.foreign import bypass_findings, chain_findings, foreign_rule_findings, jump_findings
 from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import Family
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.node import IfAddr, Node, Route
 from kubeproxy.netfilter.ruleset import Ruleset
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import Family
 
 
 @dataclass

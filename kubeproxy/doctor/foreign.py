@@ -7,9 +7,9 @@ from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.jumps import ENSURE_ORDER
 from kubeproxy.doctor.address_probe import Probe, hostport, is_dnat, is_drop, ours
 from kubeproxy.doctor.findings import Finding
+from kubeproxy.model.node_model import NodeView
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ruleset import Nat, Ruleset
-from kubeproxy.proxy.node_model import NodeView
 
 _SEP = "KUBE-SEP-"
 

@@ -1,5 +1,5 @@
 """Services that cannot work as configured on this node (upstream's endpoint selection,
-kubeproxy.proxy.topology), and services whose addresses the rules do not translate."""
+kubeproxy.model.topology), and services whose addresses the rules do not translate."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from kubeproxy.cluster.objects import LABEL_ZONE
 from kubeproxy.doctor.address_probe import Probe
 from kubeproxy.doctor.findings import Finding
+from kubeproxy.model.node_model import NodeView, ServicePortName
+from kubeproxy.model.topology import categorize
 from kubeproxy.netfilter.ruleset import Ruleset
-from kubeproxy.proxy.node_model import NodeView, ServicePortName
-from kubeproxy.proxy.topology import categorize
 
 
 def _subject(name: ServicePortName) -> str:

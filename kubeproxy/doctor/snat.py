@@ -25,8 +25,8 @@ from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_c
 from kubeproxy.doctor.address_probe import Frontend, Probe, hostport, is_masquerade, masquerade_ports, random_fully
 from kubeproxy.doctor.facts import TCP_TIME_WAIT, UDP_TIMEOUT, NodeFacts
 from kubeproxy.doctor.findings import Finding
-from kubeproxy.proxy.node_model import NodeView, ServicePortName
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import NodeView, ServicePortName
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.snat_watch import DEFAULT_SNAT_PORTS, HEALTHY_FRACTION  # shared with the live gauge
 
 # A per-Service UDP timeout worth suggesting: the lab's nft-ct-timeout world (every check passed up to 10,000/s).

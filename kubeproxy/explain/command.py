@@ -50,7 +50,6 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     the order a new flow from outside meets them, and where its flows end with their shares."""
     from kubeproxy import node_render as offline
     from kubeproxy.backends import registry
-    from kubeproxy.backends.base import OfflineOptions
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.address_probe import nodeport_ips
     from kubeproxy.doctor.core import DoctorInput, families_of, mode_of, node_context
@@ -58,11 +57,12 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     from kubeproxy.explain.rendered import read_render
     from kubeproxy.explain.service_walk import explain as explain_service
     from kubeproxy.explain.text import render_text, to_json
+    from kubeproxy.model.contract import OfflineOptions
+    from kubeproxy.model.node_model import build_view
     from kubeproxy.netfilter.ipvs import IpvsParseError, load_into
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.netfilter.ruleset import ParseError
     from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
-    from kubeproxy.proxy.node_model import build_view
 
     namespace, _, name = service.partition("/")
     if not namespace or not name or "/" in name:

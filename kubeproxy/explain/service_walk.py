@@ -16,15 +16,15 @@ from fractions import Fraction
 from typing import Any
 
 from kubeproxy.doctor.address_probe import OUTSIDE_SOURCE, OUTSIDE_SOURCE6, OUTSIDE_SPORT, PROTOS, Frontend, frontends, hostport
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import Family
+from kubeproxy.model.topology import categorize
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import Packet
 from kubeproxy.netfilter.ruleset import Jump, NSet, Ruleset, Verdict
 from kubeproxy.netfilter.simulate import Hop, Simulator, TraceError
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import Family
-from kubeproxy.proxy.topology import categorize
 
 _PROTO_NAMES = {6: "tcp", 17: "udp", 132: "sctp"}
 

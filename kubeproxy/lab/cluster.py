@@ -7,10 +7,10 @@
         cluster.wait_applied(objs)
         cluster.request("tcp", cluster.client, "192.168.0.2:30080")
 
-The proxy runs in `MiniCluster.build(proxy_mode=...)`'s mode ("iptables", the default, or
-"nftables"); the waits (`wait_applied`, `wait_endpoints`, `wait_rules`) read that mode's rules
-in the node (lab/node_rules.py), so a test reads the same in both modes. Without a running
-proxy, `load_rendered(objs)` loads the offline renderer's iptables rules instead. With an
+The proxy runs in `MiniCluster.build(proxy_mode=...)`'s mode (iptables by default, or any the
+lab reads back); the waits (`wait_applied`, `wait_endpoints`, `wait_rules`) read that mode's
+rules in the node with its reader (lab/node_rules.py), so a test reads the same in every mode.
+Without a running proxy, `load_rendered(objs)` loads the offline renderer's iptables rules instead. With an
 API server instead of files (the test API server, run in the node namespace, driven by the real
 `kubectl` there):
 
@@ -58,15 +58,16 @@ from typing import IO, Any, TypeVar
 
 import yaml
 
+from kubeproxy.backends.iptables import readback as iptables_readback
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.rules_readback import NodeRules
 from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import builders, node_rules
 from kubeproxy.lab import netns as L
-from kubeproxy.lab.node_rules import NodeRules
+from kubeproxy.model.options import NFACCT_COUNTERS
 from kubeproxy.node_render import render_iptables
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.options import NFACCT_COUNTERS
 
 NODE_NAME = "node-1"
 REMOTE_NODE_NAME = "node-2"
@@ -387,7 +388,7 @@ class MiniCluster:
         The first load also adds the jumps from the built-in chains (as a proxy's start-up
         would); later loads are full syncs of our chains only. Returns the loaded text.
         """
-        if self.proxy_mode != "iptables":
+        if node_rules.reader(self.proxy_mode) is not iptables_readback.read_rules:
             raise ClusterError(f"load_rendered loads iptables rules; this cluster reads {self.proxy_mode} rules")
         cfg = cfg or ProxyConfig(hostname_override=NODE_NAME)
         state, warnings = build_state(objs)

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.exec import LOCAL
-from kubeproxy.backends.host import Capability, Feed
+from kubeproxy.kernel.exec import LOCAL
+from kubeproxy.kernel.host import Capability, Feed
 
 _counter = itertools.count()
 
@@ -29,7 +29,7 @@ def have_root() -> bool:
 
 @dataclass
 class NetNS:
-    """A named network namespace (`ip netns add`), with loopback up: a host (backends/host.py)
+    """A named network namespace (`ip netns add`), with loopback up: a host (kernel/host.py)
     whose tools run under `ip netns exec`, and that in-process kernel access enters."""
 
     name: str
@@ -41,7 +41,7 @@ class NetNS:
 
     @property
     def netns_path(self) -> str:
-        """The namespace's file: in-process kernel access (backends/libnft.py) enters it through this."""
+        """The namespace's file: in-process kernel access (kernel/libnft.py) enters it through this."""
         return f"/run/netns/{self.name}"
 
     def run(

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubeproxy.backends import registry
 from kubeproxy.lab import ipvs_compare, rules_compare
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.cluster import HTTP_GET, PROBE, SYNC_METRIC, ClusterError, await_ready, pod_interface, wire_pod
 from kubeproxy.lab.control_plane import ControlPlane
 from kubeproxy.lab.kubelet import LabKubelet, NodeInfo, PodInfo
-from kubeproxy.proxy.options import NFACCT_COUNTERS
+from kubeproxy.model.options import NFACCT_COUNTERS
 
 UNDERLAY = ipaddress.ip_network("192.168.30.0/24")
 CONTROL_IP = "192.168.30.2"
@@ -52,6 +53,7 @@ UPSTREAM_NODE = "node-a"
 OURS_NODE = "node-b"
 POD_HOST_NODE = "node-c"
 POD_PORT = 8080
+IPVS_LISTING = ("ipvsadm-save", "-n")  # of a Mode's listings: the mode programs IPVS virtual servers
 METRICS_BIND = "127.0.0.1:10249"
 RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "00-rbac.yaml"
 # The kernel's ICMP error rate limits off: a probe's flows to a Service without endpoints are
@@ -319,12 +321,13 @@ class SideBySide:
         return all(syncs.get(f, 0.0) >= self.changed_at for f in changed) and all(syncs.get(f, 0.0) > 0 for f in families)
 
     def dump(self, node_name: str) -> dict[str, str]:
-        """`iptables-save` and `ip6tables-save` of the node, by family; in ipvs mode also the IPVS
-        table, the ipsets and kube-ipvs0's addresses (lab/ipvs_compare.py's keys)."""
+        """`iptables-save` and `ip6tables-save` of the node, by family; for a mode whose record
+        lists the IPVS table also that table, the ipsets and kube-ipvs0's addresses
+        (lab/ipvs_compare.py's keys)."""
         ns = self.nodes[node_name].ns
         got = {"IPv4": ns.run(["iptables-save"]).stdout, "IPv6": ns.run(["ip6tables-save"]).stdout}
-        if self.mode == "ipvs":
-            got[ipvs_compare.IPVS] = ns.run(["ipvsadm-save", "-n"]).stdout
+        if IPVS_LISTING in registry.mode(self.mode).listings:
+            got[ipvs_compare.IPVS] = ns.run(list(IPVS_LISTING)).stdout
             got[ipvs_compare.IPSET] = ns.run(["ipset", "save"]).stdout
             got[ipvs_compare.DUMMY] = ns.run(["ip", "-o", "addr", "show", "dev", ipvs_compare.DUMMY], check=False).stdout
         return got
@@ -407,7 +410,7 @@ class SideBySide:
         """What differs between the two nodes' rules, per family, each node's own endpoints named by role."""
         got = dumps or {n: self.dump(n) for n in (UPSTREAM_NODE, OURS_NODE)}
         pods = self.pods_by_ip()
-        if self.mode == "ipvs":
+        if ipvs_compare.IPVS in got[UPSTREAM_NODE]:
             names = (f"upstream ({UPSTREAM_NODE})", f"ours ({OURS_NODE})")
             return ipvs_compare.differences(got[UPSTREAM_NODE], self.roles(UPSTREAM_NODE), got[OURS_NODE],
                                             self.roles(OURS_NODE), names, families=families, drop=drop)  # fmt: skip

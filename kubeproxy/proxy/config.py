@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from kubeproxy.backends import registry
 from kubeproxy.cluster.addresses import AddressError, valid_cidr, valid_ip
+from kubeproxy.cluster.duration import DurationError, format_go_duration, parse_go_duration
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.cluster.validation import ParseOptions, options_for, parse_port_range
-from kubeproxy.proxy.duration import DurationError, format_go_duration, parse_go_duration
-from kubeproxy.proxy.features import gate_enabled
+from kubeproxy.model.features import gate_enabled
 
 if TYPE_CHECKING:
     from kubeproxy.proxy.config_schema import _Conntrack, _KubeProxyConfiguration
@@ -278,7 +278,7 @@ def _validate_more(cfg: ProxyConfig) -> None:
             f"--show-hidden-metrics-for-version (showHiddenMetricsForVersion): {cfg.show_hidden_metrics_for_version!r} "
             "must be <major>.<minor>, e.g. 1.16"
         )
-    from kubeproxy.proxy.features import FeatureGateError, check_gates
+    from kubeproxy.model.features import FeatureGateError, check_gates
 
     try:
         check_gates(cfg.feature_gates)
@@ -301,7 +301,7 @@ def _validate_logging_extra(cfg: ProxyConfig) -> None:
         raise ConfigError("initialize logging: " + (forbidden[0] if len(forbidden) == 1 else f"[{', '.join(forbidden)}]"))
 
 
-# Upstream's nodePortAddresses keywords (kubeproxy.proxy.options expands them).
+# Upstream's nodePortAddresses keywords (kubeproxy.model.options expands them).
 NODEPORT_PRIMARY = "primary"
 NODEPORT_LOCALHOST = "localhost"
 NODEPORT_ALL = "all"
@@ -363,7 +363,7 @@ def unused_settings(cfg: ProxyConfig) -> list[str]:
 
 
 def parse_duration(text: str) -> float:
-    """A Go duration string ("1s", "1m30s", "500ms") in seconds, as Go parses it (proxy/duration.py)."""
+    """A Go duration string ("1s", "1m30s", "500ms") in seconds, as Go parses it (cluster/duration.py)."""
     try:
         return parse_go_duration(text)
     except DurationError as exc:

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.changes import ChangeTracker
+from kubeproxy.model.changes import ChangeTracker
 from kubeproxy.proxy.health import ProxyHealth
-from kubeproxy.proxy.logs import kv
 from kubeproxy.proxy.programming import TRIGGER_TIME_ANNOTATION, TriggerTimes, slice_key, trigger_time
+from kubeproxy.runtime.logs import kv
 from kubeproxy.sources.events import WatchEvent
 
 log = logging.getLogger("kubeproxy.proxy")

@@ -30,21 +30,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kubeproxy.backends import conntrack, registry
-from kubeproxy.backends.base import Backend, SyncReport
-from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.kernel.exec import Runner
+from kubeproxy.kernel.interfaces import interface_addresses
+from kubeproxy.model.changes import Changes, ChangeTracker
+from kubeproxy.model.contract import Backend, SyncReport
+from kubeproxy.model.metrics import FamilyMetrics, ProxyMetrics
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import Family, NodeOptions, node_options, nodeport_addresses, nodeport_cidrs, nodeport_matches_all
+from kubeproxy.model.view import ViewBuilder
 from kubeproxy.node_render import node_families, primary_family
-from kubeproxy.proxy.changes import Changes, ChangeTracker
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers
-from kubeproxy.proxy.interfaces import interface_addresses
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.metrics import FamilyMetrics, ProxyMetrics
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family, NodeOptions, node_options, nodeport_addresses, nodeport_cidrs, nodeport_matches_all
 from kubeproxy.proxy.quarantine import Quarantine
-from kubeproxy.proxy.view import ViewBuilder
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.proxy")
 

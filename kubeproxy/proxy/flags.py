@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubeproxy.cluster.addresses import valid_ip
+from kubeproxy.cluster.duration import format_go_duration, parse_go_duration
 from kubeproxy.proxy.config import (
     ConfigError,
     ProxyConfig,
@@ -32,8 +33,7 @@ from kubeproxy.proxy.config import (
     parse_node_ips,
     validate,
 )
-from kubeproxy.proxy.duration import format_go_duration, parse_go_duration
-from kubeproxy.version import parse_version_flag
+from kubeproxy.runtime.version import parse_version_flag
 
 
 class FlagError(ValueError):
@@ -221,7 +221,7 @@ def go_bool(text: str) -> bool:
 
 
 def go_duration(text: str) -> float:
-    """Go's time.ParseDuration, in seconds (proxy/duration.py); ValueError with Go's message."""
+    """Go's time.ParseDuration, in seconds (cluster/duration.py); ValueError with Go's message."""
     return parse_go_duration(text)
 
 

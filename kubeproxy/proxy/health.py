@@ -31,9 +31,9 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter
 
+from kubeproxy.model.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, Handler, HttpServer, Response, format_bind, routes, serve, text
-from kubeproxy.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from kubeproxy.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 

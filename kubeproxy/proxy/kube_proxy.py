@@ -22,16 +22,16 @@ from typing import Any, TextIO
 
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.proxy import flags as upstream_flags
-from kubeproxy.proxy import logs
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, to_kube_proxy_configuration
 from kubeproxy.proxy.http import Handler
-from kubeproxy.proxy.logs import STARTUP_LOGGER, kv
 from kubeproxy.proxy.preflight import ApiConnection, PreflightError, api_connection, check_tools
 from kubeproxy.proxy.startup import config_warnings, node_facts, summary
 from kubeproxy.proxy.sysctls import SysctlError, apply_oom_score_adj, configure_conntrack
 from kubeproxy.proxy.zpages import ZPages, flag_values
+from kubeproxy.runtime import logs
+from kubeproxy.runtime.logs import STARTUP_LOGGER, kv
+from kubeproxy.runtime.version import VersionInfo
 from kubeproxy.sources.event_recorder import EventRecorder, KubeEvent, ObjectRef, node_ref
-from kubeproxy.version import VersionInfo
 
 log = logging.getLogger(STARTUP_LOGGER)
 
@@ -141,8 +141,8 @@ def _write_config(cfg: ProxyConfig, path: str) -> int:
 
 def _cleanup() -> int:
     from kubeproxy.backends import registry
-    from kubeproxy.backends.exec import local_run
-    from kubeproxy.proxy.options import Family
+    from kubeproxy.kernel.exec import local_run
+    from kubeproxy.model.options import Family
 
     done = registry.cleanup_all(local_run, list(Family))
     for item in done.removed:
@@ -256,8 +256,8 @@ def announce(state: Any, inv: upstream_flags.Invocation, node_name: str, node_fr
 
 def _serve(inv: upstream_flags.Invocation, metrics_pages: Mapping[str, Handler], api: ApiConnection | None,
            startup_events: Sequence[tuple[str, str, str]] = ()) -> int:
-    from kubeproxy.backends.base import SyncError
     from kubeproxy.cluster.state import ClusterState
+    from kubeproxy.model.contract import SyncError
     from kubeproxy.proxy import live_loop
 
     cfg = inv.cfg
@@ -326,8 +326,8 @@ def _source(inv: upstream_flags.Invocation, proxy: Any, api: ApiConnection | Non
     where = api.where
     # Whole lists at once, as structs where they fit the schema (sources/api.py); watch-lists as
     # client-go's WatchListClient gate says.
+    from kubeproxy.model.features import gate_enabled
     from kubeproxy.proxy.config import DEFAULT_CONTENT_TYPE
-    from kubeproxy.proxy.features import gate_enabled
 
     watch_list = gate_enabled(inv.cfg.feature_gates, "WatchListClient")
     source = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True,

@@ -23,26 +23,26 @@ from pathlib import Path
 from typing import Protocol
 
 from kubeproxy.backends import conntrack
-from kubeproxy.backends.base import SyncError, SyncReport
-from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables.apply import nfacct_packets
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.changes import Changes
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.model.changes import Changes
+from kubeproxy.model.contract import SyncError, SyncReport
+from kubeproxy.model.metrics import ProxyMetrics
+from kubeproxy.model.node_model import ServiceKey
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.event_intake import EventIntake
 from kubeproxy.proxy.family_lanes import PROC_IPV6, FamilyLane, FamilyLanes, live_families
 from kubeproxy.proxy.health import ProxyHealth
 from kubeproxy.proxy.http import Handler
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.memory import ColdStartHeap
-from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.node_model import ServiceKey
 from kubeproxy.proxy.programming import TriggerTimes, latencies
 from kubeproxy.proxy.runner import BoundedFrequencyRunner
 from kubeproxy.proxy.source_watch import HEALTH_FIELD as SOURCE_HEALTH_FIELD
 from kubeproxy.proxy.source_watch import SourceWatch
 from kubeproxy.proxy.status_servers import StatusServers
 from kubeproxy.proxy.workers import DEFAULT_JOIN_TIMEOUT, DaemonExecutor
+from kubeproxy.runtime.logs import kv
+from kubeproxy.runtime.memory import ColdStartHeap
 from kubeproxy.sources.events import WatchEvent
 
 log = logging.getLogger("kubeproxy.proxy")
@@ -69,7 +69,7 @@ class LiveProxy:
     state: ClusterState = field(default_factory=ClusterState)
     source: Source | None = None
     proc_ipv6: Path = PROC_IPV6  # absent: the kernel has no IPv6 (tests point it elsewhere)
-    # The proxy owns its process's garbage collector (proxy/memory.py); off for a proxy that
+    # The proxy owns its process's garbage collector (runtime/memory.py); off for a proxy that
     # shares its process (tests), where freezing the heap would keep others' garbage for ever.
     manage_gc: bool = False
     source_name: str = "source"  # which source, in the lines that say it is out of sync or back

@@ -34,7 +34,7 @@ from typing import Any
 from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.objects import EndpointSlice
-from kubeproxy.proxy.node_model import ServiceKey
+from kubeproxy.model.node_model import ServiceKey
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from kubeproxy.backends.base import SyncError
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
+from kubeproxy.model.contract import SyncError
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
+from kubeproxy.runtime.logs import kv
 
 if TYPE_CHECKING:
-    from kubeproxy.backends.base import Backend, SyncReport
-    from kubeproxy.proxy.changes import Changes
-    from kubeproxy.proxy.options import NodeOptions
+    from kubeproxy.model.changes import Changes
+    from kubeproxy.model.contract import Backend, SyncReport
+    from kubeproxy.model.options import NodeOptions
 
 log = logging.getLogger("kubeproxy.proxy")
 

@@ -3,7 +3,7 @@
 Masqueraded flows from the node's address to one endpoint ip:port differ only in the source port
 the node picks (docs/labs.md, "The SNAT problem"); each holds its port until its conntrack entry
 expires, and the lab's health checks start failing once about 86% of an endpoint's ports are in
-use, every masqueraded flow counted. Every interval one bounded ctnetlink dump (proxy/ctnetlink.py) counts the tuples
+use, every masqueraded flow counted. Every interval one bounded ctnetlink dump (backends/conntrack/ctnetlink.py) counts the tuples
 `endpoint ip:port -> node address`, per endpoint of every UDP Service whose outside traffic is
 masqueraded; the highest share per Service is exported (kubeproxy_snat_port_utilization) and a
 Service passing the threshold is logged once per crossing (and once when it falls back).
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client import Gauge as PromGauge
 
+from kubeproxy.backends.conntrack import ctnetlink
 from kubeproxy.backends.conntrack.flows import Flow
-from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.proxy import ctnetlink
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.node_model import NodeView, ServicePortName
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.model.node_model import NodeView, ServicePortName
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.snat")
 
@@ -115,7 +115,7 @@ def sample_text(text: str, targets: Mapping[str, list[ServicePortName]], node_ip
 
 def sample_dump(dump: ctnetlink.Dump, targets: Mapping[str, list[ServicePortName]], node_ips: set[str]) -> list[Gauge]:
     """The gauges from a ctnetlink dump: per endpoint, the tuples `endpoint -> node address` (a
-    cut-short dump's counts scaled up to the table, see proxy/ctnetlink.py)."""
+    cut-short dump's counts scaled up to the table, see backends/conntrack/ctnetlink.py)."""
     per_endpoint: dict[tuple[str, int], int] = {}
     for (src, dst, proto, port), n in dump.counts.items():
         if proto == "udp" and dst in node_ips:

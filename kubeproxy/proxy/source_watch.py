@@ -30,7 +30,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Gauge
 
 from kubeproxy.proxy.health import rfc3339
-from kubeproxy.proxy.logs import STARTUP_LOGGER, kv
+from kubeproxy.runtime.logs import STARTUP_LOGGER, kv
 
 log = logging.getLogger("kubeproxy.proxy")
 # Back in sync is worth a line at default verbosity (upstream's V(0) information).

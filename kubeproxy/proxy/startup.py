@@ -15,9 +15,8 @@ from kubeproxy import __version__
 from kubeproxy.backends import registry
 from kubeproxy.cluster.addresses import AddressError, valid_cidr
 from kubeproxy.cluster.objects import Node
-from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, unused_settings
-from kubeproxy.proxy.features import gates_without_effect
-from kubeproxy.proxy.options import (
+from kubeproxy.model.features import gates_without_effect
+from kubeproxy.model.options import (
     Family,
     configured_node_ips,
     effective_nodeport_cidrs,
@@ -25,6 +24,7 @@ from kubeproxy.proxy.options import (
     node_ips,
     nodeport_addresses,
 )
+from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, unused_settings
 
 # Upstream's texts, so that searches for them find our logs too.
 NO_NODE_IP = "Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag"

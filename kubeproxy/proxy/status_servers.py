@@ -8,11 +8,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz, serve_metrics
 from kubeproxy.proxy.http import Handler
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.metrics import ProxyMetrics
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.proxy")
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeproxy.proxy.config import ConntrackConfig
-from kubeproxy.proxy.logs import STARTUP_LOGGER, kv
+from kubeproxy.runtime.logs import STARTUP_LOGGER, kv
 
 log = logging.getLogger(STARTUP_LOGGER)
 

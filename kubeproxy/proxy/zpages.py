@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubeproxy.cluster.duration import format_go_duration
+from kubeproxy.model.features import gate_enabled
 from kubeproxy.proxy.config import ProxyConfig, to_kube_proxy_configuration
-from kubeproxy.proxy.duration import format_go_duration
-from kubeproxy.proxy.features import gate_enabled
 from kubeproxy.proxy.flags import FLAGS, HELP_DEFAULTS
 from kubeproxy.proxy.http import Handler, Response
-from kubeproxy.version import VersionInfo
+from kubeproxy.runtime.version import VersionInfo
 
 COMPONENT = "kube-proxy"
 CONFIGZ_KEY = "kubeproxy.config.k8s.io"

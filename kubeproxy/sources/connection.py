@@ -20,10 +20,10 @@ from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError
 
 from kubeproxy import __version__
+from kubeproxy.runtime.version import KUBERNETES_VERSION, VersionInfo
 from kubeproxy.sources.http2 import Http2Transport
 from kubeproxy.sources.throttle import TokenBucket
 from kubeproxy.sources.token_file import TokenFileAuth
-from kubeproxy.version import KUBERNETES_VERSION, VersionInfo
 
 # Upstream's shape (rest.DefaultKubernetesUserAgent: `kube-proxy/v1.37.2 (linux/amd64)
 # kubernetes/<commit>`) with us in the place of the build: whatever groups clients by the

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
-from kubeproxy.proxy.logs import kv
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.events")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kubeproxy.proxy.duration import format_go_duration
-from kubeproxy.proxy.logs import Structured, kv
+from kubeproxy.cluster.duration import format_go_duration
+from kubeproxy.runtime.logs import Structured, kv
 
 MAX_REASON = 200  # characters of the server's message kept in the line
 

@@ -1,9 +1,9 @@
 // Prints kube-proxy's feature gate registry, as the binary of the release in go.mod holds it,
-// as the JSON data file kubeproxy/proxy/feature_gates_v1_37.json: each gate's spec at the
+// as the JSON data file kubeproxy/model/feature_gates_v1_37.json: each gate's spec at the
 // binary's own (emulation) version, and the gates' dependencies. Importing cmd/kube-proxy/app
 // runs the same registrations as the kube-proxy binary does.
 //
-//	cd scripts/feature-gates && go mod tidy && go run . > ../../kubeproxy/proxy/feature_gates_v1_37.json
+//	cd scripts/feature-gates && go mod tidy && go run . > ../../kubeproxy/model/feature_gates_v1_37.json
 //
 // With the argument "check" it reads a JSON list of {"gates": {...}, "probe": [names]} and prints,
 // for each, the error upstream's SetFromMap returns or the probed gates' states: the cases in

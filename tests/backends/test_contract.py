@@ -1,4 +1,4 @@
-"""The backend contract (backends/base.py), asked of every registered mode alike.
+"""The backend contract (model/contract.py), asked of every registered mode alike.
 
 Each mode's backend, made by the registry, syncs a small cluster, a change, a delete and an
 empty cluster; a sync its tools refuse raises SyncError, leaves the node as it was and is counted
@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends import registry
-from kubeproxy.backends.base import Backend, SyncError
 from kubeproxy.backends.fake_node import FakeNode
-from kubeproxy.backends.host import Capability, Host, Intercepted
 from kubeproxy.backends.userspace import factory as userspace_factory
 from kubeproxy.cluster.addresses import ip_text, valid_ip
+from kubeproxy.kernel.host import Capability, Host, Intercepted
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.model.contract import Backend, SyncError
+from kubeproxy.model.metrics import ProxyMetrics
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

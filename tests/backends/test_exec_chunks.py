@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from kubeproxy import node_render as offline
-from kubeproxy.backends.exec import CommandError, batches, local_run
-from kubeproxy.backends.host import Capability, host_of
 from kubeproxy.backends.iptables.apply import restore, restore_timeout
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.render import render_tables, restore_chunks
+from kubeproxy.kernel.exec import CommandError, batches, local_run
+from kubeproxy.kernel.host import Capability, host_of
 from kubeproxy.proxy.config import ProxyConfig
 from tests.backends.iptables.rules_invariants import parse
 from tests.paths import DEMO
@@ -109,7 +109,7 @@ def test_a_large_pipe_takes_a_whole_chunk_before_the_tool_reads(tmp_path: Path) 
     reads nothing until a file appears; a default 64 KiB pipe blocks the 512 KiB write until then."""
     import threading
 
-    from kubeproxy.backends.exec import FedProcess
+    from kubeproxy.kernel.exec import FedProcess
 
     go = tmp_path / "go"
     tool = [sys.executable, "-c", "import os, sys, time\n"

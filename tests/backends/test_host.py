@@ -9,10 +9,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from kubeproxy.backends.exec import LOCAL, local_run
 from kubeproxy.backends.fake_node import FakeNode
-from kubeproxy.backends.host import Capability, Commands, Host, Intercepted, Run, host_of
 from kubeproxy.backends.nftables.fake_stream import StreamingFakeNft
+from kubeproxy.kernel.exec import LOCAL, local_run
+from kubeproxy.kernel.host import Capability, Commands, Host, Intercepted, Run, host_of
 from kubeproxy.lab.netns import NetNS
 
 

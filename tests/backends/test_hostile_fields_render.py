@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubeproxy.backends.base import OfflineOptions
 from kubeproxy.backends.registry import MODES, offline_renderer
 from kubeproxy.cluster.state import build_state
+from kubeproxy.model.contract import OfflineOptions
 from kubeproxy.proxy.config import ProxyConfig
 
 NODE = "node-1"

@@ -12,13 +12,13 @@ import re
 
 import pytest
 
-from kubeproxy.backends import kernel_text
 from kubeproxy.backends.iptables.apply import restore
 from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
 from kubeproxy.backends.userspace.render import render as render_userspace
+from kubeproxy.kernel import kernel_text
 from kubeproxy.lab import netns as L
-from kubeproxy.proxy.node_model import NodeView, ServicePortName
+from kubeproxy.model.node_model import NodeView, ServicePortName
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
 HOSTILE = [

@@ -22,15 +22,15 @@ import pytest
 from click.testing import CliRunner
 
 from kubeproxy.backends import registry
-from kubeproxy.backends.base import OfflineOptions, OfflineText, SyncError
-from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.kernel.exec import Runner
+from kubeproxy.model.contract import OfflineOptions, OfflineText, SyncError
+from kubeproxy.model.metrics import FamilyMetrics
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import Family, NodeOptions, node_options
 from kubeproxy.proxy.config import ProxyConfig, load_config_file, to_kube_proxy_configuration, validate
-from kubeproxy.proxy.metrics import FamilyMetrics
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family, NodeOptions, node_options
 from kubeproxy.proxy.startup import summary
 from kubeproxy.sources.events import WatchEvent
 from tests.backends.test_contract import contract
@@ -146,8 +146,8 @@ def test_the_toy_keeps_the_backend_contract_on_the_fake_node() -> None:
 
 
 def test_kubeproxy_cleanup_removes_the_toys_rules_with_every_other_modes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubeproxy.backends import exec as kexec
     from kubeproxy.cli import main
+    from kubeproxy.kernel import exec as kexec
 
     # Each mode's modules are imported before the CLI's node is swapped: one imported while
     # local_run is the fake would keep the fake as its default runner.

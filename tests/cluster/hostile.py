@@ -22,8 +22,8 @@ from kubeproxy.backends.iptables.render import render as render_iptables
 from kubeproxy.backends.nftables.render import render as render_nft
 from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import netns as L
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import Family
 from tests.backends.nftables.helpers import NODE, options
 from tests.backends.nftables.test_incremental import random_service
 

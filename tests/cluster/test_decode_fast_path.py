@@ -370,7 +370,7 @@ def test_an_endpoint_keeps_its_addresses_as_canonical_text_on_every_path(given: 
 
 
 def test_the_fast_endpoint_info_is_the_constructed_one() -> None:
-    from kubeproxy.proxy.node_model import EndpointInfo, _new_endpoint_info
+    from kubeproxy.model.node_model import EndpointInfo, _new_endpoint_info
 
     hints = objects.Endpoint(AddressText("10.0.0.1"), ready=False, serving=True, terminating=True,
                              zone_hints=frozenset({"z"}), node_hints=frozenset({"n"}))

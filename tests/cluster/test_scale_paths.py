@@ -23,8 +23,8 @@ from kubeproxy.cluster.errors import ObjectError
 from kubeproxy.cluster.objects import Endpoint, parse_service, read_endpoints
 from kubeproxy.cluster.schema import Endpoint as SchemaEndpoint
 from kubeproxy.cluster.state import build_state
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import Family
 
 
 @pytest.mark.parametrize("flags", list(itertools.product((True, False), repeat=3)))

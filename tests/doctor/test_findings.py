@@ -14,9 +14,9 @@ from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding
 from kubeproxy.lab import builders as O
+from kubeproxy.model.options import Family
 from kubeproxy.netfilter import detect
 from kubeproxy.proxy.config import ProxyConfig, validate
-from kubeproxy.proxy.options import Family
 from tests.doctor.helpers import (
     CFG,
     NODE_IFACES,
@@ -244,7 +244,7 @@ def test_kube_services_length_cost() -> None:
 def test_snat_watch_sample_counts_masqueraded_flows_per_endpoint() -> None:
     from kubeproxy.backends.conntrack.flows import parse_flows
     from kubeproxy.doctor import snat_gauge
-    from kubeproxy.proxy.node_model import build_view
+    from kubeproxy.model.node_model import build_view
 
     state = state_of(dns_world(pods=2))
     view = build_view(state.services.values(), state.slices.values(), Family.IPV4, "node-1")

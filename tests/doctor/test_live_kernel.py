@@ -18,8 +18,8 @@ from kubeproxy.cluster.state import ClusterState
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.live import read_node
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.config import ProxyConfig, validate
-from kubeproxy.proxy.options import Family
 from tests.doctor.helpers import CFG, SEED, V6_CFG, by_kind, dns_world, seed_state, state_of, v6_world
 from tests.netfilter.kernel_bed import Bed, BedSpec, bed
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.root
 
 CT_DUMP = """
 import json, sys
-from kubeproxy.proxy import ctnetlink
+from kubeproxy.backends.conntrack import ctnetlink
 d = ctnetlink.dump(sys.argv[1:], ("udp",))
 print(json.dumps(sorted([*k, n] for k, n in d.counts.items())))
 """

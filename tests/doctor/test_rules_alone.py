@@ -16,10 +16,10 @@ from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.reconstruct import from_iptables, from_nftables, state_from_rules
 from kubeproxy.lab import builders as O
+from kubeproxy.model.options import Family
 from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node
 from kubeproxy.proxy.config import validate
-from kubeproxy.proxy.options import Family
 from tests.doctor.helpers import CFG, SEED, SEED_CFG, SEED_IFACES, by_kind, dns_world, state_of, v6_world
 
 

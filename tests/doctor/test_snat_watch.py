@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kubeproxy.proxy import ctnetlink
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import Family
+from kubeproxy.backends.conntrack import ctnetlink
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.snat_watch import SNAT_PORTS, SnatWatch, sample_dump
 from tests.doctor.helpers import dns_world, state_of
 

@@ -39,8 +39,8 @@ import yaml
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.cluster import http_get, kubeproxy_binary, last_lines, poll
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.options import Family
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.connection import connect, load_config
 from tests.e2e import test_dualstack

@@ -25,7 +25,7 @@ from kubeproxy.lab.multinode import MultiNodeCluster
 from kubeproxy.lab.multinode.bed import CLIENT_IP, CLIENT_IP6, ROUTER_IP, ROUTER_IP6, DualPod
 from kubeproxy.lab.multinode.scenario import LocalService, move_endpoint
 from kubeproxy.lab.node_rules import MODES
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]
 

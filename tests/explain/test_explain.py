@@ -15,7 +15,7 @@ from kubeproxy.cli import main
 from kubeproxy.explain.rendered import _ipvs_parts, _with_ipvs_jumps
 from kubeproxy.lab import netns as L
 from kubeproxy.lab.netns import have_root
-from kubeproxy.proxy.options import NFACCT_COUNTERS
+from kubeproxy.model.options import NFACCT_COUNTERS
 from tests.doctor.helpers import SEED
 from tests.doctor.test_rules_alone import _affinity_and_local_world
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.manifests import load_manifests
+from kubeproxy.kernel.exec import Runner
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.config import ProxyConfig

@@ -189,7 +189,7 @@ def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(
             assert source.collector_during_list is False
             assert gc.isenabled() and gc.get_freeze_count() > 0
             assert proxy.syncs == 1
-            # and the freed heap went back to the system once (proxy/memory.py)
+            # and the freed heap went back to the system once (runtime/memory.py)
             assert sum("Returned freed heap memory" in r.getMessage() for r in caplog.records) == 1
         finally:
             task.cancel()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.exec import Runner
+from kubeproxy.kernel.exec import Runner
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.live_loop import LiveProxy

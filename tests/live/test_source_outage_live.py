@@ -28,8 +28,8 @@ import pytest
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.logs import STARTUP_LOGGER
 from kubeproxy.proxy.source_watch import METRIC
+from kubeproxy.runtime.logs import STARTUP_LOGGER
 from tests.live.test_live import CFG, _dnats_to, _get, _port, _service, _until, _with_proxy, mode, server  # noqa: F401
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]

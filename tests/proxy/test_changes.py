@@ -6,9 +6,9 @@ from typing import Any
 
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.lab import builders
-from kubeproxy.proxy.changes import Changes, ChangeTracker, StaleEndpoint
-from kubeproxy.proxy.node_model import NodeView, ServicePortName, build_view
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.changes import Changes, ChangeTracker, StaleEndpoint
+from kubeproxy.model.node_model import NodeView, ServicePortName, build_view
+from kubeproxy.model.options import Family
 
 NODE = "node-a"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from kubeproxy.proxy.metrics import ProxyMetrics
-from kubeproxy.version import VersionInfo
+from kubeproxy.model.metrics import ProxyMetrics
+from kubeproxy.runtime.version import VersionInfo
 from tests.paths import TESTS
 
 UPSTREAM = (TESTS / "fixtures" / "upstream_operator" / "metrics_component.txt").read_text().splitlines()

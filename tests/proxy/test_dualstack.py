@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.base import OfflineOptions
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.backends.registry import offline_renderer
 from kubeproxy.cluster.state import build_state
+from kubeproxy.model.contract import OfflineOptions
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.options import Family
 from kubeproxy.sources.events import WatchEvent
 
 NODE = "node-1"
@@ -473,8 +473,8 @@ def test_ipvs_dual_stack_programs_each_family_beside_the_other() -> None:
 def test_ipvs_check_uses_per_family_scratch_sets() -> None:
     """check() loads the entries into throwaway sets: IPv6 ones must be inet6 sets of their own name."""
     from kubeproxy.backends.ipvs.proxier import IpvsProxier
-    from kubeproxy.proxy.node_model import build_view
-    from kubeproxy.proxy.options import NodeOptions
+    from kubeproxy.model.node_model import build_view
+    from kubeproxy.model.options import NodeOptions
 
     fake = FakeNode()
     state, _ = build_state(DUAL)
@@ -500,8 +500,8 @@ def test_ipvs_cleanup_removes_only_its_family_sets() -> None:
 
 def test_ipvs_render_prints_the_ipv6_set_names() -> None:
     from kubeproxy.backends.ipvs.render import SET_BY_NAME, create_line, render, render_text, set_name
-    from kubeproxy.proxy.node_model import build_view
-    from kubeproxy.proxy.options import NodeOptions
+    from kubeproxy.model.node_model import build_view
+    from kubeproxy.model.options import NodeOptions
 
     assert set_name("KUBE-LOAD-BALANCER-SOURCE-CIDR", Family.IPV6) == "KUBE-6-LOAD-BALANCER-SOURCE-CID"
     assert set_name("KUBE-CLUSTER-IP", Family.IPV4) == "KUBE-CLUSTER-IP"
@@ -525,9 +525,9 @@ def test_ipvs_render_prints_both_families() -> None:
 
 
 def test_node_ip_pair_flag_makes_both_families_and_their_node_ips() -> None:
+    from kubeproxy.model.options import node_ips, node_options
     from kubeproxy.node_render import node_families
     from kubeproxy.proxy.flags import FlagError, parse, resolve
-    from kubeproxy.proxy.options import node_ips, node_options
 
     cfg = resolve(parse(["--node-ip", "fd00::2, 192.168.0.2"])).cfg
     assert cfg.node_ip == "fd00::2,192.168.0.2"

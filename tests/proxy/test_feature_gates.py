@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.model.features import IMPLEMENTED, FeatureGateError, check_gates, gate_enabled, gates_without_effect, registry
 from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
-from kubeproxy.proxy.features import IMPLEMENTED, FeatureGateError, check_gates, gate_enabled, gates_without_effect, registry
 from tests.paths import REPO
 
 CASES: list[dict[str, Any]] = json.loads(

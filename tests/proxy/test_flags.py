@@ -407,7 +407,7 @@ def test_structured_values_print_as_klog_and_json_do() -> None:
     import io
     import logging
 
-    from kubeproxy.proxy import logs
+    from kubeproxy.runtime import logs
 
     message = logs.kv("Syncing iptables rules", full=True, services=5, err="exit 1: x")
     assert message == '"Syncing iptables rules" full=true services=5 err="exit 1: x"'

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.proxy import http
 from kubeproxy.proxy.health import (
     TO_BE_DELETED_TAINT,
@@ -24,7 +25,6 @@ from kubeproxy.proxy.health import (
     serve_metrics,
 )
 from kubeproxy.proxy.http import Response, parse_bind, routes, serve
-from kubeproxy.proxy.metrics import ProxyMetrics
 from tests.proxy.servers import port_of
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z

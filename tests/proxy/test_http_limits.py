@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers, serve_healthz
 from kubeproxy.proxy.http import ConnectionBudget, ErrorLog, Limits, Response, serve
-from kubeproxy.proxy.metrics import ProxyMetrics
 from tests.paths import REPO as ROOT
 from tests.proxy.servers import port_of
 

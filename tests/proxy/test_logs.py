@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kubeproxy.proxy import logs
+from kubeproxy.runtime import logs
 
 
 @pytest.mark.parametrize(("verbosity", "shown"), [(0, False), (2, False), (5, False), (6, True), (8, True)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubeproxy.proxy import memory
+from kubeproxy.runtime import memory
 
 
 def test_reports_the_drop_of_the_resident_set(monkeypatch: pytest.MonkeyPatch) -> None:

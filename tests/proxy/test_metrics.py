@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeproxy.proxy.metrics import NETWORK_PROGRAMMING_BUCKETS, SYNC_BUCKETS, ProxyMetrics
+from kubeproxy.model.metrics import NETWORK_PROGRAMMING_BUCKETS, SYNC_BUCKETS, ProxyMetrics
 
 # name → (type, label names) as upstream v1.33+ exposes them (kubernetes.io metrics reference).
 COMMON = {

@@ -1,6 +1,6 @@
 """The node view's fast constructors (issue 17) make exactly what the dataclass constructors make.
 
-`proxy/node_model.py` builds ServicePortName, ServicePortInfo and EndpointInfo without their frozen
+`model/node_model.py` builds ServicePortName, ServicePortInfo and EndpointInfo without their frozen
 __init__ (see `_twin`). Here each maker is compared with its constructor, and `build_view` with
 a straightforward reference built from the constructors alone, on a cluster with what the
 fast loops could get wrong: several ports per slice, IPv6, an endpoint listed by two slices
@@ -20,9 +20,9 @@ import pytest
 from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.objects import EndpointSlice, Service
 from kubeproxy.cluster.state import build_state
-from kubeproxy.proxy import node_model
-from kubeproxy.proxy.node_model import EndpointInfo, ServicePortInfo, ServicePortName, build_view
-from kubeproxy.proxy.options import Family
+from kubeproxy.model import node_model
+from kubeproxy.model.node_model import EndpointInfo, ServicePortInfo, ServicePortName, build_view
+from kubeproxy.model.options import Family
 from tests.backends.nftables.helpers import endpoint, port, service, slice_
 
 NODE = "node-a"

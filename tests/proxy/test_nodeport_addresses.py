@@ -19,15 +19,15 @@ from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cli import main
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState, build_state
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
-from kubeproxy.proxy.flags import parse, resolve
-from kubeproxy.proxy.options import (
+from kubeproxy.model.options import (
     Family,
     expand_nodeport_keywords,
     node_ip_by_family,
     node_options,
     nodeport_addresses,
 )
+from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
+from kubeproxy.proxy.flags import parse, resolve
 from kubeproxy.proxy.startup import NO_NODE_IP, NODEPORT_ADDRESSES_UNSET, config_warnings, node_facts
 
 MUST = "must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all'"

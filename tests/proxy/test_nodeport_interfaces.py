@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends.fake_node import FakeNode
+from kubeproxy.model.options import Family, NodeOptions
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.options import Family, NodeOptions
 from tests.proxy.test_dualstack import CFG, Source, endpoints, node, run_proxy, service
 
 NODE_IP = "192.168.0.2"  # the Node object's only address, on eth0

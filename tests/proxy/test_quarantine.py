@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.quarantine import Held, Quarantine, isolate
 from tests.backends.nftables.helpers import endpoint, port, service, slice_, view
 

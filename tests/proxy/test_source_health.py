@@ -26,8 +26,8 @@ from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import rfc3339
 from kubeproxy.proxy.http import Response
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.logs import STARTUP_LOGGER
 from kubeproxy.proxy.source_watch import METRIC, SourceWatch
+from kubeproxy.runtime.logs import STARTUP_LOGGER
 from tests.live.test_live import _service
 from tests.live.test_live_fake import Source
 from tests.proxy.test_health import T0, FakeClock

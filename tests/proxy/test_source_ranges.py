@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kubeproxy.cluster.objects import parse_service
-from kubeproxy.proxy import node_model
-from kubeproxy.proxy.options import Family
+from kubeproxy.model import node_model
+from kubeproxy.model.options import Family
 from tests.backends.nftables.helpers import port, service
 
 

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kubeproxy.cluster.objects import LABEL_ZONE
-from kubeproxy.proxy.node_model import EndpointInfo, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.topology import _available, categorize, topology_mode
+from kubeproxy.model.node_model import EndpointInfo, ServicePortInfo, ServicePortName
+from kubeproxy.model.topology import _available, categorize, topology_mode
 
 HINTS = st.frozensets(st.sampled_from(("n1", "n2", "z1", "z2")), max_size=2)
 

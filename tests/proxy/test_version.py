@@ -10,7 +10,7 @@ import pytest
 from kubeproxy import __version__
 from kubeproxy.proxy import flags
 from kubeproxy.proxy.kube_proxy import main
-from kubeproxy.version import KUBERNETES_VERSION, VersionInfo
+from kubeproxy.runtime.version import KUBERNETES_VERSION, VersionInfo
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from kubeproxy.cluster.objects import LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.changes import ChangeTracker
-from kubeproxy.proxy.node_model import NodeView, build_view
-from kubeproxy.proxy.options import Family
-from kubeproxy.proxy.view import ViewBuilder
+from kubeproxy.model.changes import ChangeTracker
+from kubeproxy.model.node_model import NodeView, build_view
+from kubeproxy.model.options import Family
+from kubeproxy.model.view import ViewBuilder
 
 # Small pools, weighted so that slices usually match a Service's namespace, name and ports.
 NAMESPACES = ("a", "a", "a", "b")

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import pytest
 
+from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.proxy import flags
 from kubeproxy.proxy.health import serve_metrics
 from kubeproxy.proxy.http import Response
-from kubeproxy.proxy.metrics import ProxyMetrics
 from kubeproxy.proxy.zpages import ZPages, flag_values, negotiate
 from tests.paths import TESTS
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.lab.apiserver import ApiServer
+from kubeproxy.runtime.version import KUBERNETES_VERSION
 from kubeproxy.sources.connection import USER_AGENT, ConnectionConfigError, connect, load_config
 from kubeproxy.sources.throttle import TokenBucket
-from kubeproxy.version import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,16 +12,16 @@ from collections.abc import Iterator
 import pytest
 
 from kubeproxy.lab.server_faults import FaultBed, FaultResult
-from kubeproxy.lab.side_by_side import OURS_NODE, UPSTREAM_NODE
-from tests.upstream.conftest import require_upstream_binaries
+from kubeproxy.lab.side_by_side import OURS_NODE, UPSTREAM_NODE, SideBySide
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture(scope="module")
-def faults() -> Iterator[FaultBed]:
-    # One bed for the module: the faults run in order, each leaving the cluster as it found it.
-    with FaultBed.build(require_upstream_binaries()) as bed:
+def faults(shared_side_by_side: SideBySide) -> Iterator[FaultBed]:
+    # The session's bed (its control plane booted once for every side-by-side test): the faults
+    # run in order, each leaving the cluster as it found it.
+    with FaultBed.on(shared_side_by_side) as bed:
         yield bed
 
 

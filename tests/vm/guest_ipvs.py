@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubeproxy.backends.exec import local_run
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import ipvsadm_save_text
 from kubeproxy.cluster.addresses import AddressText, valid_ip
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.kernel.exec import local_run
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 from tests.vm.guest_ipvs_trace import trace_check
 
 ECHO = ServicePortName("default", "echo", "tcp", "TCP")

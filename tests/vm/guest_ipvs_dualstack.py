@@ -93,8 +93,8 @@ def inside() -> dict[str, object]:
     """In NODE_NS: the two lanes, what the kernel holds, what the VIPs answer."""
     from kubeproxy.backends.ipvs.proxier import IpvsProxier
     from kubeproxy.cluster.addresses import AddressText, valid_ip
-    from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-    from kubeproxy.proxy.options import Family, NodeOptions
+    from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+    from kubeproxy.model.options import Family, NodeOptions
 
     name = ServicePortName("default", "web", "http", "TCP")
     views = {
@@ -119,8 +119,8 @@ def inside() -> dict[str, object]:
 
 
 def _checks(lanes: dict[Any, Any], views: dict[Any, Any], opts: dict[Any, Any], report: dict[str, object]) -> None:
-    from kubeproxy.proxy.node_model import NodeView
-    from kubeproxy.proxy.options import Family
+    from kubeproxy.model.node_model import NodeView
+    from kubeproxy.model.options import Family
 
     lanes[Family.IPV4].prepare()
     for f in Family:

@@ -3,98 +3,111 @@
 The host's kernel has no IPVS, so tests/vm/test_side_by_side_ipvs.py boots Debian's kernel
 (kubeproxy/lab/vm.py) and runs this there, from the repository root:
 
-    python -m tests.vm.guest_side_by_side_ipvs OUT.json
+    python -m tests.vm.guest_side_by_side_ipvs OUT.json [every]
 
 It builds the side-by-side bed (kubeproxy/lab/side_by_side.py: upstream's control plane, upstream's
-kube-proxy --proxy-mode=ipvs on node-a, ours on node-b) and walks STEPS. After each, once both
-proxies have synced it, the two nodes' `ipvsadm-save -n`, `ipset save`, kube-ipvs0 addresses,
-`iptables-save` and `ip6tables-save` are compared, each node's own addresses named by role
-(lab/ipvs_compare.py). A step that differs is recorded and the walk goes on, so one boot shows
-every difference. OUT.json is rewritten after every step: {"startup_seconds", "steps": [{"step",
-"differences", "seconds"}], "error", "dumps"}, the last the final dumps of both nodes.
+kube-proxy --proxy-mode=ipvs on node-a, ours on node-b) and, with both proxies started once, runs
+three scenarios one after the other:
+
+- the e2e walk every mode shares (kubeproxy/lab/side_by_side_walk.py) over Services that reach
+  IPVS's own paths (affinity as persistence, NodePort TCP and UDP, LoadBalancer source ranges,
+  external IPs, externalTrafficPolicy Local with its health check node port, internalTrafficPolicy
+  Local), then a port and affinity change of one of them;
+- the hostile-but-valid objects (tests/upstream/hostile_objects.py), all in one apply, then every
+  Service deleted (their virtual servers, set members and kube-ipvs0 addresses go);
+- a seeded random cluster (tests/upstream/random_cluster.py) and its churn.
+
+After each checked step, once both proxies have synced it, the two nodes' `ipvsadm-save -n`,
+`ipset save`, kube-ipvs0 addresses, `iptables-save` and `ip6tables-save` are compared, each
+node's own addresses named by role (lab/ipvs_compare.py). Under TCG a step costs tens of seconds,
+so by default the walk is checked at CHECKED_WALK_STEPS only (the other steps' changes are still
+made, and the next checked step sees them together); `every` checks each of its steps. A step
+that differs is recorded and the run goes on, so one boot shows every difference. OUT.json is
+rewritten after every step: {"startup_seconds", "control_plane_seconds", "steps": [{"step",
+"what", "differences", "seconds"}], "error", "dumps", "logs"}.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubeproxy.lab import builders
 from kubeproxy.lab.control_plane import upstream_bin
-from kubeproxy.lab.side_by_side import OURS_NODE, POD_HOST_NODE, UPSTREAM_NODE, SideBySide
+from kubeproxy.lab.side_by_side import OURS_NODE, POD_HOST_NODE, UPSTREAM_NODE, BedPod, SideBySide
+from kubeproxy.lab.side_by_side_walk import FAMILIES, Walk, walk
+from kubeproxy.lab.side_by_side_walk import STEPS as WALK_STEPS
+from tests.upstream.hostile_objects import MANAGER, hostiles
+from tests.upstream.random_cluster import Model
 
-STARTUP_TIMEOUT = 900.0  # the control plane under TCG on a loaded machine: measured 2-5 min
+STARTUP_TIMEOUT = 900.0  # the control plane under TCG on a loaded machine: measured 2-9 min
 PROBE_TIMEOUT = 180.0  # a pod's probe server starting (a Python import under TCG)
 STEP_TIMEOUT = 180.0  # a step's syncs and dumps under TCG; a step that differs waits all of it
 # The first step waits for both proxies' start and first sync of each family (upstream's IPv6
 # proxier syncs only once its IPv4 one has: measured 2 min apart under TCG).
 FIRST_STEP_TIMEOUT = 600.0
 NODE_LOCAL = ("lweb-itp",)  # internalTrafficPolicy Local: a node's ClusterIP reaches its own pods only
-
-STEPS = (
-    "the first sync",
-    "a pod added",
-    "a local pod added on each node",
-    "a pod turned not ready",
-    "a pod terminating",
-    "a local pod terminating on each node",
-    "terminated pods gone",
-    "a pod ready again",
-    "a Service's port and affinity changed",
-    "a Service deleted",
-    "the Local LoadBalancer deleted",
-)
+SEED = 1
+CHURN_STEPS = 3
+# The walk's steps whose paths are IPVS's own: everything programmed at once; a node's own pods
+# (KUBE-LOOP-BACK members, the Local Services' real servers); a terminating endpoint (graceful
+# termination: its real server stays at weight 0); a Local Service whose only local endpoints
+# are terminating, then none. Adding a pod, readiness back and a single deletion are the same
+# real-server and virtual-server changes these and the later steps make.
+CHECKED_WALK_STEPS = (WALK_STEPS[0], WALK_STEPS[2], WALK_STEPS[4], WALK_STEPS[6], WALK_STEPS[7])
+AFTER_WALK = ("a Service's port and affinity changed", "the hostile objects", "every Service deleted")
+RANDOM_STEPS = (f"seed {SEED}: the first sync", *(f"seed {SEED}: churn step {i}" for i in range(CHURN_STEPS)))
 
 
-@dataclass
-class PodState:
-    ip: str
-    app: str
-    ready: bool = True
-    terminating: bool = False
+def steps(every: bool = False) -> tuple[str, ...]:
+    """The steps a boot checks, in order (`every`: each of the walk's)."""
+    return (*(WALK_STEPS if every else CHECKED_WALK_STEPS), *AFTER_WALK, *RANDOM_STEPS)
 
 
 @dataclass
-class Walk:
+class Run:
     bed: SideBySide
     out: Path
-    selectors: dict[str, str]  # Service name -> the app its selector picks
-    pods: dict[str, PodState] = field(default_factory=dict)
+    checked: Collection[str]
     report: dict[str, Any] = field(default_factory=lambda: {"steps": [], "error": None})
 
-    def add(self, name: str, node: str, app: str) -> None:
-        # Rules need no packets: a remote pod is known to the API only (the nodes route its range
-        # to node-c). A node's own pod is wired, as IPVS takes a real server only on a route to it.
-        pod = self.bed.add_pod(name, node, {"app": app}, wired=node != POD_HOST_NODE)
-        self.pods[name] = PodState(pod.info.ips[0], app)
-
-    def add_mirrored(self, base: str, app: str) -> None:
-        for node in (UPSTREAM_NODE, OURS_NODE):
-            self.add(f"{base}-{node}", node, app)
-
-    def expected(self) -> dict[str, set[tuple[str, bool, bool, bool]]]:
-        return {
-            service: {(p.ip, p.ready and not p.terminating, p.ready, p.terminating) for p in self.pods.values() if p.app == app}
-            for service, app in self.selectors.items()
-        }
-
-    def check(self, step: str) -> None:
-        assert step in STEPS, step
+    def check(
+        self,
+        step: str,
+        expected: Mapping[str, set[tuple[str, bool, bool, bool]]],
+        node_local: Collection[str],
+        changed: Collection[str] = ("IPv4",),
+        what: str = "",
+    ) -> None:
+        if step not in self.checked:
+            return
         began = time.monotonic()
-        timeout = FIRST_STEP_TIMEOUT if step == STEPS[0] else STEP_TIMEOUT
-        diffs = self.bed.await_step(self.expected(), node_local=NODE_LOCAL, timeout=timeout)
-        self.report["steps"].append({"step": step, "differences": diffs, "seconds": round(time.monotonic() - began, 1)})
-        print(f"{step}: {len(diffs)} differences in {time.monotonic() - began:.0f} s", flush=True)
+        timeout = FIRST_STEP_TIMEOUT if not self.report["steps"] else STEP_TIMEOUT
+        diffs = self.bed.await_step(expected, node_local=node_local, changed=changed, timeout=timeout)
+        seconds = round(time.monotonic() - began, 1)
+        self.report["steps"].append({"step": step, "what": what, "differences": diffs, "seconds": seconds})
+        print(f"{step}: {len(diffs)} differences in {seconds:.0f} s", flush=True)
         self.save()
 
     def save(self) -> None:
         self.out.write_text(json.dumps(self.report, indent=1))
+
+
+def add_pod(bed: SideBySide) -> Callable[[str, str, Mapping[str, str]], BedPod]:
+    """How the scenarios make a pod here: a node's own pod is wired (IPVS takes a real server only
+    on a route to it); another node's is known to the API only (the nodes route its range to it)."""
+
+    def add(name: str, node: str, labels: Mapping[str, str]) -> BedPod:
+        return bed.add_pod(name, node, labels, wired=node != POD_HOST_NODE)
+
+    return add
 
 
 def services(*, web_port: int = 80, affinity: int = 300) -> list[builders.JSON]:
@@ -118,77 +131,63 @@ def services(*, web_port: int = 80, affinity: int = 300) -> list[builders.JSON]:
     ]  # fmt: skip
 
 
-def walk(w: Walk) -> None:
-    bed = w.bed
-    w.add("web-0", POD_HOST_NODE, "web")
-    w.add("web-1", POD_HOST_NODE, "web")
-    w.add_mirrored("lweb-0", "lweb")
-    w.add("lweb-remote", POD_HOST_NODE, "lweb")
-    bed.apply(*services())
-    bed.start_proxies()
-    w.check("the first sync")
-
-    w.add("web-2", POD_HOST_NODE, "web")
-    w.check("a pod added")
-    w.add_mirrored("lweb-1", "lweb")
-    w.check("a local pod added on each node")
-
-    def pod_change(step: str, names: list[str], act: Callable[[str], None], state: Callable[[PodState], None]) -> None:
-        for name in names:
-            act(name)
-            state(w.pods[name])
-        w.check(step)
-
-    def not_ready(p: PodState) -> None:
-        p.ready = False
-
-    def ready(p: PodState) -> None:
-        p.ready = True
-
-    def terminating(p: PodState) -> None:
-        p.terminating = True
-
-    pod_change("a pod turned not ready", ["web-0"], lambda n: bed.set_ready(n, False), not_ready)
-    pod_change("a pod terminating", ["web-1"], bed.start_termination, terminating)
-    mirrored = [f"lweb-0-{node}" for node in (UPSTREAM_NODE, OURS_NODE)]
-    pod_change("a local pod terminating on each node", mirrored, bed.start_termination, terminating)
-    for name in ["web-1", *mirrored]:
-        bed.finish_termination(name)
-        del w.pods[name]
-    w.check("terminated pods gone")
-    pod_change("a pod ready again", ["web-0"], lambda n: bed.set_ready(n, True), ready)
+def walk_and_hostiles(run: Run) -> None:
+    """The shared walk, a port and affinity change, the hostile objects over what the walk left,
+    then every Service (and every hand-made slice) deleted."""
+    bed = run.bed
+    w = Walk.of(bed, services(), add_pod(bed))
+    walk(w, services(), lambda step: run.check(step, w.expected(), NODE_LOCAL))
 
     bed.apply(services(web_port=81, affinity=60)[0])
-    w.check("a Service's port and affinity changed")
-    bed.delete("service", "web-ext")
-    del w.selectors["web-ext"]
-    w.check("a Service deleted")
-    bed.delete("service", "lweb-local")
-    del w.selectors["lweb-local"]
-    w.check("the Local LoadBalancer deleted")
+    run.check(AFTER_WALK[0], w.expected(), NODE_LOCAL)
+
+    every = hostiles()
+    bed.apply(*(obj for hostile in every for obj in hostile.objects))
+    for hostile in every:
+        for name, families in hostile.selecting.items():
+            w.selectors[name] = "web"
+            w.families[name] = families
+    run.check(AFTER_WALK[1], w.expected(), NODE_LOCAL, FAMILIES, f"{len(every)} objects: " + "; ".join(h.what for h in every))
+
+    bed.changed_at = time.time()
+    not_kubernetes = ("--field-selector", "metadata.name!=kubernetes", "--wait=false")
+    bed.cp.run_kubectl("delete", "services,endpoints", "-n", "default", *not_kubernetes)
+    manager = ",".join(f"{k}={v}" for k, v in MANAGER.items())
+    bed.cp.run_kubectl("delete", "endpointslices", "-n", "default", "-l", manager, "--wait=false")
+    run.check(AFTER_WALK[2], {}, (), FAMILIES)
 
 
-def main(out: Path) -> int:
+def random_cluster(run: Run) -> None:
+    """A seeded random cluster beside the walk's pods (their Services gone), and its churn."""
+    model = Model(random.Random(SEED), run.bed, add_pod=add_pod(run.bed))
+    model.populate()
+    run.check(RANDOM_STEPS[0], model.expected(), model.node_local(), FAMILIES, f"{sorted(model.services)}")
+    for step in RANDOM_STEPS[1:]:
+        what, touched = model.churn()
+        run.check(step, model.expected(), model.node_local(), touched, what)
+
+
+def main(out: Path, every: bool = False) -> int:
     bin_dir = upstream_bin()
     if bin_dir is None:
         out.write_text(json.dumps({"steps": [], "error": "upstream's binaries are not there (KUBEPROXY_UPSTREAM_BIN)"}))
         return 1
-    selectors = {name: ("lweb" if name.startswith("lweb") else "web") for name in (s["metadata"]["name"] for s in services())}
     began = time.monotonic()
     with SideBySide.build(bin_dir, mode="ipvs", startup_timeout=STARTUP_TIMEOUT) as bed:
         bed.probe_timeout = PROBE_TIMEOUT
-        w = Walk(bed, out, selectors)
-        w.report["startup_seconds"] = round(time.monotonic() - began, 1)
-        w.report["control_plane_seconds"] = round(bed.cp.startup_seconds, 1)
+        run = Run(bed, out, steps(every))
+        run.report["startup_seconds"] = round(time.monotonic() - began, 1)
+        run.report["control_plane_seconds"] = round(bed.cp.startup_seconds, 1)
         try:
-            walk(w)
+            walk_and_hostiles(run)
+            random_cluster(run)
         except Exception:  # the report carries it to the host, which fails the test with it
-            w.report["error"] = traceback.format_exc()
-        w.report["dumps"] = {node: bed.dump(node) for node in (UPSTREAM_NODE, OURS_NODE)}
-        w.report["logs"] = {node: bed.proxy_log(node)[-6000:] for node in (UPSTREAM_NODE, OURS_NODE)}
-        w.save()
-    return 0 if w.report["error"] is None else 1
+            run.report["error"] = traceback.format_exc()
+        run.report["dumps"] = {node: bed.dump(node) for node in (UPSTREAM_NODE, OURS_NODE)}
+        run.report["logs"] = {node: bed.proxy_log(node)[-6000:] for node in (UPSTREAM_NODE, OURS_NODE)}
+        run.save()
+    return 0 if run.report["error"] is None else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), every=sys.argv[2:] == ["every"]))

@@ -1,10 +1,14 @@
 """Upstream's kube-proxy (node-a) and ours (node-b) in IPVS mode against upstream's control plane,
 on Debian's kernel booted once under qemu (kubeproxy/lab/vm.py): the host's kernel has no IPVS.
 
-One boot runs guest_side_by_side_ipvs.sh, which walks guest_side_by_side_ipvs.py's STEPS and
-compares after each the two nodes' `ipvsadm-save -n`, `ipset save`, kube-ipvs0 addresses and
-iptables rules of both families, each node's own addresses named by role (lab/ipvs_compare.py).
-Each step is one test here, failing with the differences the guest found after it.
+One boot (one control-plane start, both proxies started once) runs guest_side_by_side_ipvs.sh:
+the e2e walk every mode shares, the hostile-but-valid objects and a seeded random cluster with
+churn (guest_side_by_side_ipvs.py), comparing after each checked step the two nodes' `ipvsadm-save
+-n`, `ipset save`, kube-ipvs0 addresses and iptables rules of both families, each node's own
+addresses named by role (lab/ipvs_compare.py). Each step is one test here, failing with the
+differences the guest found after it. KUBEPROXY_VM_EVERY_STEP=1 checks each of the walk's steps
+(by default the walk is checked at the steps whose paths are IPVS's own: TCG makes a step cost
+tens of seconds).
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import pytest
 from kubeproxy.lab import vm
 from kubeproxy.lab.control_plane import UPSTREAM_VERSION, upstream_bin
 from kubeproxy.lab.netns import have_root
-from tests.vm.guest_side_by_side_ipvs import FIRST_STEP_TIMEOUT, PROBE_TIMEOUT, STARTUP_TIMEOUT, STEP_TIMEOUT, STEPS
+from tests.vm.guest_side_by_side_ipvs import FIRST_STEP_TIMEOUT, PROBE_TIMEOUT, STARTUP_TIMEOUT, STEP_TIMEOUT, steps
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
+EVERY_STEP = os.environ.get("KUBEPROXY_VM_EVERY_STEP") == "1"
+STEPS = steps(EVERY_STEP)
+WIRED_PODS = 16  # the pods on the proxy nodes, each with a probe server to start: 4 in the walk, the rest random
 # The whole boot: the control plane's start, the pods' probes, every step at its worst (each waiting all of its time).
-TIMEOUT = STARTUP_TIMEOUT + 4 * PROBE_TIMEOUT + FIRST_STEP_TIMEOUT + STEP_TIMEOUT * (len(STEPS) - 1) + 300
+TIMEOUT = STARTUP_TIMEOUT + WIRED_PODS * PROBE_TIMEOUT + FIRST_STEP_TIMEOUT + STEP_TIMEOUT * (len(STEPS) - 1) + 300
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(TIMEOUT + 120)]
 
@@ -39,7 +46,7 @@ def walk() -> dict[str, Any]:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    files = {"repo_path": str(REPO), "upstream_bin": str(bin_dir)}
+    files = {"repo_path": str(REPO), "upstream_bin": str(bin_dir), "every": "every" if EVERY_STEP else ""}
     result = vm.VM(vm.build(), memory_mb=3072).run((HERE / "guest_side_by_side_ipvs.sh").read_text(), files=files,
                                                    timeout=TIMEOUT)  # fmt: skip
     print(f"vm: boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s; {result.output.strip()}")
@@ -50,6 +57,9 @@ def walk() -> dict[str, Any]:
     report: dict[str, Any] = json.loads(text)
     print(f"control plane {report.get('control_plane_seconds')} s, with the bed {report.get('startup_seconds')} s; steps: "
           + ", ".join(f"{s['step']} {s['seconds']:.0f} s" for s in report["steps"]))  # fmt: skip
+    for s in report["steps"]:
+        if s["what"]:
+            print(f"{s['step']}: {s['what'][:300]}")
     return report
 
 
@@ -59,7 +69,8 @@ def test_ipvs_state_equal_to_upstream_after(walk: dict[str, Any], step: str) -> 
     if step not in found:
         pytest.fail(f"the guest did not reach {step!r}: {walk.get('error') or 'no error reported'}")
     diffs: list[str] = found[step]
-    assert not diffs, f"after {step}:\n" + "\n".join(diffs)
+    what = next(s["what"] for s in walk["steps"] if s["step"] == step)
+    assert not diffs, f"after {step} ({what[:500]}):\n" + "\n".join(diffs)
 
 
 def test_the_walk_ends_without_error(walk: dict[str, Any]) -> None:

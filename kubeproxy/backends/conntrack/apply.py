@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
 from kubeproxy.backends.conntrack.netlink import ConntrackError, ConntrackMissing, ConntrackTable, table_for
 from kubeproxy.backends.conntrack.stale import ALL_LOCAL_NODE_PORTS, UDP, Filter, NodePortDestinations, NodePorts, stale
-from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import Family
 
 log = logging.getLogger("kubeproxy.conntrack")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.conntrack.flows import Flow, parse_flows
 from kubeproxy.backends.conntrack.netlink import Deleted
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 
 # One direction of an entry, as libnetfilter_conntrack prints it (the original tuple first).
 _TUPLE = re.compile(r"(?:^|\s)src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)(?=\s|$)")

@@ -1,4 +1,4 @@
-"""The conntrack table the reconciler reads and prunes, over ctnetlink (proxy/ctnetlink.py), as
+"""The conntrack table the reconciler reads and prunes, over ctnetlink (backends/conntrack/ctnetlink.py), as
 upstream does since 1.32: no `conntrack` program.
 
 `ConntrackTable` is what the reconciler needs: one family's UDP flows, and the deletion of some of
@@ -16,12 +16,12 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from kubeproxy.backends.base import SyncError
+from kubeproxy.backends.conntrack import ctnetlink
 from kubeproxy.backends.conntrack.flows import Flow
-from kubeproxy.backends.exec import Runner
-from kubeproxy.backends.host import Capability, host_of
-from kubeproxy.proxy import ctnetlink
-from kubeproxy.proxy.options import Family
+from kubeproxy.kernel.exec import Runner
+from kubeproxy.kernel.host import Capability, host_of
+from kubeproxy.model.contract import SyncError
+from kubeproxy.model.options import Family
 
 UDP = 17
 _AF = {Family.IPV4: socket.AF_INET, Family.IPV6: socket.AF_INET6}

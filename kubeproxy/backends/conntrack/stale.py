@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 from kubeproxy.backends import registry
 from kubeproxy.backends.conntrack.flows import Flow
-from kubeproxy.proxy.changes import Changes
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.model.changes import Changes
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.conntrack")
 

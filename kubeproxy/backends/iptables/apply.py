@@ -1,6 +1,6 @@
 """The only code that hands iptables rules to the kernel: iptables-restore fed on stdin.
 
-Every function takes a `run` callable (backends/exec.py) so that the same code drives the host, a
+Every function takes a `run` callable (kernel/exec.py) so that the same code drives the host, a
 test namespace (`NetNS.run`) or the fake (`FakeIptables.run`).
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.backends.host import host_of
-from kubeproxy.proxy.options import Family
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.kernel.host import host_of
+from kubeproxy.model.contract import SyncError
+from kubeproxy.model.options import Family
 
 
 class RestoreError(SyncError):

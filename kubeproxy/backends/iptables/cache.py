@@ -20,8 +20,8 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 
 if TYPE_CHECKING:
     from kubeproxy.backends.iptables.render import ServiceRules

@@ -17,8 +17,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.fake_tool import Refused, answer
-from kubeproxy.proxy.options import Family
+from kubeproxy.kernel.fake_tool import Refused, answer
+from kubeproxy.model.options import Family
 
 BUILTIN = {
     "filter": ("INPUT", "FORWARD", "OUTPUT"),

@@ -6,11 +6,11 @@ IPv4 one, under a `# ip6tables-restore` line, as the live proxy feeds each to it
 
 from __future__ import annotations
 
-from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.model.contract import OfflineOptions, OfflineText
+from kubeproxy.model.options import NFACCT_COUNTERS, Family
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
 
 
 def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables import jumps, names
 from kubeproxy.backends.iptables.apply import RestoreError, check_restore, ensure_nfacct_counters, iptables_tool, restore
 from kubeproxy.backends.iptables.cache import RenderCache
@@ -49,9 +48,10 @@ from kubeproxy.backends.iptables.render import (
     render_tables,
     restore_chunks,
 )
-from kubeproxy.proxy.metrics import FamilyMetrics
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import NFACCT_COUNTERS, Family, NodeOptions
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.model.metrics import FamilyMetrics
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import NFACCT_COUNTERS, Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.iptables")
 

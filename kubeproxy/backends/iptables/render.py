@@ -43,12 +43,12 @@ from typing import NamedTuple
 
 from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.cache import RenderCache
-from kubeproxy.backends.kernel_text import word
 from kubeproxy.cluster.addresses import CheckedIP
+from kubeproxy.kernel.kernel_text import word
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo
+from kubeproxy.model.options import NFACCT_CT_INVALID, NFACCT_LOCALHOST_NODEPORT, Family, NodeOptions
+from kubeproxy.model.topology import Categorized, categorize
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo
-from kubeproxy.proxy.options import NFACCT_CT_INVALID, NFACCT_LOCALHOST_NODEPORT, Family, NodeOptions
-from kubeproxy.proxy.topology import Categorized, categorize
 
 KUBE_SERVICES = "KUBE-SERVICES"
 KUBE_EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"

@@ -1,6 +1,6 @@
 """The only code that hands IPVS mode's state to the kernel, and reads it back to diff against.
 
-Four tools, all through one `run` callable (backends/exec.py):
+Four tools, all through one `run` callable (kernel/exec.py):
 - IPVS: `ipvsadm-save -n` read, operations fed to `ipvsadm -R` (one process per sync). Not
   `ipvsadm-restore`: that wrapper runs `ipvsadm -C` first, which would drop every virtual server
   and, with expire_nodest_conn, reset every connection (found in the VM test);
@@ -19,8 +19,6 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables.apply import iptables_tool
 from kubeproxy.backends.ipvs.render import (
     DUMMY_DEVICE,
@@ -31,7 +29,9 @@ from kubeproxy.backends.ipvs.render import (
     create_line,
     set_name,
 )
-from kubeproxy.proxy.options import Family
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.model.contract import SyncError
+from kubeproxy.model.options import Family
 
 _PROTO_OPT = {"-t": "TCP", "--tcp-service": "TCP", "-u": "UDP", "--udp-service": "UDP", "--sctp-service": "SCTP"}
 # ipvsadm prints scheduler flags by their aliases; we keep upstream's generic names.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kubeproxy.proxy.features import gate_enabled
+from kubeproxy.model.features import gate_enabled
 
 GATE = "KubeProxyIPVS"
 MESSAGE = ("The ipvs proxier has been deprecated and will be disabled by default in Kubernetes 1.40 and removed in "

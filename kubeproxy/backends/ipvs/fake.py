@@ -17,9 +17,9 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.fake_tool import Refused, answer
 from kubeproxy.backends.ipvs.apply import _PROTO_OPT, _split_hostport
 from kubeproxy.backends.ipvs.render import DUMMY_DEVICE, RealServer, VirtualServer, ipvsadm_save_text
+from kubeproxy.kernel.fake_tool import Refused, answer
 
 
 def _inet(addr: str) -> str:

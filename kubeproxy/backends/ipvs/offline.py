@@ -11,14 +11,14 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.ipvs.config_section import ipvs_options
 from kubeproxy.backends.ipvs.render import IpvsOptions, IpvsRendered, render
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.model.contract import OfflineOptions, OfflineText
+from kubeproxy.model.node_model import NodeView, build_view
+from kubeproxy.model.options import Family, NodeOptions, node_ips, node_options
 from kubeproxy.node_render import choose_node, node_families, primary_family
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import NodeView, build_view
-from kubeproxy.proxy.options import Family, NodeOptions, node_ips, node_options
 
 
 @dataclass(frozen=True)

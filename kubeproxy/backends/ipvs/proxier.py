@@ -15,8 +15,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables.apply import iptables_tool
 from kubeproxy.backends.ipvs.apply import Applier, IpvsOps, check_kernel, diff_ipvs
 from kubeproxy.backends.ipvs.render import (
@@ -31,10 +29,12 @@ from kubeproxy.backends.ipvs.render import (
     render,
     set_name,
 )
-from kubeproxy.proxy.interfaces import interface_addresses
-from kubeproxy.proxy.metrics import FamilyMetrics
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.kernel.interfaces import interface_addresses
+from kubeproxy.model.contract import SyncError
+from kubeproxy.model.metrics import FamilyMetrics
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.ipvs")
 

@@ -22,9 +22,9 @@ from typing import NewType
 
 from kubeproxy.backends.iptables.render import local_detector_args
 from kubeproxy.cluster.addresses import AddressText, CheckedNet, ip_text
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import Family, NodeOptions
-from kubeproxy.proxy.topology import Categorized, categorize
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import Family, NodeOptions
+from kubeproxy.model.topology import Categorized, categorize
 
 DUMMY_DEVICE = "kube-ipvs0"
 DEFAULT_SCHEDULER = "rr"

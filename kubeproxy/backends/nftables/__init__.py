@@ -6,7 +6,7 @@ apply.py how they reach the kernel. One sync of the live proxy, per IP family:
     applier = NftApplier("ip", run)            # "ip6" for IPv6; one per family, kept for the process
     rendering = None
     ...
-    changes = tracker.take(view)               # kubeproxy.proxy.changes
+    changes = tracker.take(view)               # kubeproxy.model.changes
     rendering = render(view, opts, service_cidrs=cidrs, previous=rendering,
                        changed_services=changes.changed_services)   # None: full render
     result = applier.apply(rendering, full=changes.full)            # NftError: next apply is full

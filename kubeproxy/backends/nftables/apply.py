@@ -36,15 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.backends.libnft import LibNft
 from kubeproxy.backends.nftables.diff import NeedsFullSync, Plan, chunks, create_plan, plan, render_ops
 from kubeproxy.backends.nftables.render import BASE_CHAINS, CONNTRACK_CHAINS, SERVICES
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.backends.nftables.stream import STREAM_FILE, NftStream, Spawn, spawner
 from kubeproxy.backends.nftables.table_objects import TABLE, TABLE_COMMENT, add_lines, quote
 from kubeproxy.cluster.bulk import paused_gc
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.kernel.libnft import LibNft
+from kubeproxy.model.contract import SyncError
 
 log = logging.getLogger("kubeproxy.nftables")
 

@@ -30,8 +30,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.fake_tool import Refused, answer
-from kubeproxy.backends.kernel_text import NFT_COMMENT_MAX
+from kubeproxy.kernel.fake_tool import Refused, answer
+from kubeproxy.kernel.kernel_text import NFT_COMMENT_MAX
 
 
 @dataclass

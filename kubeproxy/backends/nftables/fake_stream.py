@@ -1,6 +1,6 @@
 """FakeNft with streamed transactions (stream.py), for tests without root.
 
-A `StreamingFakeNft` is a host (backends/host.py) that declares it can spawn a tool: an applier
+A `StreamingFakeNft` is a host (kernel/host.py) that declares it can spawn a tool: an applier
 given it streams its large plans into `FakeStream`s: the text written is applied as one
 `nft -f -` transaction when the stream is closed, and never when it is aborted. Every stream is
 kept in `streams` with what happened to it, so a test can see which transactions were committed,
@@ -13,8 +13,8 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.host import Capability
 from kubeproxy.backends.nftables.fake import FakeNft
+from kubeproxy.kernel.host import Capability
 
 
 @dataclass

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.userspace.balancer import PortTable
 from kubeproxy.backends.userspace.relay_loop import Listener, RelayServer
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.node_model import NodeView, ServicePortName
-from kubeproxy.proxy.options import Family, NodeOptions
-from kubeproxy.proxy.topology import categorize
+from kubeproxy.model.node_model import NodeView, ServicePortName
+from kubeproxy.model.options import Family, NodeOptions
+from kubeproxy.model.topology import categorize
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.nftables")
 

@@ -15,12 +15,12 @@ from prometheus_client.registry import Collector
 
 from kubeproxy.backends.nftables.proxier import NftablesProxier
 from kubeproxy.backends.nftables.render import localhost_rejected_counter
-from kubeproxy.proxy.metrics import (
+from kubeproxy.model.metrics import (
     LOCALHOST_NODEPORT_LISTENER_FAILURES,
     LOCALHOST_NODEPORT_LISTENERS,
     LOCALHOST_NODEPORT_REJECTED_PACKETS,
 )
-from kubeproxy.proxy.options import LOCALHOST_NODEPORT_REJECTABLE, Family
+from kubeproxy.model.options import LOCALHOST_NODEPORT_REJECTABLE, Family
 
 log = logging.getLogger("kubeproxy.nftables")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from kubeproxy.backends.kernel_text import nft_name
 from kubeproxy.cluster.addresses import AddressText
-from kubeproxy.proxy.node_model import ServicePortName
+from kubeproxy.kernel.kernel_text import nft_name
+from kubeproxy.model.node_model import ServicePortName
 
 NAME_LENGTH_MAX = 256  # nft's limit (NFT_NAME_MAXLEN)
 _PREFIX_LENGTH_MAX = 16

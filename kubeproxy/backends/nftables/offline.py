@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.model.contract import OfflineOptions, OfflineText
+from kubeproxy.model.node_model import NodeView, build_view
+from kubeproxy.model.options import Family, NodeOptions, node_options
 from kubeproxy.node_render import choose_node, node_families, primary_family
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import NodeView, build_view
-from kubeproxy.proxy.options import Family, NodeOptions, node_options
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.exec import Runner, local_run
-from kubeproxy.backends.libnft import for_runner
 from kubeproxy.backends.nftables.apply import ApplyResult, NftApplier
 from kubeproxy.backends.nftables.localhost import LocalhostNodePorts
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
-from kubeproxy.proxy.metrics import FamilyMetrics
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.kernel.libnft import for_runner
+from kubeproxy.model.metrics import FamilyMetrics
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import Family, NodeOptions
 
 log = logging.getLogger("kubeproxy.nftables")
 
@@ -62,7 +62,7 @@ class NftablesProxier:
     clock: Callable[[], float] = time.monotonic
     nfacct_counters: tuple[str, ...] = field(default=(), init=False)  # nftables has its own counters
     # Send transactions through libnftables in-process where `run` says which namespace
-    # (backends/libnft.py); False: always the `nft` process.
+    # (kernel/libnft.py); False: always the `nft` process.
     in_process: bool = True
     _applier: NftApplier | None = field(default=None, init=False)
     _previous: NftRendering | None = field(default=None, init=False)

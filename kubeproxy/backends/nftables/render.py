@@ -84,9 +84,9 @@ from kubeproxy.backends.nftables.rendered_table import (
 )
 from kubeproxy.backends.nftables.table_objects import BaseHook, Chain, CtTimeout, Element, NftCounter, NftSet, Packed, Rule, pack
 from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
-from kubeproxy.proxy.topology import categorize
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
+from kubeproxy.model.topology import categorize
 
 # Base chains: upstream's names, types and priorities since kubernetes PR #132456 (1.34, also
 # in 1.33). Only the source-range check sees the address a packet was sent to (before DNAT); the

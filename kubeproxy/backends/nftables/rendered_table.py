@@ -40,7 +40,7 @@ from kubeproxy.backends.nftables.table_objects import (
     unpack,
 )
 from kubeproxy.cluster.twins import twin_of
-from kubeproxy.proxy.node_model import EndpointInfo, ServicePortInfo, ServicePortName
+from kubeproxy.model.node_model import EndpointInfo, ServicePortInfo, ServicePortName
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -151,7 +151,7 @@ def _fragment_maker() -> Callable[..., Fragment]:
     """`Fragment(<its fields, in order>)` without the frozen __init__'s `object.__setattr__` per
     field (a full render makes one per service port): a twin class with the same slots is
     filled by plain stores, then made a Fragment by `__class__` assignment, which CPython allows
-    only when the two layouts are the same (as proxy/node_model.py builds the view)."""
+    only when the two layouts are the same (as model/node_model.py builds the view)."""
     fields = ("service", "elements", "chains", "shared", "warning", "no_local_internal", "no_local_external")
     if tuple(Fragment.__dataclass_fields__) != fields:
         raise TypeError("Fragment's fields changed order: _fragment_maker takes them in order")

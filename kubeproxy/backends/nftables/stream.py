@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kubeproxy.backends.exec import FedProcess, Runner
-from kubeproxy.backends.host import Capability, Feed, host_of
+from kubeproxy.kernel.exec import FedProcess, Runner
+from kubeproxy.kernel.host import Capability, Feed, host_of
 
 # A chunk of the applier's (STREAM_CHUNK operations) is about 0.5 MB of text.
 PIPE_BYTES = 1 << 20

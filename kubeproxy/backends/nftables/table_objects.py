@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import ClassVar, NamedTuple
 
-from kubeproxy.backends.kernel_text import nft_quoted
+from kubeproxy.kernel.kernel_text import nft_quoted
 
 TABLE = "kube-proxy"
 TABLE_COMMENT = "rules for kube-proxy"

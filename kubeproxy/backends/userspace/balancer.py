@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kubeproxy.proxy.node_model import ServicePortName
+from kubeproxy.model.node_model import ServicePortName
 
 # Upstream's EndpointDialTimeouts: one connect attempt per entry, each on the next endpoint.
 DIAL_TIMEOUTS = (0.25, 0.5, 1.0, 2.0)

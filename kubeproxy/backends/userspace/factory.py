@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kubeproxy.backends.base import Backend
-from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.userspace.proxier import UserspaceProxier, state_path
+from kubeproxy.kernel.exec import Runner
+from kubeproxy.model.contract import Backend
 from kubeproxy.proxy.config import ProxyConfig
 
 

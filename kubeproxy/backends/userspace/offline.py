@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 
-from kubeproxy.backends.base import OfflineOptions, OfflineText
 from kubeproxy.backends.userspace import render as R
 from kubeproxy.backends.userspace.ports import parse_port_range
 from kubeproxy.cluster.state import ClusterState
+from kubeproxy.model.contract import OfflineOptions, OfflineText
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import Family, node_options
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import Family, node_options
 
 EXAMPLE_FIRST_PORT = 36000
 

@@ -12,7 +12,7 @@ import random
 import socket
 from dataclasses import dataclass, field
 
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 
 LISTEN_BACKLOG = 4096
 # A UDP service port's socket takes every client's datagrams and sends every reply: a burst

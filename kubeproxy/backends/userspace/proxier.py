@@ -30,18 +30,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.backends.exec import Runner, local_run
 from kubeproxy.backends.iptables.apply import RestoreError, check_restore, iptables_tool, restore
 from kubeproxy.backends.userspace import render as R
 from kubeproxy.backends.userspace.balancer import PortTable
 from kubeproxy.backends.userspace.ports import Binder, PortsExhausted, parse_port_range
 from kubeproxy.backends.userspace.relay import HAVE_SPLICE
 from kubeproxy.backends.userspace.relay_loop import DEFAULT_UDP_TIMEOUT, Listener, RelayServer, fd_budget, raise_nofile
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.metrics import FamilyMetrics
-from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import Family, NodeOptions
-from kubeproxy.proxy.topology import categorize
+from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.model.metrics import FamilyMetrics
+from kubeproxy.model.node_model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import Family, NodeOptions
+from kubeproxy.model.topology import categorize
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.userspace")
 

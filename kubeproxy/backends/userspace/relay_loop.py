@@ -39,8 +39,8 @@ from kubeproxy.backends.userspace.relay import (
     UdpFlow,
     reset,
 )
-from kubeproxy.proxy.logs import kv
-from kubeproxy.proxy.node_model import ServicePortName
+from kubeproxy.model.node_model import ServicePortName
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.userspace")
 

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
 from kubeproxy.backends.userspace.relay_loop import RelayStats
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 
 # Each lane's (family, backend), read at every scrape: lanes come and go with the node's families.
 Lanes = Callable[[], Iterable[tuple[Family, object]]]

@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kubeproxy.backends.kernel_text import iptables_comment, word
 from kubeproxy.cluster.addresses import AddressText, ip_text
-from kubeproxy.proxy.node_model import NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.kernel.kernel_text import iptables_comment, word
+from kubeproxy.model.node_model import NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 
 KUBE_PORTALS_CONTAINER = "KUBE-PORTALS-CONTAINER"
 KUBE_PORTALS_HOST = "KUBE-PORTALS-HOST"

@@ -42,7 +42,7 @@ from kubeproxy.lab.cluster import (
 )
 from kubeproxy.lab.dns.bind import ANSWER_IP, ANSWER_NAME, DNS_PORT, BindServer
 from kubeproxy.lab.dns.scenarios import Scenario
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.model.options import NodeOptions
 
 SERVICE_NAMESPACE, SERVICE_NAME = "dns", "bind"
 CLUSTER_IP = "10.96.0.53"

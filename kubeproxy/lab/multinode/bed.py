@@ -62,8 +62,8 @@ from kubeproxy.lab.kubelet import LabKubelet, NodeInfo, PodInfo
 from kubeproxy.lab.multinode.control import start_in
 from kubeproxy.lab.multinode.lb_handle import LoadBalancer
 from kubeproxy.lab.multinode.upstream import UpstreamControl
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.health import TO_BE_DELETED_TAINT
-from kubeproxy.proxy.options import Family
 
 UNDERLAY = ipaddress.ip_network("192.168.10.0/24")
 ROUTER_IP = "192.168.10.1"  # the lb namespace's underlay address: the nodes' gateway

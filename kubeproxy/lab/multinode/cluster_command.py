@@ -28,7 +28,7 @@ from kubeproxy.lab.multinode.lb_handle import LoadBalancer
 from kubeproxy.lab.multinode.scenario import LocalService, move_endpoint, move_pod
 from kubeproxy.lab.netns import NetnsError
 from kubeproxy.lab.node_rules import MODES
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 
 WEB = {
     Family.IPV4: LocalService("web", "10.96.0.80", node_port=30080, health_check_node_port=32080),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from kubeproxy.lab import builders
 from kubeproxy.lab.multinode.bed import DualPod, MultiNodeCluster
 from kubeproxy.lab.multinode.lb_handle import LoadBalancer
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 
 
 @dataclass(frozen=True)

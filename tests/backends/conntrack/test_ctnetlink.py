@@ -1,4 +1,4 @@
-"""The ctnetlink table (proxy/ctnetlink.py): messages as the kernel writes them, decoded; the
+"""The ctnetlink table (backends/conntrack/ctnetlink.py): messages as the kernel writes them, decoded; the
 kernel's own dump filter; deletion of exactly one entry by its tuple, zone and id.
 
 The kernel part inserts its entries with the conntrack program (`-I`), an independent way in,
@@ -14,9 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kubeproxy.backends.conntrack import parse_flows
+from kubeproxy.backends.conntrack import ctnetlink, parse_flows
 from kubeproxy.lab.netns import NetNS, netns
-from kubeproxy.proxy import ctnetlink
 
 
 def _nla(kind: int, payload: bytes) -> bytes:

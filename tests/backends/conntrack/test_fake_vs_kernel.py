@@ -47,11 +47,11 @@ from kubeproxy.backends.conntrack import (
     stale_filters,
 )
 from kubeproxy.backends.conntrack.fake import FakeConntrack
-from kubeproxy.backends.exec import Runner
 from kubeproxy.cluster.addresses import ip_text, valid_ip
+from kubeproxy.kernel.exec import Runner
 from kubeproxy.lab.netns import NetNS, link, netns
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import Family
 from tests.backends.conntrack.test_kernel import ADDRS, NODE_PORT, POD_PORT, SEND, SERVER, SVC_PORT, Addrs, load
 
 FAMILIES = (Family.IPV4, Family.IPV6)

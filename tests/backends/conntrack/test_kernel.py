@@ -21,8 +21,8 @@ import pytest
 from kubeproxy.backends.conntrack import NodePorts, Reconciler, list_flows, reconcile
 from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.lab.netns import NetNS, link, netns
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import Family
 
 pytestmark = pytest.mark.root
 

@@ -42,13 +42,13 @@ from kubeproxy.backends.conntrack import (
     table_for,
 )
 from kubeproxy.backends.conntrack.fake import FakeConntrack
-from kubeproxy.backends.exec import local_run
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.cluster.objects import parse_endpoint_slice, parse_service
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.changes import Changes, ChangeTracker
-from kubeproxy.proxy.node_model import NodeView, ServicePortName, build_view
-from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.kernel.exec import local_run
+from kubeproxy.model.changes import Changes, ChangeTracker
+from kubeproxy.model.node_model import NodeView, ServicePortName, build_view
+from kubeproxy.model.options import Family, NodeOptions
 
 # -- upstream's fixture: one service with TCP, UDP and SCTP ports on the same numbers
 

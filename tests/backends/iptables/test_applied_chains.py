@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 
 from kubeproxy import node_render as offline
-from kubeproxy.backends.exec import Runner
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.last_restore import AppliedChains
 from kubeproxy.backends.iptables.proxier import IptablesProxier
+from kubeproxy.kernel.exec import Runner
 from kubeproxy.lab import netns as netns_mod
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import NFACCT_COUNTERS
 from kubeproxy.node_render import NodeRendering
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import NFACCT_COUNTERS
 
 DEMO = Path(__file__).parents[3] / "kubeproxy" / "examples" / "demo.yaml"
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))

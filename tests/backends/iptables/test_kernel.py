@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters, restore
 from kubeproxy.cli import main
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
+from kubeproxy.model.options import NFACCT_COUNTERS, Family
 from tests.backends.iptables.canonical import uncommented
 from tests.backends.iptables.rules_invariants import parse
 from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS

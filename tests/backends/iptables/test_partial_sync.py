@@ -27,9 +27,9 @@ from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.proxy.changes import ChangeTracker
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, build_view
-from kubeproxy.proxy.options import NFACCT_COUNTERS, NodeOptions
+from kubeproxy.model.changes import ChangeTracker
+from kubeproxy.model.node_model import EndpointInfo, NodeView, build_view
+from kubeproxy.model.options import NFACCT_COUNTERS, NodeOptions
 from tests.backends.iptables.canonical import diff, uncommented
 from tests.backends.iptables.rules_invariants import check_invariants
 from tests.backends.iptables.rules_invariants import parse as parse_rules

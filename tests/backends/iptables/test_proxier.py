@@ -19,10 +19,10 @@ from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counte
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.lab.netns import NetNS
+from kubeproxy.model.node_model import NodeView
+from kubeproxy.model.options import NFACCT_COUNTERS, Family
 from kubeproxy.node_render import NodeRendering
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import NodeView
-from kubeproxy.proxy.options import NFACCT_COUNTERS, Family
 from tests.paths import DEMO
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))

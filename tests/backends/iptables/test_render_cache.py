@@ -25,11 +25,11 @@ from kubeproxy.backends.iptables.cache import RenderCache
 from kubeproxy.backends.iptables.render import Rendered, render
 from kubeproxy.cli import build_config, main
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.changes import ChangeTracker
+from kubeproxy.model.changes import ChangeTracker
+from kubeproxy.model.node_model import NodeView, ServicePortName, build_view
+from kubeproxy.model.options import Family, NodeOptions
+from kubeproxy.model.view import ViewBuilder
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.node_model import NodeView, ServicePortName, build_view
-from kubeproxy.proxy.options import Family, NodeOptions
-from kubeproxy.proxy.view import ViewBuilder
 from tests.backends.iptables.canonical import diff
 from tests.backends.iptables.test_partial_sync import (
     BOGUS_CHAIN,

@@ -13,9 +13,9 @@ from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import build_state
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import NodeOptions, node_options
 from kubeproxy.proxy.config import ProxyConfig
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import NodeOptions, node_options
 from tests.backends.iptables.canonical import diff
 from tests.backends.iptables.rules_invariants import check_invariants, parse
 from tests.paths import TESTS

@@ -14,8 +14,8 @@ from kubeproxy.backends.ipvs.apply import diff_ipvs, graceful_termination_needed
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
 from kubeproxy.cluster.addresses import ip_text, valid_ip
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 
 OPTS = NodeOptions(node_name="node", node_ip="192.168.0.2")
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends.fake_node import FakeNode
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.options import Family
 from tests.e2e.test_dualstack import ADDR
 from tests.e2e.test_hostile_addresses_kernel import FAMILIES, foreign_text, hostile, injected_node, world
 from tests.proxy.test_dualstack import Source, nothing, run_proxy

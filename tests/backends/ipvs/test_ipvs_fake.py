@@ -13,9 +13,9 @@ from kubeproxy.backends.ipvs.apply import IpvsUnavailable
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
 from kubeproxy.cluster.addresses import ip_text, valid_ip
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
 from tests.live.test_live import _service
 from tests.live.test_live_fake import CFG, Source
 

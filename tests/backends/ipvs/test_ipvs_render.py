@@ -15,8 +15,8 @@ from kubeproxy.backends.ipvs.apply import IpvsUnavailable, check_kernel, diff_ip
 from kubeproxy.backends.ipvs.render import IpvsOptions, RealServer, VirtualServer, ipvsadm_save_text, render
 from kubeproxy.cli import main
 from kubeproxy.cluster.addresses import ip_text, valid_ip
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 from tests.paths import DEMO
 
 NODE_IP = "100.101.102.103"  # upstream's test node address

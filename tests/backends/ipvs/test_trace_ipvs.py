@@ -23,10 +23,10 @@ from kubeproxy.backends.ipvs.render import (
 )
 from kubeproxy.cli import main
 from kubeproxy.cluster.addresses import ip_text, valid_ip
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 from kubeproxy.netfilter.ipvs import IpvsParseError, parse_ipset_save, parse_ipvs
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
 
 NODE_IP = "192.168.0.2"
 NODE = ["--iface", "eth0=192.168.0.2/24", "--iface", "cni0=10.244.1.1/24",

@@ -23,8 +23,8 @@ import yaml
 from kubeproxy.backends.ipvs.render import FILTER_CHAINS, NAT_CHAINS, IpvsOptions, IpvsRendered, ipvsadm_save_text, render
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import build_state
-from kubeproxy.proxy.node_model import build_view
-from kubeproxy.proxy.options import Family, NodeOptions
+from kubeproxy.model.node_model import build_view
+from kubeproxy.model.options import Family, NodeOptions
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "case.yaml").exists())

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kubeproxy.cluster.state import build_state
+from kubeproxy.model.node_model import NodeView, build_view
+from kubeproxy.model.options import Family, NodeOptions
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.node_model import NodeView, build_view
-from kubeproxy.proxy.options import Family, NodeOptions
 
 NODE = "test-node"
 

@@ -12,7 +12,7 @@ from kubeproxy.backends.nftables import rendered_table
 from kubeproxy.backends.nftables.diff import ElementOp, chunks, create_plan, plan, weight
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering, OverlayMap
-from kubeproxy.proxy.node_model import NodeView
+from kubeproxy.model.node_model import NodeView
 from tests.backends.nftables.helpers import NODE, endpoint, options, port, service, slice_, view
 
 

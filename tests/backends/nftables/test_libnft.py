@@ -1,4 +1,4 @@
-"""libnftables in-process (backends/libnft.py): the same transactions as `nft -f -`, in the right namespace."""
+"""libnftables in-process (kernel/libnft.py): the same transactions as `nft -f -`, in the right namespace."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends.exec import local_run
-from kubeproxy.backends.libnft import TRIM_AFTER_BYTES, LibNft, LibNftError, for_runner
 from kubeproxy.backends.nftables.apply import NftApplier
 from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.render import render
+from kubeproxy.kernel.exec import local_run
+from kubeproxy.kernel.libnft import TRIM_AFTER_BYTES, LibNft, LibNftError, for_runner
 from kubeproxy.lab.netns import NetNS
 from tests.backends.nftables.helpers import endpoint, options, port, service, slice_, view
 

@@ -9,8 +9,8 @@ import pytest
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.lab.builders import Port, service
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.config import ProxyConfig, validate
-from kubeproxy.proxy.options import Family
 
 GATE = "KubeProxyNFTablesLocalhostNodePorts"
 UPSTREAM_BASE = [

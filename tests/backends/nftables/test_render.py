@@ -12,9 +12,9 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.backends.nftables.table_objects import CtTimeout
 from kubeproxy.cluster.addresses import AddressText
+from kubeproxy.model.node_model import ServicePortName
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.node_model import ServicePortName
-from kubeproxy.proxy.options import Family
 from tests.backends.nftables.helpers import NODE, endpoint, options, options6, port, service, slice_, view
 
 

@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.backends import exec as kexec
-from kubeproxy.backends.host import Intercepted
 from kubeproxy.backends.nftables import apply as apply_mod
 from kubeproxy.backends.nftables import stream
 from kubeproxy.backends.nftables.apply import NftApplier, NftError
@@ -31,6 +29,8 @@ from kubeproxy.backends.nftables.fake import FakeNft
 from kubeproxy.backends.nftables.fake_stream import FakeStream, StreamingFakeNft
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
+from kubeproxy.kernel import exec as kexec
+from kubeproxy.kernel.host import Intercepted
 from kubeproxy.lab import netns as L
 from tests.backends.nftables.helpers import canonical, options, view
 from tests.backends.nftables.test_incremental import random_service

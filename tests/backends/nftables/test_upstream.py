@@ -17,8 +17,8 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import build_state
-from kubeproxy.proxy.node_model import ServicePortName, build_view
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import ServicePortName, build_view
+from kubeproxy.model.options import Family
 from tests.backends.nftables.helpers import NODE, options
 from tests.paths import TESTS
 

@@ -31,6 +31,8 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import build_state
 from kubeproxy.cluster.validation import ParseOptions
+from kubeproxy.model.node_model import NodeView, build_view
+from kubeproxy.model.options import Family, NodeOptions
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter import iptables_save, nft_json
 from kubeproxy.netfilter.node import Node
@@ -38,8 +40,6 @@ from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.ruleset import Ruleset
 from kubeproxy.netfilter.simulate import Outcome, trace
 from kubeproxy.proxy.config import LocalDetector
-from kubeproxy.proxy.node_model import NodeView, build_view
-from kubeproxy.proxy.options import Family, NodeOptions
 from tests.netfilter.kernel_bed import BedSpec, assert_kernel_agrees, bed, observed_key
 from tests.paths import TESTS
 

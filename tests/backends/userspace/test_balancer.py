@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kubeproxy.backends.userspace.balancer import Balancer, PortTable
-from kubeproxy.proxy.node_model import ServicePortName
+from kubeproxy.model.node_model import ServicePortName
 
 WEB = ServicePortName("default", "web", "http", "TCP")
 A, B, C = ("10.0.0.1", 80), ("10.0.0.2", 80), ("10.0.0.3", 80)

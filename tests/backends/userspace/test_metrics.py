@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
 from kubeproxy.backends.userspace.relay_loop import RelayServer
 from kubeproxy.backends.userspace.relay_metrics import RelayCollector, relay_health
+from kubeproxy.model.options import Family
 from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.proxy.options import Family
 from tests.backends.userspace.test_relay import WEB, TcpBackend, free_port, serve, wait_for
 
 

@@ -18,8 +18,8 @@ from kubeproxy.backends.userspace.balancer import PortTable
 from kubeproxy.backends.userspace.ports import Binder
 from kubeproxy.backends.userspace.relay import HAVE_SPLICE
 from kubeproxy.backends.userspace.relay_loop import Listener, RelayServer
-from kubeproxy.proxy.node_model import ServicePortName
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import ServicePortName
+from kubeproxy.model.options import Family
 
 WEB = ServicePortName("default", "web", "http", "TCP")
 DNS = ServicePortName("default", "dns", "dns", "UDP")

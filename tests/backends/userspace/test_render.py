@@ -13,8 +13,8 @@ from kubeproxy.backends.userspace import render as R
 from kubeproxy.backends.userspace.ports import PortRange, parse_port_range
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
 from kubeproxy.cluster.addresses import CheckedIP, ip_text, valid_ip
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
-from kubeproxy.proxy.options import NodeOptions
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
+from kubeproxy.model.options import NodeOptions
 
 WEB = ServicePortName("default", "web", "http", "TCP")
 DNS = ServicePortName("kube-system", "dns", "dns", "UDP")

@@ -18,6 +18,7 @@ from kubeproxy.backends import registry
 from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import Node
+from kubeproxy.model.features import gate_enabled
 from kubeproxy.proxy.config import (
     NODEPORT_ALL,
     NODEPORT_LOCALHOST,
@@ -27,7 +28,6 @@ from kubeproxy.proxy.config import (
     ProxyConfig,
     parse_node_ips,
 )
-from kubeproxy.proxy.features import gate_enabled
 
 
 class Family(StrEnum):

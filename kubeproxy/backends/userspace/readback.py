@@ -1,4 +1,5 @@
-"""What a userspace-mode node does with each service port: its redirect rules and its relay.
+"""What a userspace-mode node does with each service port, read back (backends/rules_readback.py):
+its redirect rules and its relay.
 
 The redirect rules name the service port (upstream's comment `ns/name:port`) but not its
 endpoints: those live in the proxy's relay. The proxy writes them after every sync to its state
@@ -10,22 +11,25 @@ port is in the nat table and the relay balances it over that endpoint.
 from __future__ import annotations
 
 import json
-import re
 import shlex
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from kubeproxy.backends.rules_readback import NodeRules, Run, ServicePortKeys, names
 from kubeproxy.backends.userspace.proxier import STATE_DIR, state_path
 from kubeproxy.backends.userspace.render import KUBE_PORTALS_CONTAINER
 
-Run = Any  # NetNS.run-like
+
+def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:
+    """The redirects name every port, so the keys are not needed."""
+    return UserspaceRules.read(run)
 
 
 @dataclass
 class UserspaceRules:
     nat: str
     state: dict[str, Any]
-    mode: str = field(default="userspace", init=False)
 
     @classmethod
     def read(cls, run: Run) -> UserspaceRules:
@@ -64,5 +68,5 @@ class UserspaceRules:
         return port is not None and not port["endpoints"]
 
     def mentions(self, service: str) -> bool:
-        pattern = re.compile(re.escape(service) + r"(?![a-z0-9.-])")
+        pattern = names(service)
         return bool(pattern.search(self.nat)) or any(pattern.match(name) for name in self.state.get("ports", {}))

@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubeproxy.proxy.logs import kv
+from kubeproxy.runtime.logs import kv
 
 log = logging.getLogger("kubeproxy.proxy")
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kubeproxy.cluster.state import ClusterState
+    from kubeproxy.model.metrics import FamilyMetrics
+    from kubeproxy.model.node_model import NodeView
+    from kubeproxy.model.options import Family, NodeOptions
     from kubeproxy.proxy.config import ProxyConfig
-    from kubeproxy.proxy.metrics import FamilyMetrics
-    from kubeproxy.proxy.node_model import NodeView
-    from kubeproxy.proxy.options import Family, NodeOptions
 
 
 class SyncError(RuntimeError):

@@ -2,8 +2,8 @@
 `kubernetes_build_info` and `kubernetes_feature_enabled`, with upstream's names, help and labels.
 
 Both are constant for the life of the process, so they are collected from data at scrape time:
-the version from kubeproxy/version.py, the gates from the pinned release's registry
-(proxy/features.py) under this proxy's `featureGates`.
+the version from kubeproxy/runtime/version.py, the gates from the pinned release's registry
+(model/features.py) under this proxy's `featureGates`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kubeproxy.proxy.features import registry
-from kubeproxy.version import VersionInfo
+from kubeproxy.model.features import registry
+from kubeproxy.runtime.version import VersionInfo
 
 BUILD_INFO_HELP = (
     "[BETA] A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, "

@@ -17,8 +17,8 @@ from collections.abc import Collection, Mapping
 from typing import TypeVar
 
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.node_model import NodeView, ServiceKey, ServicePortName, build_view, endpoints_map, ports_of_service, renamed
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.node_model import NodeView, ServiceKey, ServicePortName, build_view, endpoints_map, ports_of_service, renamed
+from kubeproxy.model.options import Family
 
 V = TypeVar("V")
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from kubeproxy.backends.base import SyncError
-from kubeproxy.backends.host import Capability, Feed
+from kubeproxy.kernel.host import Capability, Feed
+from kubeproxy.model.contract import SyncError
 
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -25,10 +25,10 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kubeproxy.backends import registry
-from kubeproxy.proxy.component_metrics import BuildInfo, FeatureEnabled
+from kubeproxy.model.component_metrics import BuildInfo, FeatureEnabled
 
 if TYPE_CHECKING:
-    from kubeproxy.backends.base import SyncReport
+    from kubeproxy.model.contract import SyncReport
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from kubeproxy.backends.exec import Runner
+from kubeproxy.kernel.exec import Runner
 
 _FAMILIES = ("inet", "inet6")
 

@@ -1,10 +1,9 @@
-"""What an IPVS node's kernel state says about each service port: the waits of the test beds.
+"""An IPVS-mode node's kernel state read back per service port (backends/rules_readback.py).
 
 IPVS mode sends a service port's packets to its endpoints through virtual servers, not DNAT
 rules: `ipvsadm-save -n` lists one virtual server per address and port of the service (cluster
 IP, external and load-balancer IPs, the NodePort on each node address) with a real server per
-endpoint. So, as for nftables (node_rules.NftRules), the snapshot is given the Service objects
-and looks each port's keys up in that table.
+endpoint. So, as for nftables, the reader is given the ports' keys and looks each up in that table.
 
 A real server at weight 0 is an endpoint being removed (graceful termination keeps it until its
 connections are gone): it takes no new connection, so it is not among the port's endpoints.
@@ -19,7 +18,11 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
-from kubeproxy.lab.node_rules import ServicePortKeys, published
+from kubeproxy.backends.rules_readback import NodeRules, Run, ServicePortKeys, published
+
+
+def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:
+    return IpvsRules(str(run(["ipvsadm-save", "-n"]).stdout), ports)
 
 
 @dataclass
@@ -28,7 +31,6 @@ class IpvsRules:
 
     save: str
     ports: Mapping[str, ServicePortKeys]
-    mode: str = field(default="ipvs", init=False)
     table: dict[VirtualServer, list[RealServer]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kubeproxy.cluster.objects import LABEL_ZONE
-from kubeproxy.proxy.node_model import EndpointInfo, ServicePortInfo
+from kubeproxy.model.node_model import EndpointInfo, ServicePortInfo
 
 PREFER_SAME_NODE, PREFER_SAME_ZONE = "PreferSameNode", "PreferSameZone"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Sequence
 
-from kubeproxy.backends.exec import CommandError
+from kubeproxy.kernel.exec import CommandError
 
 
 class Refused(Exception):

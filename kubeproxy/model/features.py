@@ -141,7 +141,7 @@ def _gate(raw: Mapping[str, Any]) -> Gate:
 @functools.cache
 def registry() -> GateRegistry:
     """The pinned release's registry (immutable data, read once)."""
-    raw = json.loads(resources.files("kubeproxy.proxy").joinpath(RELEASE_DATA).read_text())
+    raw = json.loads(resources.files("kubeproxy.model").joinpath(RELEASE_DATA).read_text())
     return GateRegistry(
         str(raw["release"]),
         str(raw["emulationVersion"]),

@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.exec import Runner
-from kubeproxy.backends.host import Capability, host_of
-from kubeproxy.proxy.memory import find_malloc_trim
+from kubeproxy.kernel.exec import Runner
+from kubeproxy.kernel.host import Capability, host_of
+from kubeproxy.runtime.memory import find_malloc_trim
 
 log = logging.getLogger("kubeproxy.nftables")
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from kubeproxy.cluster.addresses import AddressText, CheckedIP, CheckedNet
 from kubeproxy.cluster.objects import Endpoint, EndpointSlice, Service
 from kubeproxy.cluster.twins import twin_of
-from kubeproxy.proxy.options import Family
+from kubeproxy.model.options import Family
 
 ServiceKey = tuple[str, str]  # (namespace, name) of a Service
 

@@ -24,7 +24,7 @@ from kubeproxy.cluster.fields import object_ref
 from kubeproxy.cluster.objects import kind_of
 from kubeproxy.cluster.schema import Item
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.proxy.node_model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
+from kubeproxy.model.node_model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
 
 UDP = "UDP"
 
