@@ -3,8 +3,14 @@
 server was away, how long each proxy took to take in a change once the fault ended, what shows
 that the fault really happened, and what differs between the two nodes' rules afterwards.
 
-    with FaultBed.build(upstream_bin()) as faults:
+    with FaultBed.build(upstream_bin()) as faults:    # a bed of its own; FaultBed.on(bed): a shared one
         result = faults.run("etcd-compacted")     # a FaultResult
+
+None of the faults needs a control plane of its own: each ends with the server as the bed had it
+(kube-apiserver's flags, the FlowSchemas, the proxies' ClusterRole and ServiceAccount), also when
+it fails midway. A restart or an etcd compaction leaves nothing behind that a later user sees:
+clients that relist (the controller manager, the proxies, `kubectl`) meet a server as after any
+restart.
 
 The faults (`FAULTS`), each cutting the proxies' watches by restarting kube-apiserver where the
 fault alone would leave an established watch untouched (RBAC, APF and authentication are
@@ -185,15 +191,29 @@ class FaultBed:
     pods: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod -> (ip, app)
     counts: dict[str, int] = field(default_factory=dict)  # of the fault running
     _next_ip: int = 100
+    # What puts the control plane back as the bed had it, by what a fault changed: run when the
+    # fault ends it, or (a fault that failed midway, a server left with other flags) by `on`.
+    _undo: dict[str, Callable[[], object]] = field(default_factory=dict)
 
     @classmethod
     @contextmanager
     def build(cls, bin_dir: Path) -> Iterator[FaultBed]:
-        with SideBySide.build(bin_dir) as bed:
-            token_file = bed.workdir / "kubeproxy.token"
-            config = bed.workdir / "kubeproxy-tokenfile.kubeconfig"
-            config.write_text(kubeconfig(bed.cp.server, bed.cp.pki.data("ca.crt"), {"tokenFile": str(token_file)}))
-            faults = cls(bed, token_file, config)
+        """A side-by-side bed of its own, given the faults (bench/faults_vs_upstream.py)."""
+        with SideBySide.build(bin_dir) as bed, cls.on(bed) as faults:
+            yield faults
+
+    @classmethod
+    @contextmanager
+    def on(cls, bed: SideBySide) -> Iterator[FaultBed]:
+        """The faults on a side-by-side bed another user may share: cleared first; each fault
+        leaves the control plane as it found it, also when it fails (`run`), and the proxies
+        are stopped when the block ends."""
+        bed.clear()
+        token_file = bed.workdir / "kubeproxy.token"
+        config = bed.workdir / "kubeproxy-tokenfile.kubeconfig"
+        config.write_text(kubeconfig(bed.cp.server, bed.cp.pki.data("ca.crt"), {"tokenFile": str(token_file)}))
+        faults = cls(bed, token_file, config)
+        try:
             faults.write_token()
             for name in ("web-0", "web-1"):
                 faults.add_pod(name, "web")
@@ -204,6 +224,11 @@ class FaultBed:
             if diffs:
                 raise ClusterError("the proxies' first syncs differ:\n" + "\n".join(diffs))
             yield faults
+        finally:
+            try:
+                faults.undo_all()
+            finally:
+                bed.stop_proxies()
 
     # ---- the cluster's state ------------------------------------------------------------------
 
@@ -237,6 +262,13 @@ class FaultBed:
         partial.write_text(token)
         os.replace(partial, self.token_file)
         return token
+
+    def undo_all(self) -> None:
+        while self._undo:
+            self._undo.popitem()[1]()
+
+    def _end(self, change: str) -> None:
+        self._undo.pop(change)()
 
     # ---- what shows a fault ------------------------------------------------------------------
 
@@ -283,9 +315,13 @@ class FaultBed:
         evidence: list[str] = []
         self.counts = {}
         watch = RuleWatch(self.bed)
-        with watch.running():
-            since, service, ip = fault(offset, evidence)
-            seconds = watch.await_holding(service, ip, since, CONVERGE_TIMEOUT)
+        try:
+            with watch.running():
+                since, service, ip = fault(offset, evidence)
+                seconds = watch.await_holding(service, ip, since, CONVERGE_TIMEOUT)
+        except BaseException:
+            self.undo_all()  # the next fault, or the bed's next user, finds the server as it was
+            raise
         differences = self.converged()
         return FaultResult(name, seconds, watch.lost(), differences, evidence, self.counts)
 
@@ -312,6 +348,10 @@ class FaultBed:
     def _apf_429(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
         cp = self.bed.cp
         namespace, name = SERVICE_ACCOUNT
+        self._undo["apf"] = lambda: [
+            cp.run_kubectl("delete", kind, STARVED, "--ignore-not-found", "--wait=false")
+            for kind in ("flowschema", "prioritylevelconfiguration")
+        ]
         cp.run_kubectl(
             "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": _starved(namespace, name)})
         )
@@ -322,20 +362,53 @@ class FaultBed:
         hog = cp.ns.popen([sys.executable, "-c", _HOG, cp.server, str(cp.pki.path("ca.crt")), str(self.token_file), "6"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            cp.restart_apiserver()
+            # The proxies reach the restarted server only once a hog's request runs in the level:
+            # a proxy's watch let in first would stream on, untouched by APF, and never see a 429.
+            with self._proxies_refused():
+                cp.restart_apiserver()
+                self._await_executing(STARVED)
             service, ip = self.add_service("after-apf")
             evidence.append(self.await_log(offset, r"429.*retryAfter=", "a 429 with Retry-After"))
             evidence.append(f"{UPSTREAM_NODE}: {self.await_metric(UPSTREAM_NODE, 429, 1)} requests answered 429")
             since = time.time()
-            cp.run_kubectl("delete", "flowschema", STARVED, "--wait=false")
-            cp.run_kubectl("delete", "prioritylevelconfiguration", STARVED, "--wait=false")
+            self._end("apf")
         finally:
             hog.kill()
             hog.wait()
         return since, service, ip
 
+    @contextmanager
+    def _proxies_refused(self) -> Iterator[None]:
+        """The proxy nodes' connections to kube-apiserver refused (a TCP reset) in the block."""
+        assert self.bed.cp.ns is not None
+        ns, port = self.bed.cp.ns, self.bed.cp.server.rsplit(":", 1)[1]
+        sources = ",".join(self.bed.nodes[n].ip for n in PROXY_NODES)
+        rule = ["INPUT", "-p", "tcp", "--dport", port, "-s", sources, "-j", "REJECT", "--reject-with", "tcp-reset"]
+        self._undo["refused"] = lambda: ns.run(["iptables", "-w", "-D", *rule], check=False)
+        ns.run(["iptables", "-w", "-I", *rule])
+        try:
+            yield
+        finally:
+            self._end("refused")
+
+    def _await_executing(self, level: str, timeout: float = 30) -> None:
+        """Until kube-apiserver runs a request in the priority level `level` (its APF gauge)."""
+        pattern = re.compile(
+            r'^apiserver_flowcontrol_current_executing_requests\{[^}]*priority_level="' + re.escape(level) + r'"[^}]*\} (\S+)$',
+            re.M,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self.bed.cp.api.get("/metrics")
+            if answer.status_code == 200 and any(float(v) >= 1 for v in pattern.findall(answer.text)):
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"no request ran in the priority level {level} within {timeout:g} s")
+            time.sleep(0.1)
+
     def _rbac_denied(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
         cp = self.bed.cp
+        self._undo["rbac"] = lambda: cp.run_kubectl("apply", "-f", str(RBAC_MANIFEST))
         cp.run_kubectl("apply", "-f", "-", input=json.dumps(_role_without(RBAC_MANIFEST, "endpointslices")))
         cp.restart_apiserver()
         service, ip = self.add_service("after-rbac")
@@ -348,13 +421,14 @@ class FaultBed:
                         "upstream 403 answers": self.requests_answered(UPSTREAM_NODE, 403),
                         "upstream 403 log lines": len(upstream_said)}  # fmt: skip
         since = time.time()
-        cp.run_kubectl("apply", "-f", str(RBAC_MANIFEST))
+        self._end("rbac")
         return since, service, ip
 
     def _token_rotated(self, offset: int, evidence: list[str]) -> tuple[float, str, str]:
         cp = self.bed.cp
         namespace, name = SERVICE_ACCOUNT
         old = self.token_file.read_text().strip()
+        self._undo["token"] = self._restore_token
         cp.run_kubectl("delete", "serviceaccount", name, "-n", namespace)
         cp.run_kubectl("create", "serviceaccount", name, "-n", namespace)
         cp.restart_apiserver()  # ends the watches the old token opened (and the server's token cache)
@@ -362,8 +436,14 @@ class FaultBed:
         service, ip = self.add_service("after-token")
         evidence.append(self.await_log(offset, r" 401 Unauthorized", "a 401"))
         since = time.time()
-        self.write_token()
+        self._end("token")
         return since, service, ip
+
+    def _restore_token(self) -> None:
+        namespace, name = SERVICE_ACCOUNT
+        if self.bed.cp.run_kubectl("get", "serviceaccount", name, "-n", namespace, check=False).returncode != 0:
+            self.bed.cp.run_kubectl("create", "serviceaccount", name, "-n", namespace)
+        self.write_token()
 
     def _whoami(self, token: str) -> str:
         config = self.bed.workdir / "probe-token.kubeconfig"
@@ -380,8 +460,12 @@ class FaultBed:
         return self._restarted_both([], "after-stream", r"streamed \d+ ", evidence)
 
     def _restarted_both(self, flags: list[str], name: str, pattern: str, evidence: list[str]) -> tuple[float, str, str]:
-        """kube-apiserver with `flags`, a change, then both proxies started afresh against it."""
+        """kube-apiserver with `flags`, a change, then both proxies started afresh against it. The
+        server keeps `flags` until the next restart; the bed's own flags are back by the end of `on`."""
         self.bed.cp.restart_apiserver(flags)
+        self._undo.pop("apiserver flags", None)
+        if flags:
+            self._undo["apiserver flags"] = self.bed.cp.restart_apiserver
         self.bed.stop_proxies()
         service, ip = self.add_service(name)
         # The time counts from the proxies' start, not from the controller manager's catching up.
