@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
+from kubeproxy.cluster.manifest_load import load  # noqa: E402
 from kubeproxy.cluster.manifests import parse_documents, read_text  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
-from kubeproxy.node_render import load  # noqa: E402
 from kubeproxy.sources.api import decode_body  # noqa: E402
 
 try:  # a tree from before issue 17's typed list decoding (--baseline) has no decode_list

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kubeproxy.lab import netns
-from kubeproxy.proxy.config import parse_duration
+from kubeproxy.model.proxy_config import parse_duration
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.lab import netns
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from tests.proxy.test_dualstack import Source, endpoints, node, service
 

@@ -44,7 +44,7 @@ from kubeproxy.cluster.addresses import ip_text, valid_ip  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.model.node_model import NodeView, ServicePortName, build_view  # noqa: E402
 from kubeproxy.model.options import Family, NodeOptions, node_options  # noqa: E402
-from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 
 NODE_ADDRESSES = ("192.168.0.2", "127.0.0.1", "10.244.0.1")
 

@@ -46,8 +46,8 @@ from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortName, build_view  # noqa: E402
 from kubeproxy.model.options import node_options  # noqa: E402
+from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 from kubeproxy.model.topology import categorize  # noqa: E402
-from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
 
 
 def _bench_cluster() -> Callable[[int, int], list[dict]]:

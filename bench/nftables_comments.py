@@ -42,7 +42,7 @@ from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.model.node_model import build_view  # noqa: E402
 from kubeproxy.model.options import Family, node_options  # noqa: E402
-from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 
 
 def without_comments(rendering: NftRendering) -> NftRendering:

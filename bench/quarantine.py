@@ -38,7 +38,7 @@ from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.model.changes import Changes  # noqa: E402
 from kubeproxy.model.node_model import NodeView, build_view  # noqa: E402
 from kubeproxy.model.options import node_options  # noqa: E402
-from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
 
 REFUSED = "10.253.253.253"

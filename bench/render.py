@@ -47,7 +47,7 @@ from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.model.node_model import NodeView, build_view  # noqa: E402
 from kubeproxy.model.options import NFACCT_COUNTERS, node_options  # noqa: E402
-from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 
 
 def cluster(services: int, endpoints: int) -> list[dict]:

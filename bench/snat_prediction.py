@@ -58,7 +58,8 @@ from kubeproxy.lab.cluster import CLUSTER_CIDR, NODE_NAME
 from kubeproxy.lab.dns.lab import LabPlan, ScenarioResult, Step, run_scenario
 from kubeproxy.lab.dns.scenarios import SCENARIOS
 from kubeproxy.lab.dns.world import DnsWorld
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.proxy.config import validate
 
 HERE = Path(__file__).resolve().parent
 NARROW_PORTS = "40000-49999"

@@ -68,7 +68,7 @@ from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.apiserver import ApiServer  # noqa: E402
 from kubeproxy.model.node_model import build_view  # noqa: E402
 from kubeproxy.model.options import NFACCT_COUNTERS, node_options  # noqa: E402
-from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
 from kubeproxy.sources.api import ApiSource  # noqa: E402
 from kubeproxy.sources.connection import connect, load_config  # noqa: E402

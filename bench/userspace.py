@@ -59,7 +59,7 @@ from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.builders import Backend, Port, endpoint_slice, service  # noqa: E402
 from kubeproxy.model.node_model import NodeView, build_view  # noqa: E402
 from kubeproxy.model.options import Family, NodeOptions, node_options  # noqa: E402
-from kubeproxy.proxy.config import ProxyConfig  # noqa: E402
+from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 
 NODE = "node"
 CLIENT_IP, NODE_IP, NODE_POD_GW, POD_IP = "172.30.0.2", "172.30.0.1", "10.244.0.1", "10.244.1.10"

@@ -14,15 +14,8 @@ import click
 
 from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.proxy.config import (
-    DETECT_LOCAL_MODES,
-    PROXY_MODES,
-    ConfigError,
-    ProxyConfig,
-    load_config_file,
-    parse_duration,
-    validate,
-)
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig, parse_duration
+from kubeproxy.proxy.config import DETECT_LOCAL_MODES, PROXY_MODES, load_config_file, validate
 from kubeproxy.runtime import logs
 
 # netfilter.detect's FORMATS, spelled here so that every command does not import the rules model
@@ -222,11 +215,11 @@ def render(manifests: tuple[str, ...], nfacct: bool, conntrack_tcp_be_liberal: b
 
 
 def _render(cfg: ProxyConfig, manifests: tuple[str, ...], offline_args: tuple[bool, bool, bool]) -> None:
-    from kubeproxy import node_render as offline
     from kubeproxy.backends import registry
+    from kubeproxy.cluster.manifest_load import load
     from kubeproxy.model.contract import OfflineOptions
 
-    loaded = offline.load(manifests, options=cfg.parse_options(from_api_server=False))
+    loaded = load(manifests, options=cfg.parse_options(from_api_server=False))
     for warning in loaded.warnings:
         click.echo(f"kubeproxy: {warning}", err=True)
     if loaded.objects == 0:
@@ -244,11 +237,11 @@ def _render(cfg: ProxyConfig, manifests: tuple[str, ...], offline_args: tuple[bo
 
 def _render_diagnostics(state: Any, cfg: ProxyConfig) -> None:
     """The start-up warnings `run` would log about the node and the configuration, on stderr."""
-    from kubeproxy import node_render as offline
+    from kubeproxy.model.node_choice import node_choice
     from kubeproxy.proxy.config import unused_settings
     from kubeproxy.proxy.startup import node_facts
 
-    choice = offline.node_choice(state, cfg)
+    choice = node_choice(state, cfg)
     for warning in (*choice.warnings, *node_facts(cfg, choice.node).warnings, *unused_settings(cfg)):
         click.echo(f"kubeproxy: warning: {warning}", err=True)
 
@@ -317,7 +310,8 @@ def demo(offline: bool, manifests: tuple[str, ...], hostname_override: str, clus
     Without root, or with --offline: render the bundled example cluster and explain the rules,
     service by service.
     """
-    from kubeproxy import node_render as offline_render
+    from kubeproxy.backends.iptables.offline import render_iptables
+    from kubeproxy.cluster.manifest_load import load
     from kubeproxy.demo_report import show
 
     if not offline and not manifests:
@@ -329,10 +323,10 @@ def demo(offline: bool, manifests: tuple[str, ...], hostname_override: str, clus
         click.echo(f"kubeproxy demo: {reason}; showing the offline demo instead (kubeproxy demo --offline).")
 
     paths = list(manifests) or [str(Path(str(resources.files("kubeproxy") / "examples" / "demo.yaml")))]
-    loaded = offline_render.load(paths)
+    loaded = load(paths)
     try:
         cfg = validate(ProxyConfig(cluster_cidr=_split_csv((cluster_cidr,)), hostname_override=hostname_override.strip().lower()))
-        rendering = offline_render.render_iptables(loaded.state, cfg)
+        rendering = render_iptables(loaded.state, cfg)
     except ConfigError as exc:
         _fail(str(exc))
     _render_diagnostics(loaded.state, cfg)

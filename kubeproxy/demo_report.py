@@ -6,9 +6,10 @@ from rich.console import Console
 from rich.text import Text
 
 from kubeproxy.backends.iptables import names
+from kubeproxy.backends.iptables.offline import NodeRendering
+from kubeproxy.cluster.manifest_load import Loaded
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.model.topology import categorize
-from kubeproxy.node_render import Loaded, NodeRendering
-from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.ui import FittingTable
 
 

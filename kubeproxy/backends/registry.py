@@ -9,11 +9,13 @@ under `backends/` plus one entry in `MODES`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kubeproxy.backends.nftables import NODEPORTS as NFTABLES_NODEPORTS
 from kubeproxy.model.contract import Backend, OfflineRenderer
+from kubeproxy.model.options import NodePortTraits
 
 if TYPE_CHECKING:
     import subprocess
@@ -21,8 +23,9 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
     from kubeproxy.kernel.exec import Runner
+    from kubeproxy.model.metrics import NfacctReader, ProxyMetrics
     from kubeproxy.model.options import Family
-    from kubeproxy.proxy.config import ProxyConfig
+    from kubeproxy.model.proxy_config import ProxyConfig
 
 # Each field that names code imports its mode's package when called: a process runs one mode,
 # and importing all four (and prometheus_client) cost `kubeproxy render` a tenth of a second.
@@ -84,14 +87,12 @@ class Mode:
     # ipvs and nftables reads iptables'): syncPeriod and minSyncPeriod; masqueradeAll and -Bit.
     periods_section: str = "iptables"
     masquerade_section: str = "iptables"
-    default_nodeport_addresses: tuple[str, ...] = ()  # unset nodePortAddresses means these
+    nodeports: NodePortTraits = field(default_factory=NodePortTraits)  # unset nodePortAddresses; the localhost gate
     # What `kube-proxy` logs (as an error) and records as a Warning Event about the Node when it
     # starts in this mode: (reason, action, message).
     start_warning: Callable[[], tuple[str, str, str]] | None = None
     # The start-up line names the iptables variant its rules go through.
     logs_iptables_variant: bool = False
-    # The feature gate under which NodePorts on loopback get a listener (TCP) and rejects.
-    localhost_nodeports_gate: str = ""
     # The Service annotation that sets its own UDP conntrack timeout is honoured.
     udp_timeout_annotation: bool = False
     # Connections end in the proxy, which opens its own to the endpoint (from a socket of its
@@ -185,7 +186,7 @@ def _nft_probe(variant: str) -> tuple[list[str], str | None]:
 def _ipvs_validate(cfg: ProxyConfig) -> None:
     from kubeproxy.backends.ipvs.config_section import ipvs_options
     from kubeproxy.backends.ipvs.deprecation import refusal
-    from kubeproxy.proxy.config import ConfigError
+    from kubeproxy.model.proxy_config import ConfigError
 
     if problem := refusal(cfg.feature_gates):
         raise ConfigError(f"--proxy-mode (mode): {problem}")
@@ -256,8 +257,7 @@ MODES: dict[str, Mode] = {
         listings=(("nft", "list", "ruleset"),),
         periods_section="nftables",
         masquerade_section="nftables",
-        default_nodeport_addresses=("primary",),  # upstream's default in nftables mode
-        localhost_nodeports_gate="KubeProxyNFTablesLocalhostNodePorts",
+        nodeports=NFTABLES_NODEPORTS,
         udp_timeout_annotation=True,
         render_format="nft",
         readback="kubeproxy.backends.nftables.readback",
@@ -321,6 +321,23 @@ def mode(name: str) -> Mode:
         return MODES[name]
     except KeyError:
         raise ValueError(f"proxy mode {name!r} is not available; this build has {', '.join(MODES)}") from None
+
+
+def nodeport_traits(mode_name: str) -> NodePortTraits:
+    """The NodePort defaults of the mode called `mode_name` (iptables' for a name no mode has)."""
+    found = MODES.get(mode_name)
+    return found.nodeports if found else NodePortTraits()
+
+
+def proxy_metrics(
+    mode_name: str, *, nfacct: NfacctReader | None = None, feature_gates: Mapping[str, bool] | None = None
+) -> ProxyMetrics:
+    """/metrics for a proxy in the mode called `mode_name`: every mode's families, the mode's
+    own, and the nfacct-backed counters where the mode has them."""
+    from kubeproxy.model.metrics import ProxyMetrics
+
+    found = mode(mode_name)
+    return ProxyMetrics(found.metrics, nfacct=nfacct if found.nfacct_metrics else None, feature_gates=feature_gates)
 
 
 def create(mode_name: str, *, run: Runner, sync_period: float, variant: str = "", cfg: ProxyConfig | None = None) -> Backend:

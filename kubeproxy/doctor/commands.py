@@ -88,16 +88,17 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_
     server (--kubeconfig / --master, read-only). Exit 0 when nothing is critical, 1 when something
     is, 2 on bad input.
     """
-    from kubeproxy import node_render as offline
     from kubeproxy.backends.conntrack.flows import parse_flows
+    from kubeproxy.cluster.manifest_load import load
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.core import DoctorInput, diagnose
     from kubeproxy.doctor.facts import FactError, NodeFacts, stats_from_flags, sysctls_from_flags
     from kubeproxy.doctor.live import LiveError, read_ipvs, read_node
+    from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
     from kubeproxy.netfilter.ipvs import IpvsParseError, IpvsState, load_into
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.netfilter.ruleset import ParseError
-    from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
+    from kubeproxy.proxy.config import validate
 
     if bool(rules_paths) == live:
         raise click.UsageError("give exactly one of --rules FILE or --live")
@@ -115,7 +116,7 @@ def doctor(rules_paths: tuple[str, ...], fmt: str, ipvs_path: str | None, ipset_
     if manifests and (kubeconfig or master):
         raise click.UsageError("give the objects from --manifests or from the API server (--kubeconfig/--master), not both")
     if manifests:
-        loaded = offline.load(manifests, options=cfg.parse_options(from_api_server=False))
+        loaded = load(manifests, options=cfg.parse_options(from_api_server=False))
         notes += loaded.warnings
         state = loaded.state
     elif kubeconfig or master:

@@ -16,11 +16,11 @@ from kubeproxy.doctor.services import service_findings, unprogrammed_findings
 from kubeproxy.doctor.snat import snat_findings
 from kubeproxy.model.node_model import build_view
 from kubeproxy.model.options import Family
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter.ipvs import IpvsState
 from kubeproxy.netfilter.node import IfAddr, Node, Route
 from kubeproxy.netfilter.ruleset import Ruleset
-from kubeproxy.proxy.config import ProxyConfig
 
 
 @dataclass
@@ -122,9 +122,9 @@ class NodeContext:
 
 
 def node_context(inp: DoctorInput) -> NodeContext:
-    from kubeproxy import node_render as offline
+    from kubeproxy.model.node_choice import node_choice
 
-    choice = offline.node_choice(inp.state, inp.cfg, hostname=inp.cfg.hostname_override or "")
+    choice = node_choice(inp.state, inp.cfg, hostname=inp.cfg.hostname_override or "")
     labels = dict(choice.node.labels) if choice.node is not None else {}
     node_ips = _node_ips(inp, choice.node)
     node, notes = _complete_node(inp.node, node_ips)

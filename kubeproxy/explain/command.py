@@ -48,8 +48,8 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     """Every rule, set element and IPVS virtual server that handles SERVICE (namespace/name): per
     address (cluster IP, external and load-balancer IPs, the NodePort on each node address), in
     the order a new flow from outside meets them, and where its flows end with their shares."""
-    from kubeproxy import node_render as offline
     from kubeproxy.backends import registry
+    from kubeproxy.cluster.manifest_load import load
     from kubeproxy.cluster.state import ClusterState
     from kubeproxy.doctor.address_probe import nodeport_ips
     from kubeproxy.doctor.core import DoctorInput, families_of, mode_of, node_context
@@ -59,10 +59,11 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
     from kubeproxy.explain.text import render_text, to_json
     from kubeproxy.model.contract import OfflineOptions
     from kubeproxy.model.node_model import build_view
+    from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
     from kubeproxy.netfilter.ipvs import IpvsParseError, load_into
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.netfilter.ruleset import ParseError
-    from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
+    from kubeproxy.proxy.config import validate
 
     namespace, _, name = service.partition("/")
     if not namespace or not name or "/" in name:
@@ -79,7 +80,7 @@ def explain(service: str, port: str | None, rules_paths: tuple[str, ...], fmt: s
         _fail(str(exc))
     state, notes = ClusterState(), []
     if manifests:
-        loaded = offline.load(manifests, options=cfg.parse_options(from_api_server=False))
+        loaded = load(manifests, options=cfg.parse_options(from_api_server=False))
         state, notes = loaded.state, list(loaded.warnings)
     ipvs = None
     try:

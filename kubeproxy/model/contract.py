@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kubeproxy.model.metrics import FamilyMetrics
     from kubeproxy.model.node_model import NodeView
     from kubeproxy.model.options import Family, NodeOptions
-    from kubeproxy.proxy.config import ProxyConfig
+    from kubeproxy.model.proxy_config import ProxyConfig
 
 
 class SyncError(RuntimeError):

@@ -16,7 +16,7 @@ through the view `for_family` gives, whose series carry that family's label:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -24,7 +24,6 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kubeproxy.backends import registry
 from kubeproxy.model.component_metrics import BuildInfo, FeatureEnabled
 
 if TYPE_CHECKING:
@@ -172,15 +171,16 @@ class ProxyMetrics:
 
     def __init__(
         self,
-        proxy_mode: str = "iptables",
+        mode_metrics: Collection[str] = (),
         *,
         nfacct: NfacctReader | None = None,
         feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
-        """`nfacct(name)` returns an nfacct counter's packet count (None: unavailable); given in
-        iptables mode, the two nfacct-backed counters are exposed, read at scrape time.
+        """`mode_metrics`: the mode's own families, by name (its record's `metrics` in
+        backends/registry.py; `registry.proxy_metrics` builds a mode's). `nfacct(name)` returns
+        an nfacct counter's packet count (None: unavailable); given, the two nfacct-backed
+        counters are exposed, read at scrape time.
         `feature_gates`: the proxy's settings, for `kubernetes_feature_enabled`."""
-        self.proxy_mode = proxy_mode
         self._families: dict[str, FamilyMetrics] = {}
         self.registry = CollectorRegistry()
         fam = ["ip_family"]
@@ -316,10 +316,9 @@ class ProxyMetrics:
             self._nftables_cleanup_failures_total,
         )
         by_name = {_exposed_name(collector): collector for collector in optional}
-        mode = registry.MODES.get(proxy_mode)
-        for collector in (*common, *(by_name[name] for name in (mode.metrics if mode else ()))):
+        for collector in (*common, *(by_name[name] for name in mode_metrics)):
             self.registry.register(collector)
-        if mode is not None and mode.nfacct_metrics and nfacct is not None:
+        if nfacct is not None:
             self.registry.register(_NfacctCollector(nfacct))
         # Upstream's Go runtime exposes process_* metrics; these are the same names for this process.
         ProcessCollector(registry=self.registry)

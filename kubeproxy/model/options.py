@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kubeproxy.backends import registry
 from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.fields import IPAddress, IPNetwork
 from kubeproxy.cluster.objects import Node
 from kubeproxy.model.features import gate_enabled
-from kubeproxy.proxy.config import (
+from kubeproxy.model.proxy_config import (
     NODEPORT_ALL,
     NODEPORT_LOCALHOST,
     NODEPORT_PRIMARY,
@@ -28,6 +27,16 @@ from kubeproxy.proxy.config import (
     ProxyConfig,
     parse_node_ips,
 )
+
+
+@dataclass(frozen=True)
+class NodePortTraits:
+    """What a mode does with NodePorts unless configured otherwise (each mode's record in
+    backends/registry.py holds its own; the default is iptables' and ipvs')."""
+
+    default_addresses: tuple[str, ...] = ()  # an unset nodePortAddresses means these; () every local address
+    # The feature gate under which NodePorts on loopback get a listener (TCP) and rejects.
+    localhost_gate: str = ""
 
 
 class Family(StrEnum):
@@ -136,14 +145,10 @@ def node_ip_by_family(cfg: ProxyConfig, node: Node | None) -> dict[Family, str]:
     return out
 
 
-def nodeport_addresses(cfg: ProxyConfig) -> tuple[str, ...]:
-    """--nodeport-addresses with upstream's per-mode default (the mode's
-    `default_nodeport_addresses`): `primary` in nftables mode; every local address (nothing
-    listed) in iptables and ipvs modes."""
-    if cfg.nodeport_addresses:
-        return cfg.nodeport_addresses
-    mode = registry.MODES.get(cfg.mode)
-    return mode.default_nodeport_addresses if mode else ()
+def nodeport_addresses(cfg: ProxyConfig, traits: NodePortTraits = NodePortTraits()) -> tuple[str, ...]:
+    """--nodeport-addresses with the mode's default (`traits`): `primary` in nftables mode;
+    every local address (nothing listed) in iptables and ipvs modes."""
+    return cfg.nodeport_addresses or traits.default_addresses
 
 
 def expand_nodeport_keywords(addresses: Sequence[str], node_ip: Mapping[Family, str]) -> list[str]:
@@ -166,15 +171,20 @@ def expand_nodeport_keywords(addresses: Sequence[str], node_ip: Mapping[Family, 
     return out
 
 
-def effective_nodeport_cidrs(cfg: ProxyConfig, node: Node | None) -> list[str]:
+def effective_nodeport_cidrs(
+    cfg: ProxyConfig, node: Node | None, traits: NodePortTraits = NodePortTraits()
+) -> list[str]:
     """What upstream's proxier gets as nodePortAddresses: the mode's default, keywords expanded.
     Empty means NodePorts on every local address."""
-    return expand_nodeport_keywords(nodeport_addresses(cfg), node_ip_by_family(cfg, node))
+    return expand_nodeport_keywords(nodeport_addresses(cfg, traits), node_ip_by_family(cfg, node))
 
 
-def nodeport_cidrs(cfg: ProxyConfig, node: Node | None, family: Family) -> list[IPNetwork]:
+def nodeport_cidrs(
+    cfg: ProxyConfig, node: Node | None, family: Family, traits: NodePortTraits = NodePortTraits()
+) -> list[IPNetwork]:
     """This family's CIDRs of upstream's NodePortAddresses (keywords expanded)."""
-    return [net for net in (valid_cidr(c) for c in effective_nodeport_cidrs(cfg, node)) if Family.of(net) == family]
+    cidrs = (valid_cidr(c) for c in effective_nodeport_cidrs(cfg, node, traits))
+    return [net for net in cidrs if Family.of(net) == family]
 
 
 def nodeport_matches_all(cidrs: Sequence[IPNetwork]) -> bool:
@@ -212,13 +222,14 @@ def node_options(
     conntrack_tcp_liberal: bool = False,
     interface_ips: Sequence[str] | None = None,
     service_cidrs: Sequence[str] = (),
+    nodeports: NodePortTraits = NodePortTraits(),
 ) -> NodeOptions:
     """`interface_ips`: the addresses of the node's interfaces, which nodePortAddresses CIDRs
     select from (the live proxy reads them at each sync, as upstream); None where there are no
     interfaces to read (`render`): the node's IPs and loopback stand for them."""
     family = Family(family)
     ips = [ip for ip in node_ips(cfg, node) if Family.of(ipaddress.ip_address(ip)) == family]
-    cidrs = nodeport_cidrs(cfg, node, family)
+    cidrs = nodeport_cidrs(cfg, node, family, nodeports)
     match_all = nodeport_matches_all(cidrs)
     ipv4_loopback = ipaddress.ip_address("127.0.0.0")
     contains_loopback = match_all or any(
@@ -244,7 +255,7 @@ def node_options(
         conntrack_tcp_liberal=conntrack_tcp_liberal,
         prefer_same_node=gate_enabled(cfg.feature_gates, "PreferSameTrafficDistribution"),
         service_cidrs=tuple(c for c in service_cidrs if Family.of(ipaddress.ip_network(c, strict=False)) == family),
-        **_nft_localhost_nodeports(cfg, cidrs),
+        **_localhost_nodeports(cfg, cidrs, nodeports.localhost_gate),
     )
 
 
@@ -253,12 +264,10 @@ LOCALHOST_NODEPORT_REJECTABLE = ("TCP", "UDP", "SCTP")
 LOCALHOST_NODEPORT_REJECTED_WITH_PROXY = ("UDP", "SCTP")
 
 
-def _nft_localhost_nodeports(cfg: ProxyConfig, cidrs: Sequence[IPNetwork]) -> dict[str, Any]:
+def _localhost_nodeports(cfg: ProxyConfig, cidrs: Sequence[IPNetwork], gate: str) -> dict[str, Any]:
     """As upstream's nftables proxier: with the gate on, a loopback CIDR named in this family's
     nodePortAddresses (127.0.0.0/8, ::1/128; not a catch-all that happens to hold loopback)
     starts the TCP listener and rejects the other protocols; without one, all are rejected."""
-    found = registry.MODES.get(cfg.mode)
-    gate = found.localhost_nodeports_gate if found else ""
     if not gate or not gate_enabled(cfg.feature_gates, gate):
         return {}
     proxy = any(net.network_address.is_loopback for net in cidrs)

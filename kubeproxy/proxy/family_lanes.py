@@ -17,7 +17,7 @@ primary one of the first node IP; a family the kernel lacks (`kernel_lacks`) is 
 left out, and the other keeps working. A family the node has no address of gets the loopback
 address as its node IP (upstream's detectNodeIPs). `kubeproxy render` works offline, without the
 kernel to ask, and renders the families the node's addresses or --cluster-cidr name
-(kubeproxy.node_render.node_families); so does the userspace mode, which is not upstream's.
+(kubeproxy.model.node_choice.node_families); so does the userspace mode, which is not upstream's.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from kubeproxy.kernel.interfaces import interface_addresses
 from kubeproxy.model.changes import Changes, ChangeTracker
 from kubeproxy.model.contract import Backend, SyncReport
 from kubeproxy.model.metrics import FamilyMetrics, ProxyMetrics
+from kubeproxy.model.node_choice import node_families, primary_family
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import Family, NodeOptions, node_options, nodeport_addresses, nodeport_cidrs, nodeport_matches_all
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.model.view import ViewBuilder
-from kubeproxy.node_render import node_families, primary_family
-from kubeproxy.proxy.config import ProxyConfig
 from kubeproxy.proxy.health import ProxyHealth, ServiceHealthServers
 from kubeproxy.proxy.quarantine import Quarantine
 from kubeproxy.runtime.logs import kv
@@ -117,6 +117,7 @@ class FamilyLane:
             conntrack_tcp_liberal=_tcp_liberal(),
             interface_ips=interface_ips,
             service_cidrs=state.service_cidr_list(),
+            nodeports=registry.nodeport_traits(cfg.mode),
         )
         self.backend.family = self.family
         self.opts = opts
@@ -165,7 +166,8 @@ class FamilyLane:
         if not conntrack.cleanup_required(changes):
             return
         started = time.perf_counter()
-        deleted = await asyncio.to_thread(cleaner.reconcile, view, self.family, conntrack.NodePorts.of(opts, mode))
+        node_ports = conntrack.NodePorts.of(opts, loopback_nodeports=registry.mode(mode).loopback_nodeports)
+        deleted = await asyncio.to_thread(cleaner.reconcile, view, self.family, node_ports)
         self.metrics.conntrack_reconciler_sync_duration.observe(time.perf_counter() - started)
         self.metrics.conntrack_reconciler_deleted_entries_total.inc(deleted)
         if deleted:
@@ -246,13 +248,14 @@ class FamilyLanes:
         as upstream does, and only when CIDRs select among them (None otherwise). A failed read
         is logged and the last good one kept (the Node's addresses before any, None): the
         NodePorts programmed on them stay."""
-        if nodeport_matches_all(nodeport_cidrs(self.cfg, node, family)):
+        traits = registry.nodeport_traits(self.cfg.mode)
+        if nodeport_matches_all(nodeport_cidrs(self.cfg, node, family, traits)):
             return None
         try:
             self._interface_ips = tuple(a.ip for a in await asyncio.to_thread(interface_addresses, self.run))
         except Exception as exc:  # whatever the runner raises: the sync goes on without a fresh list
             log.error(kv("Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",
-                         err=str(exc) or type(exc).__name__, CIDRs=list(nodeport_addresses(self.cfg))))
+                         err=str(exc) or type(exc).__name__, CIDRs=list(nodeport_addresses(self.cfg, traits))))
         return self._interface_ips
 
     async def _second(self, family: Family, primary: Family, proc_ipv6: Path) -> FamilyLane | None:

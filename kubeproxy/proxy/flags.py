@@ -25,14 +25,8 @@ from typing import Any
 
 from kubeproxy.cluster.addresses import valid_ip
 from kubeproxy.cluster.duration import format_go_duration, parse_go_duration
-from kubeproxy.proxy.config import (
-    ConfigError,
-    ProxyConfig,
-    load_config_file,
-    mode_sections,
-    parse_node_ips,
-    validate,
-)
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig, parse_node_ips
+from kubeproxy.proxy.config import load_config_file, mode_sections, validate
 from kubeproxy.runtime.version import parse_version_flag
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kubeproxy.cluster.errors import ManifestError
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
 from kubeproxy.proxy import flags as upstream_flags
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, to_kube_proxy_configuration
+from kubeproxy.proxy.config import to_kube_proxy_configuration
 from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.preflight import ApiConnection, PreflightError, api_connection, check_tools
 from kubeproxy.proxy.startup import config_warnings, node_facts, summary
@@ -327,7 +328,7 @@ def _source(inv: upstream_flags.Invocation, proxy: Any, api: ApiConnection | Non
     # Whole lists at once, as structs where they fit the schema (sources/api.py); watch-lists as
     # client-go's WatchListClient gate says.
     from kubeproxy.model.features import gate_enabled
-    from kubeproxy.proxy.config import DEFAULT_CONTENT_TYPE
+    from kubeproxy.model.proxy_config import DEFAULT_CONTENT_TYPE
 
     watch_list = gate_enabled(inv.cfg.feature_gates, "WatchListClient")
     source = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kubeproxy.backends import conntrack
+from kubeproxy.backends import conntrack, registry
 from kubeproxy.backends.iptables.apply import nfacct_packets
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.kernel.exec import Runner, local_run
@@ -30,7 +30,7 @@ from kubeproxy.model.changes import Changes
 from kubeproxy.model.contract import SyncError, SyncReport
 from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.model.node_model import ServiceKey
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.event_intake import EventIntake
 from kubeproxy.proxy.family_lanes import PROC_IPV6, FamilyLane, FamilyLanes, live_families
 from kubeproxy.proxy.health import ProxyHealth
@@ -82,7 +82,9 @@ class LiveProxy:
     servers: dict[str, asyncio.AbstractServer] = field(default_factory=dict, init=False)  # proxy.http.HttpServer
 
     def __post_init__(self) -> None:
-        self.metrics = ProxyMetrics(self.cfg.mode, nfacct=self._nfacct_packets, feature_gates=self.cfg.feature_gates)
+        self.metrics: ProxyMetrics = registry.proxy_metrics(
+            self.cfg.mode, nfacct=self._nfacct_packets, feature_gates=self.cfg.feature_gates
+        )
         self.health = ProxyHealth(2 * self.cfg.sync_period, clock=self.wall_clock)
         self._triggers = TriggerTimes(start=self.wall_clock())  # for the network-programming metric
         self._intake = EventIntake(self.state, self.node_name, self.health, self._triggers)

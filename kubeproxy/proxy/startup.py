@@ -24,7 +24,8 @@ from kubeproxy.model.options import (
     node_ips,
     nodeport_addresses,
 )
-from kubeproxy.proxy.config import ConfigError, LocalDetector, ProxyConfig, unused_settings
+from kubeproxy.model.proxy_config import ConfigError, LocalDetector, ProxyConfig
+from kubeproxy.proxy.config import unused_settings
 
 # Upstream's texts, so that searches for them find our logs too.
 NO_NODE_IP = "Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag"
@@ -68,7 +69,7 @@ def node_facts(cfg: ProxyConfig, node: Node | None) -> NodeFacts:
         shown = ",".join(cfg.cluster_cidr) or "none"
         warnings.append(f"{NO_CLUSTER_CIDR} (ipFamily={family}, clusterCIDRs={shown}): traffic from pods is "
                         "not told apart; set --cluster-cidr (clusterCIDR) to the pod CIDR")
-    if nodeport_addresses(cfg) and (warning := _nodeport_family_warning(cfg, node, family)):
+    if nodeport_addresses(cfg, registry.nodeport_traits(cfg.mode)) and (warning := _nodeport_family_warning(cfg, node, family)):
         warnings.append(f"Kube-proxy configuration may be incomplete or incorrect: {warning}")
     return NodeFacts(ips, ips_from, family, detector, tuple(warnings))
 
@@ -88,7 +89,7 @@ def _families(cidrs: list[str]) -> set[Family]:
 def _nodeport_family_warning(cfg: ProxyConfig, node: Node | None, primary: Family) -> str | None:
     """Upstream's checks of the expanded nodePortAddresses against the families in use: a family
     they leave out accepts NodePorts on every local address of it."""
-    cidrs = effective_nodeport_cidrs(cfg, node)
+    cidrs = effective_nodeport_cidrs(cfg, node, registry.nodeport_traits(cfg.mode))
     if not cidrs:
         # `primary` without a node IP leaves nothing: upstream then accepts NodePorts everywhere.
         return NODEPORT_ADDRESSES_UNSET
@@ -110,7 +111,7 @@ def config_warnings(cfg: ProxyConfig) -> list[str]:
     """Settings that do nothing here, gates without effect, and upstream's bad-config warnings."""
     out = [f"{text}" for text in unused_settings(cfg)]
     out.extend(gates_without_effect(cfg.feature_gates))
-    if not nodeport_addresses(cfg):
+    if not nodeport_addresses(cfg, registry.nodeport_traits(cfg.mode)):
         out.append(f"Kube-proxy configuration may be incomplete or incorrect: {NODEPORT_ADDRESSES_UNSET}")
     return out
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.proxy.config import ConntrackConfig
+from kubeproxy.model.proxy_config import ConntrackConfig
 from kubeproxy.runtime.logs import STARTUP_LOGGER, kv
 
 log = logging.getLogger(STARTUP_LOGGER)

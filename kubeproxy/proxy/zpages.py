@@ -22,7 +22,8 @@ from typing import Any
 
 from kubeproxy.cluster.duration import format_go_duration
 from kubeproxy.model.features import gate_enabled
-from kubeproxy.proxy.config import ProxyConfig, to_kube_proxy_configuration
+from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.proxy.config import to_kube_proxy_configuration
 from kubeproxy.proxy.flags import FLAGS, HELP_DEFAULTS
 from kubeproxy.proxy.http import Handler, Response
 from kubeproxy.runtime.version import VersionInfo

@@ -27,7 +27,6 @@ from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.kernel.host import Capability, Host, Intercepted
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.model.contract import Backend, SyncError
-from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.model.options import NodeOptions
 
@@ -141,7 +140,7 @@ def contract(mode: str, host: Host) -> None:
             backend.sync(_view((DNS_SVC, ["10.244.2.20"])), OPTS, None)
         refusing.refuse = False
         assert programmed(host) == two  # a refused sync changes nothing
-        metrics = ProxyMetrics(mode)
+        metrics = registry.proxy_metrics(mode)
         backend.record_failure(metrics.for_family("IPv4"), refused.value, False)
         assert metrics.registry.get_sample_value(registry.mode(mode).failure_metric, {"ip_family": "IPv4"}) == 1
 

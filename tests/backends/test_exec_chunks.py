@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.apply import restore, restore_timeout
 from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.backends.iptables.render import render_tables, restore_chunks
+from kubeproxy.cluster.manifest_load import load
 from kubeproxy.kernel.exec import CommandError, batches, local_run
 from kubeproxy.kernel.host import Capability, host_of
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from tests.backends.iptables.rules_invariants import parse
 from tests.paths import DEMO
 
@@ -89,7 +90,7 @@ def test_a_rendering_streamed_into_iptables_restore_loads_as_its_text(netns, var
     # The pieces of a full sync, as the proxier hands them to `local_run` (here through `ip netns
     # exec`, so that the tool runs in the test's namespace): the kernel holds what the text says.
     cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
-    result = offline.render_iptables(offline.load([DEMO]).state, cfg, nfacct_counters=())
+    result = render_iptables(load([DEMO]).state, cfg, nfacct_counters=())
     _, tables = render_tables(result.view, result.options)
     tool = f"iptables-{variant}-restore"
     proc = local_run(["ip", "netns", "exec", netns.name, tool, "-w", "--noflush"], input=restore_chunks(tables), check=False)

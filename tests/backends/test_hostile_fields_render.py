@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kubeproxy.backends.registry import MODES, offline_renderer
 from kubeproxy.cluster.state import build_state
 from kubeproxy.model.contract import OfflineOptions
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 
 NODE = "node-1"
 MARKER = "ZqPWNq"

@@ -30,7 +30,8 @@ from kubeproxy.model.contract import OfflineOptions, OfflineText, SyncError
 from kubeproxy.model.metrics import FamilyMetrics
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import Family, NodeOptions, node_options
-from kubeproxy.proxy.config import ProxyConfig, load_config_file, to_kube_proxy_configuration, validate
+from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.proxy.config import load_config_file, to_kube_proxy_configuration, validate
 from kubeproxy.proxy.startup import summary
 from kubeproxy.sources.events import WatchEvent
 from tests.backends.test_contract import contract
@@ -221,7 +222,7 @@ def test_the_toys_start_up_line_and_node_options() -> None:
     gate = {"KubeProxyNFTablesLocalhostNodePorts": True}
     for mode, listener in (("toy", False), ("nftables", True)):
         cfg = ProxyConfig(mode=mode, feature_gates=gate, nodeport_addresses=("127.0.0.0/8",))
-        opts = node_options(cfg, family=Family.IPV4, hostname="n", node=None)
+        opts = node_options(cfg, family=Family.IPV4, hostname="n", node=None, nodeports=registry.nodeport_traits(mode))
         assert opts.localhost_nodeport_proxy is listener, mode
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import node_render
 from kubeproxy.cluster.bulk import paused_gc
+from kubeproxy.cluster.manifest_load import load
 from kubeproxy.cluster.schema import decode_list
 from kubeproxy.cluster.state import build_state
 from tests.cluster.test_validation_hostile_strings import cluster as hostile_cluster
@@ -44,7 +44,7 @@ def test_a_state_and_its_objects_form_no_cycle(unfrozen: None, tmp_path: Path) -
     state, warnings = build_state(objs)
     assert len(warnings) == 1 and state.services  # the refusal's error makes no cycle either
     assert gc.get_freeze_count() > 0
-    loaded = node_render.load([_file(tmp_path, objs)])
+    loaded = load([_file(tmp_path, objs)])
     assert loaded.state.services == state.services
     alive: list[weakref.ref[Any]] = [weakref.ref(state), weakref.ref(loaded.state), weakref.ref(loaded)]
     del objs, state, loaded

@@ -286,16 +286,16 @@ def test_decode_list_gives_the_items_as_structs_or_leaves_the_body_to_the_genera
 
 
 def test_render_load_gives_the_dict_path_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubeproxy import node_render
+    from kubeproxy.cluster.manifest_load import load
 
     objs = [*bench_cluster(30, 3), *hostile_cluster()]
     objs[3]["metadata"]["name"] = "Bad_Name"  # one refused object among them
     path = tmp_path / "all.json"
     path.write_text(json.dumps({"kind": "List", "items": objs}))
-    fast = node_render.load([path])
+    fast = load([path])
     with monkeypatch.context() as patch:
         patch.setattr(state_module, "parse_item", lambda *args: None)
-        slow = node_render.load([path])
+        slow = load([path])
     assert fast.warnings == slow.warnings and len(fast.warnings) == 1 and "Bad_Name" in fast.warnings[0]
     assert fast.objects == slow.objects == len(objs)
     for attr in ("services", "slices", "nodes"):

@@ -23,7 +23,8 @@ from kubeproxy.cluster.validation import (
     parse_port_range,
     qualified_name,
 )
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
+from kubeproxy.proxy.config import validate
 
 MANIFESTS = ParseOptions(node_port_range=DEFAULT_NODE_PORT_RANGE)
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.cluster.validation import options_for
-from kubeproxy.node_render import render_iptables
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 
 HOSTILE = [
     '"', 'a"b', "'", "a\nb", "web\n-A INPUT -j ACCEPT\nCOMMIT", "a\r", "a\tb", "#", "a#b", ";", "a;b", "}", "a}b", "{",

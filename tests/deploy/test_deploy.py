@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 
 from kubeproxy import __version__
 from kubeproxy.lab.apiserver import DEPLOY_RESOURCES, ApiServer, selector_matches
-from kubeproxy.proxy.config import ConfigError, load_config_file
+from kubeproxy.model.proxy_config import ConfigError
+from kubeproxy.proxy.config import load_config_file
 from kubeproxy.proxy.flags import FlagError, parse, resolve
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.connection import connect, load_config

@@ -5,16 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.iptables.offline import render_iptables
+from kubeproxy.cluster.manifest_load import load
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding, Report
 from kubeproxy.lab import builders as O
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.proxy.config import validate
 
 SEED = Path(__file__).parents[1] / "fixtures" / "seed000"
 SEED_IFACES = ["eth3=10.5.6.29/24", "docker0=10.100.13.1/24"]
@@ -26,7 +28,7 @@ CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), hostname_override="node-1")
 
 
 def seed_state() -> ClusterState:
-    loaded = offline.load([SEED / "objects.yaml"])
+    loaded = load([SEED / "objects.yaml"])
     assert not loaded.warnings
     return loaded.state
 
@@ -49,7 +51,7 @@ def rendered_report(objs: list[dict[str, Any]], facts: NodeFacts | None = None, 
     state = state_of(objs)
     cfg = validate(cfg)
     if rules is None:
-        rules = with_jumps(offline.render_iptables(state, cfg).rendered.text)
+        rules = with_jumps(render_iptables(state, cfg).rendered.text)
     node = Node.from_flags(ifaces=NODE_IFACES, routes=NODE_ROUTES)
     return diagnose(DoctorInput(detect.parse(rules), state, cfg, node, facts or NodeFacts(), "eth0",
                                 snat_other_flows=snat_other_flows))

@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from click.testing import CliRunner
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.cli import main
 from kubeproxy.lab import builders as O
 from kubeproxy.lab.apiserver import ApiServer
@@ -29,7 +29,7 @@ def _world() -> list[dict[str, Any]]:
 
 def _args(tmp: Path, objs: list[dict[str, Any]]) -> list[str]:
     rules = tmp / "rules.iptables-save"
-    rules.write_text(with_jumps(offline.render_iptables(state_of(objs), CFG).rendered.text))
+    rules.write_text(with_jumps(render_iptables(state_of(objs), CFG).rendered.text))
     args = ["doctor", "--rules", str(rules), "--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16", "--json"]
     for i in NODE_IFACES:
         args += ["--iface", i]

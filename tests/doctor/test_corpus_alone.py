@@ -13,9 +13,10 @@ from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.reconstruct import state_from_rules
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.netfilter import detect
 from kubeproxy.netfilter.node import Node
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.proxy.config import validate
 from tests.netfilter.corpus_bed import Entry, entries
 
 ENTRIES = {e.name: e for e in entries()}

@@ -7,16 +7,17 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.conntrack.flows import parse_flows
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
 from kubeproxy.doctor.findings import Finding
 from kubeproxy.lab import builders as O
 from kubeproxy.model.options import Family
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.netfilter import detect
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.proxy.config import validate
 from tests.doctor.helpers import (
     CFG,
     NODE_IFACES,
@@ -34,7 +35,7 @@ from tests.doctor.snat_runs import CHECK_RATE, FITTED, HELD_OUT, LabRun, error
 
 
 def _rules(objs: list[dict[str, object]]) -> str:
-    return with_jumps(offline.render_iptables(state_of(objs), validate(CFG)).rendered.text)
+    return with_jumps(render_iptables(state_of(objs), validate(CFG)).rendered.text)
 
 
 def _lab_prediction(run: LabRun) -> Finding:
@@ -269,7 +270,7 @@ def test_ipv6_service_frontends_get_the_snat_finding_from_an_ip6tables_dump() ->
     objs = v6_world()
     state = state_of(objs)
     cfg = validate(V6_CFG)
-    dump = with_jumps(offline.render_iptables(state, cfg, family=Family.IPV6).rendered.text)
+    dump = with_jumps(render_iptables(state, cfg, family=Family.IPV6).rendered.text)
     facts = NodeFacts(flows=parse_flows("\n".join(
         f"udp 17 29 src=2001:db8:9::{i + 1} dst=2001:db8:113::53 sport={3000 + i} dport=53 src=fd00:244:1::10 "
         f"dst=fd00:244:1::1 sport=53 dport={3000 + i} mark=0 use=1" for i in range(30))))
@@ -288,7 +289,7 @@ def test_ipv6_service_frontends_get_the_snat_finding_from_an_ip6tables_dump() ->
     assert f.data["health_fail_per_service"] == pytest.approx(0.86 * 64512 / 30, abs=0.1)
     # eTP=Local: external traffic keeps its source, no SNAT finding for IPv6 either
     local = state_of(v6_world(etp="Local"))
-    dump = with_jumps(offline.render_iptables(local, cfg, family=Family.IPV6).rendered.text)
+    dump = with_jumps(render_iptables(local, cfg, family=Family.IPV6).rendered.text)
     report = diagnose(DoctorInput(detect.parse(dump), local, cfg, Node.from_flags(ifaces=V6_IFACES, routes=V6_ROUTES),
                                   NodeFacts(), "eth0"))
     # only the ClusterIP from outside the pod range is left, an info
@@ -325,7 +326,7 @@ def test_doctor_takes_an_iptables_nodes_ipv4_and_ipv6_dumps_together(tmp_path: A
     paths = []
     for fam in (Family.IPV4, Family.IPV6):
         path = tmp_path / f"{fam.nft}.save"
-        path.write_text(with_jumps(offline.render_iptables(state, cfg, family=fam).rendered.text))
+        path.write_text(with_jumps(render_iptables(state, cfg, family=fam).rendered.text))
         paths += ["--rules", str(path)]
     (tmp_path / "objs.yaml").write_text(yaml.safe_dump_all(objs))
     args = ["doctor", *paths, "--manifests", str(tmp_path / "objs.yaml"), "--hostname-override", "node-1",

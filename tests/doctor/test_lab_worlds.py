@@ -17,7 +17,8 @@ from kubeproxy.cluster.state import build_state
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.live import read_node
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.proxy.config import validate
 from tests.doctor.helpers import by_kind
 from tests.doctor.snat_runs import CHECK_RATE, FITTED, HELD_OUT, LabRun, error
 

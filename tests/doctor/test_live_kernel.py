@@ -11,15 +11,16 @@ import sys
 
 import pytest
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.findings import Report
 from kubeproxy.doctor.live import read_node
 from kubeproxy.model.options import Family
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.proxy.config import validate
 from tests.doctor.helpers import CFG, SEED, V6_CFG, by_kind, dns_world, seed_state, state_of, v6_world
 from tests.netfilter.kernel_bed import Bed, BedSpec, bed
 
@@ -106,7 +107,7 @@ def test_live_iptables_rendered_by_us_without_masquerade_for_local_policy() -> N
     objs = dns_world(etp="Local")
     state = state_of(objs)
     with bed(**LAB_BED) as b:
-        b.load_iptables(with_jumps(offline.render_iptables(state, validate(CFG), nfacct_counters=()).rendered.text))
+        b.load_iptables(with_jumps(render_iptables(state, validate(CFG), nfacct_counters=()).rendered.text))
         b.serve(b.backend, "udp", ["10.244.1.10:53"])
         b.send("udp", "203.0.113.53:53", 10)
         report = _live(b, state, CFG)
@@ -127,7 +128,7 @@ def test_live_ipv6_service_reads_ip6tables_and_counts_ipv6_snat_ports() -> None:
     cfg = validate(V6_CFG)
     dual: BedSpec = {**LAB_BED, "v6": ("fd00:168::1/64", "fd00:168::2/64", "fd00:244:1::1/64", ["fd00:244:1::10/64"])}
     with bed(**dual) as b:
-        rules = offline.render_iptables(state, cfg, nfacct_counters=(), family=Family.IPV6).rendered.text
+        rules = render_iptables(state, cfg, nfacct_counters=(), family=Family.IPV6).rendered.text
         b.load_iptables(with_jumps(rules), restore="ip6tables-restore")
         b.serve(b.backend, "udp", ["[fd00:244:1::10]:53"])
         sent = b.send("udp", "[2001:db8:113::53]:53", 25)

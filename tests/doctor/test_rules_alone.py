@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.doctor.core import DoctorInput, diagnose
 from kubeproxy.doctor.facts import NodeFacts
@@ -53,7 +53,7 @@ def test_seed000_manual_dump_alone_names_the_dnat_that_bypasses_the_proxy() -> N
 
 
 def _rules(state: ClusterState, family: Family) -> str:
-    return with_jumps(offline.render_iptables(state, validate(CFG), family=family).rendered.text)
+    return with_jumps(render_iptables(state, validate(CFG), family=family).rendered.text)
 
 
 def _affinity_and_local_world() -> list[dict[str, Any]]:

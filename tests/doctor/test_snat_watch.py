@@ -156,8 +156,8 @@ def test_a_failing_sample_is_logged_once_and_never_stops_the_watch(caplog: pytes
 
 
 def test_the_run_flags_set_the_watch_and_bad_values_are_named() -> None:
+    from kubeproxy.model.proxy_config import ConfigError
     from kubeproxy.proxy import flags
-    from kubeproxy.proxy.config import ConfigError
 
     inv = flags.resolve(flags.parse(["--snat-watch", "15s", "--snat-watch-threshold=0.5",
                                      "--snat-watch-max-entries", "5000"]))

@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from tests.proxy.test_dualstack import Source
 

@@ -11,7 +11,7 @@ import pytest
 
 from kubeproxy.lab.builders import JSON
 from kubeproxy.lab.cluster import CLIENT_EXTRA_IPS, CLIENT_IP, CLUSTER_CIDR, NODE_IP, NODE_NAME, MiniCluster
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from tests.e2e import scenarios
 
 pytestmark = pytest.mark.root

@@ -31,7 +31,7 @@ from kubeproxy.lab import netns as L
 from kubeproxy.lab.builders import Backend, Port, endpoint_slice
 from kubeproxy.lab.builders import service as lab_service
 from kubeproxy.model.options import Family
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from tests.e2e.scenarios import BOTH
 from tests.proxy.test_dualstack import Source, endpoints, node, service

@@ -28,7 +28,7 @@ from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.kernel.exec import Runner
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.backoff import Backoff

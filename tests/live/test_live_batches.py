@@ -20,7 +20,7 @@ import pytest
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.cluster.schema import Item
 from kubeproxy.cluster.typed import as_item
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.events import WatchEvent
 from tests.live.test_live import _service

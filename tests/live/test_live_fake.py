@@ -18,7 +18,7 @@ from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.model.contract import SyncError, SyncReport
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import NodeOptions
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.events import EventType, WatchEvent
 from tests.live.test_live import _service

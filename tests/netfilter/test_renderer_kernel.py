@@ -20,8 +20,8 @@ pytestmark = pytest.mark.root
 DEMO = Path(__file__).parents[2] / "kubeproxy" / "examples" / "demo.yaml"
 
 def _rendered() -> str:
-    render = pytest.importorskip("kubeproxy.node_render")
-    from kubeproxy.proxy.config import ProxyConfig
+    render = pytest.importorskip("kubeproxy.backends.iptables.offline")
+    from kubeproxy.model.proxy_config import ProxyConfig
 
     loaded = render.load([str(DEMO)])
     text = render.render_iptables(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from kubeproxy.model.metrics import ProxyMetrics
+from kubeproxy.backends import registry
 from kubeproxy.runtime.version import VersionInfo
 from tests.paths import TESTS
 
@@ -24,7 +24,7 @@ def samples(lines: list[str], name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def exposition(**gates: bool) -> list[str]:
-    return ProxyMetrics("nftables", feature_gates=gates).exposition().decode().splitlines()
+    return registry.proxy_metrics("nftables", feature_gates=gates).exposition().decode().splitlines()
 
 
 def test_help_and_type_lines_are_upstreams() -> None:

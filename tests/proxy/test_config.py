@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from kubeproxy.cli import build_config, main
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, parse_duration
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig, parse_duration
+from kubeproxy.proxy.config import load_config_file
 from kubeproxy.proxy.kube_proxy import ConfigFileChanged, watch_config_file
 from tests.paths import DEMO
 

@@ -25,7 +25,7 @@ from kubeproxy.backends.registry import offline_renderer
 from kubeproxy.cluster.state import build_state
 from kubeproxy.model.contract import OfflineOptions
 from kubeproxy.model.options import Family
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.events import WatchEvent
 
@@ -525,8 +525,8 @@ def test_ipvs_render_prints_both_families() -> None:
 
 
 def test_node_ip_pair_flag_makes_both_families_and_their_node_ips() -> None:
+    from kubeproxy.model.node_choice import node_families
     from kubeproxy.model.options import node_ips, node_options
-    from kubeproxy.node_render import node_families
     from kubeproxy.proxy.flags import FlagError, parse, resolve
 
     cfg = resolve(parse(["--node-ip", "fd00::2, 192.168.0.2"])).cfg
@@ -542,7 +542,8 @@ def test_node_ip_pair_flag_makes_both_families_and_their_node_ips() -> None:
 
 
 def test_node_ip_pair_is_validated_in_the_configuration() -> None:
-    from kubeproxy.proxy.config import ConfigError, validate
+    from kubeproxy.model.proxy_config import ConfigError
+    from kubeproxy.proxy.config import validate
 
     validate(replace(CFG, node_ip="192.168.0.2,fd00::2"))
     with pytest.raises(ConfigError, match=r"--node-ip: .*one IPv4 and one IPv6"):

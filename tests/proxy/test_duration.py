@@ -7,7 +7,7 @@ import pytest
 from kubeproxy.backends.ipvs.config_section import ipvs_options
 from kubeproxy.backends.nftables.annotations import UDP_CONNTRACK_TIMEOUT, udp_conntrack_timeout
 from kubeproxy.cluster.duration import DurationError, format_go_duration, parse_go_duration_ns
-from kubeproxy.proxy.config import ConfigError, parse_duration
+from kubeproxy.model.proxy_config import ConfigError, parse_duration
 from kubeproxy.proxy.flags import go_duration
 
 # (text, nanoseconds) as Go's time.ParseDuration gives them (its own test table's cases among them).

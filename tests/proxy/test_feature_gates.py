@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from kubeproxy.model.features import IMPLEMENTED, FeatureGateError, check_gates, gate_enabled, gates_without_effect, registry
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
+from kubeproxy.proxy.config import validate
 from tests.paths import REPO
 
 CASES: list[dict[str, Any]] = json.loads(

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kubeproxy.model.proxy_config import ConfigError
 from kubeproxy.proxy import flags
-from kubeproxy.proxy.config import ConfigError, load_config_file, to_kube_proxy_configuration
+from kubeproxy.proxy.config import load_config_file, to_kube_proxy_configuration
 from kubeproxy.proxy.flags import FLAGS, FlagError, Invocation, go_duration, parse, resolve
 from tests.paths import REPO as ROOT
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.backends import registry
 from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.proxy import http
 from kubeproxy.proxy.health import (
@@ -349,7 +350,7 @@ def test_port_taken_by_another_service_is_logged_and_retried(caplog: pytest.LogC
 
 
 def test_metrics_server_serves_metrics_proxy_mode_and_ping() -> None:
-    metrics = ProxyMetrics("iptables")
+    metrics = registry.proxy_metrics("iptables")
     metrics.for_family("IPv4").sync_duration.observe(0.003)
 
     async def main() -> None:

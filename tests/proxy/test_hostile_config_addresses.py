@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, validate
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
+from kubeproxy.proxy.config import load_config_file, validate
 from kubeproxy.proxy.flags import FlagError, parse, resolve
 
 INJECTION = "fd00::2%1\n-I INPUT 1 -j DROP"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.lab.netns import NetNS
-from kubeproxy.proxy.config import ConntrackConfig
+from kubeproxy.model.proxy_config import ConntrackConfig
 from kubeproxy.proxy.sysctls import conntrack_max
 from tests.paths import DEMO
 

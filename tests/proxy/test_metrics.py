@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeproxy.backends import registry
 from kubeproxy.model.metrics import NETWORK_PROGRAMMING_BUCKETS, SYNC_BUCKETS, ProxyMetrics
 
 # name → (type, label names) as upstream v1.33+ exposes them (kubernetes.io metrics reference).
@@ -94,7 +95,7 @@ def exposed(m: ProxyMetrics) -> dict[str, tuple[str, set[str]]]:
     [("iptables", IPTABLES), ("nftables", NFTABLES), ("ipvs", IPVS)],
 )
 def test_each_mode_exposes_upstreams_set(mode: str, extra: dict[str, tuple[str, set[str]]]) -> None:
-    m = ProxyMetrics(mode)
+    m = registry.proxy_metrics(mode)
     touch_everything(m)
     assert exposed(m) == {**COMMON, **extra}
 
@@ -115,7 +116,7 @@ def test_buckets_are_upstreams() -> None:
 
 
 def test_observations_change_the_text() -> None:
-    m = ProxyMetrics()
+    m = registry.proxy_metrics("iptables")
     m.for_family("IPv4").sync_duration.observe(0.003)
     m.service_changes_total.inc(4)
     m.for_family("IPv4").iptables_total.labels(table="filter").set(12)
@@ -154,7 +155,7 @@ def test_a_sync_is_recorded_by_kind_in_the_modes_that_expose_it() -> None:
                            no_local_endpoints_external=1)  # fmt: skip
     partial = SimpleNamespace(**{**vars(full), "full": False})
     for mode in ("iptables", "nftables", "ipvs"):
-        m = ProxyMetrics(mode)
+        m = registry.proxy_metrics(mode)
         v6 = m.for_family("IPv6")
         v6.record_sync(full, 0.5, 1000.0, [2.0])
         v6.record_sync(partial, 0.003, 1001.0, [])
@@ -185,12 +186,12 @@ def test_nfacct_counters_are_read_at_scrape_time() -> None:
             raise OSError("nfacct: not found")
         return counts.get(name)
 
-    m = ProxyMetrics("iptables", nfacct=read)
+    m = registry.proxy_metrics("iptables", nfacct=read)
     assert m.registry.get_sample_value("kubeproxy_iptables_ct_state_invalid_dropped_packets_total") == 3
     counts["ct_state_invalid_dropped_pkts"] = 5
     assert m.registry.get_sample_value("kubeproxy_iptables_ct_state_invalid_dropped_packets_total") == 5
     # A counter that cannot be read is left out; the scrape still works.
     assert "kubeproxy_iptables_localhost_nodeports_accepted_packets_total" not in m.exposition().decode()
     # Only iptables mode has them, as upstream.
-    nft = ProxyMetrics("nftables", nfacct=read)
+    nft = registry.proxy_metrics("nftables", nfacct=read)
     assert "kubeproxy_iptables_ct_state_invalid_dropped_packets_total" not in nft.exposition().decode()

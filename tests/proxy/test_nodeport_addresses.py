@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kubeproxy.backends import registry
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cli import main
 from kubeproxy.cluster.manifests import load_manifests
@@ -26,7 +27,8 @@ from kubeproxy.model.options import (
     node_options,
     nodeport_addresses,
 )
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, validate
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
+from kubeproxy.proxy.config import validate
 from kubeproxy.proxy.flags import parse, resolve
 from kubeproxy.proxy.startup import NO_NODE_IP, NODEPORT_ADDRESSES_UNSET, config_warnings, node_facts
 
@@ -112,10 +114,11 @@ def test_keywords_expand_as_upstreams(addresses: list[str], node_ip: dict[Family
 
 def test_each_modes_default_is_upstreams() -> None:
     # cmd/kube-proxy/app/server_linux.go platformApplyDefaults: nftables only.
-    assert nodeport_addresses(ProxyConfig(mode="nftables")) == ("primary",)
-    assert nodeport_addresses(ProxyConfig(mode="iptables")) == ()
-    assert nodeport_addresses(ProxyConfig(mode="ipvs")) == ()
-    assert nodeport_addresses(ProxyConfig(mode="nftables", nodeport_addresses=("all",))) == ("all",)
+    assert nodeport_addresses(ProxyConfig(mode="nftables"), registry.nodeport_traits("nftables")) == ("primary",)
+    assert nodeport_addresses(ProxyConfig(mode="iptables"), registry.nodeport_traits("iptables")) == ()
+    assert nodeport_addresses(ProxyConfig(mode="ipvs"), registry.nodeport_traits("ipvs")) == ()
+    configured = ProxyConfig(mode="nftables", nodeport_addresses=("all",))
+    assert nodeport_addresses(configured, registry.nodeport_traits("nftables")) == ("all",)
     # Upstream's "unset" warning follows the default: nftables mode has no such warning.
     unset = f"Kube-proxy configuration may be incomplete or incorrect: {NODEPORT_ADDRESSES_UNSET}"
     assert unset in config_warnings(ProxyConfig(mode="iptables"))
@@ -177,16 +180,17 @@ def test_primary_is_each_familys_node_ip_and_nothing_for_a_family_without_one(tm
     state = _state(tmp_path)
     node = state.nodes["node-a"]
     cfg = ProxyConfig(mode="nftables")
-    v4 = node_options(cfg, family=Family.IPV4, hostname="node-a", node=node)
+    nft = registry.nodeport_traits("nftables")
+    v4 = node_options(cfg, family=Family.IPV4, hostname="node-a", node=node, nodeports=nft)
     assert (v4.nodeport_match_all, v4.nodeport_ips) == (False, ("192.168.0.2",))  # not the ExternalIP
-    v6 = node_options(cfg, family=Family.IPV6, hostname="node-a", node=node)
+    v6 = node_options(cfg, family=Family.IPV6, hostname="node-a", node=node, nodeports=nft)
     assert v6.nodeport_match_all  # upstream: no CIDR of the family is the zero CIDR
     iptables = node_options(ProxyConfig(mode="iptables"), family=Family.IPV4, hostname="node-a", node=node)
     assert iptables.nodeport_match_all
     # No node IP at all: `primary` leaves nothing, which upstream takes as every address, and says so.
     lost = node_facts(cfg, None)
     assert NO_NODE_IP in lost.warnings and any(NODEPORT_ADDRESSES_UNSET in w for w in lost.warnings)
-    assert node_options(cfg, family=Family.IPV4, hostname="x", node=None).nodeport_match_all
+    assert node_options(cfg, family=Family.IPV4, hostname="x", node=None, nodeports=nft).nodeport_match_all
 
 
 def test_localhost_and_cidrs_select_local_addresses_as_upstream(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kubeproxy.cluster.objects import parse_endpoint_slice
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.programming import TRIGGER_TIME_ANNOTATION, TriggerTimes, latencies, trigger_time
 from kubeproxy.sources.events import WatchEvent

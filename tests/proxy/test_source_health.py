@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kubeproxy.backends.fake_node import FakeNode
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.health import rfc3339
 from kubeproxy.proxy.http import Response
 from kubeproxy.proxy.live_loop import LiveProxy

@@ -117,8 +117,8 @@ def test_upstream_loads_our_file_strictly_and_writes_it_back_unchanged(args: lis
 )  # fmt: skip
 def test_logging_options_are_refused_as_upstream_refuses_them(args: list[str], message: str) -> None:
     """Upstream v1.37.2's own messages for these command lines (its `command failed` error)."""
+    from kubeproxy.model.proxy_config import ConfigError
     from kubeproxy.proxy import flags
-    from kubeproxy.proxy.config import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         flags.resolve(flags.parse(args))
@@ -138,7 +138,7 @@ def test_logging_options_upstream_accepts(args: list[str]) -> None:
 def test_ipvs_section_of_the_wrong_type_is_refused_in_every_mode(section: str, field: str, tmp_path: Path) -> None:
     """Upstream's decoding refuses it whatever the mode (`failed to decode: time: invalid duration "abc"`):
     so do we, naming the field, before anything is written."""
-    from kubeproxy.proxy.config import ConfigError
+    from kubeproxy.model.proxy_config import ConfigError
 
     path = tmp_path / "config.yaml"
     path.write_text(f"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  {section}\n")

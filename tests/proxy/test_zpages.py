@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from kubeproxy.model.metrics import ProxyMetrics
+from kubeproxy.backends import registry
 from kubeproxy.proxy import flags
 from kubeproxy.proxy.health import serve_metrics
 from kubeproxy.proxy.http import Response
@@ -173,7 +173,7 @@ def test_the_metrics_server_serves_the_pages() -> None:
     zpages = pages(NFTABLES_RUN)
 
     async def main() -> None:
-        server = await serve_metrics(ProxyMetrics("nftables"), "127.0.0.1:0", "nftables", pages=zpages.routes())
+        server = await serve_metrics(registry.proxy_metrics("nftables"), "127.0.0.1:0", "nftables", pages=zpages.routes())
         port = server.sockets[0].getsockname()[1]
         try:
             status, _, body = await fetch(port, "/configz")

@@ -123,7 +123,7 @@ def clean_stale_entries(
 ) -> int:
     """Delete every stale UDP entry of `family` (see `stale`) from the conntrack table where
     `run` runs its tools (`table_for`), or from `table`; returns the number deleted.
-    `node_ports` says where NodePorts are (`NodePorts.of(opts, mode)`): only flows to those
+    `node_ports` says where NodePorts are (`NodePorts.of`): only flows to those
     addresses are NodePort flows.
 
     Raises ConntrackError (ConntrackMissing without ctnetlink) when the table cannot be listed;

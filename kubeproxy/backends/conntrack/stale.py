@@ -43,7 +43,6 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from kubeproxy.backends import registry
 from kubeproxy.backends.conntrack.flows import Flow
 from kubeproxy.model.changes import Changes
 from kubeproxy.model.node_model import NodeView
@@ -94,12 +93,11 @@ class NodePorts:
     loopback: bool = False
 
     @classmethod
-    def of(cls, opts: NodeOptions, mode: str) -> NodePorts:
-        """The NodePort addresses of this sync's options, as the `mode` renderer uses them."""
-        # iptables accepts NodePorts on 127.0.0.0/8 (route_localnet) when localhost NodePorts are
-        # on (opts says so only for IPv4); nftables never does: the mode's `loopback_nodeports`.
-        loopback = registry.mode(mode).loopback_nodeports and opts.localhost_nodeports
-        return cls(tuple(opts.nodeport_ips), opts.nodeport_match_all, loopback)
+    def of(cls, opts: NodeOptions, *, loopback_nodeports: bool) -> NodePorts:
+        """The NodePort addresses of this sync's options. `loopback_nodeports`: the mode takes
+        NodePorts on 127.0.0.0/8 when localhost NodePorts are on (iptables, by route_localnet;
+        opts says so only for IPv4); nftables never does (the mode's record says which)."""
+        return cls(tuple(opts.nodeport_ips), opts.nodeport_match_all, loopback_nodeports and opts.localhost_nodeports)
 
     def resolve(self, local_routes: Iterable[str] = ()) -> NodePortDestinations:
         """The destinations, given the `dst` of each route in the kernel's local table of type

@@ -47,8 +47,8 @@ from kubeproxy.cluster.addresses import CheckedIP
 from kubeproxy.kernel.kernel_text import word
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo
 from kubeproxy.model.options import NFACCT_CT_INVALID, NFACCT_LOCALHOST_NODEPORT, Family, NodeOptions
+from kubeproxy.model.proxy_config import LocalDetector
 from kubeproxy.model.topology import Categorized, categorize
-from kubeproxy.proxy.config import LocalDetector
 
 KUBE_SERVICES = "KUBE-SERVICES"
 KUBE_EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"

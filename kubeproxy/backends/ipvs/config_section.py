@@ -8,7 +8,7 @@ from typing import Any
 from kubeproxy.backends.ipvs.render import DEFAULT_SCHEDULER, IpvsOptions, validate_scheduler
 from kubeproxy.cluster.addresses import valid_cidr
 from kubeproxy.cluster.duration import DurationError, parse_go_duration
-from kubeproxy.proxy.config import ConfigError
+from kubeproxy.model.proxy_config import ConfigError
 
 
 def _seconds(value: Any) -> float:

@@ -1,6 +1,6 @@
 """The IPVS rendering of a cluster state without a kernel: for `kubeproxy render --proxy-mode ipvs`.
 
-Makes the same choice of node, IP families and options as the other modes (kubeproxy.node_render); the
+Makes the same choice of node, IP families and options as the other modes (kubeproxy.model.node_choice); the
 NodePort addresses are the node's own (--node-ip and the Node object), since there are no
 interfaces to read. A dual-stack node gets the IPv4 part, then the IPv6 one (KUBE-6-... sets,
 ip6tables-restore input, IPv6 virtual servers), each under its own header.
@@ -15,10 +15,10 @@ from kubeproxy.backends.ipvs.config_section import ipvs_options
 from kubeproxy.backends.ipvs.render import IpvsOptions, IpvsRendered, render
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.model.contract import OfflineOptions, OfflineText
+from kubeproxy.model.node_choice import choose_node, node_families, primary_family
 from kubeproxy.model.node_model import NodeView, build_view
 from kubeproxy.model.options import Family, NodeOptions, node_ips, node_options
-from kubeproxy.node_render import choose_node, node_families, primary_family
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 
 
 @dataclass(frozen=True)

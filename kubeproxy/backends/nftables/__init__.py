@@ -16,3 +16,10 @@ and, every syncPeriod, `applier.table_intact()` (one `nft list chain`): False me
 flushed or deleted the table, and the next sync should be full. `applier.cleanup()` removes the
 table (`kubeproxy cleanup`).
 """
+
+from kubeproxy.model.options import NodePortTraits
+
+# Upstream's nftables mode takes NodePorts on the node's primary IPs unless nodePortAddresses
+# says otherwise, and with KubeProxyNFTablesLocalhostNodePorts serves them on loopback from a
+# listener of its own.
+NODEPORTS = NodePortTraits(default_addresses=("primary",), localhost_gate="KubeProxyNFTablesLocalhostNodePorts")

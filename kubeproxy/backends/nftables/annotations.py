@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from kubeproxy.proxy.config import ConfigError, parse_duration
+from kubeproxy.model.proxy_config import ConfigError, parse_duration
 
 UDP_CONNTRACK_TIMEOUT = "kubeproxy.io/udp-conntrack-timeout"
 # The kernel keeps ct timeouts in jiffies in a u32: far beyond any sensible value.

@@ -1,6 +1,6 @@
 """The nftables rendering of a cluster state without a kernel: for `kubeproxy render --proxy-mode nftables`.
 
-Makes the same choice of node, IP families and options as the iptables mode (kubeproxy.node_render):
+Makes the same choice of node, IP families and options as the iptables mode (kubeproxy.model.node_choice):
 a dual-stack node gets both tables, `ip kube-proxy` and `ip6 kube-proxy`, in one `nft -f` input.
 """
 
@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubeproxy.backends.nftables import NODEPORTS
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.model.contract import OfflineOptions, OfflineText
+from kubeproxy.model.node_choice import choose_node, node_families, primary_family
 from kubeproxy.model.node_model import NodeView, build_view
 from kubeproxy.model.options import Family, NodeOptions, node_options
-from kubeproxy.node_render import choose_node, node_families, primary_family
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ def render_nftables(
     hostname, node = choose_node(state, cfg)
     family = family or primary_family(cfg, node)
     cidrs = tuple(dict.fromkeys((*state.service_cidr_list(), *service_cidrs)))
-    opts = node_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=(), service_cidrs=cidrs)
+    opts = node_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=(), service_cidrs=cidrs,
+                        nodeports=NODEPORTS)
     view = build_view(state.services.values(), state.slices.values(), family, opts.node_name)
     return NftNodeRendering(view, opts, render(view, opts))
 

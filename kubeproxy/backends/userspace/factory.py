@@ -5,7 +5,7 @@ from __future__ import annotations
 from kubeproxy.backends.userspace.proxier import UserspaceProxier, state_path
 from kubeproxy.kernel.exec import Runner
 from kubeproxy.model.contract import Backend
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 
 
 def userspace(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:

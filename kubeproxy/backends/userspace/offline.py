@@ -15,15 +15,15 @@ from kubeproxy.cluster.state import ClusterState
 from kubeproxy.model.contract import OfflineOptions, OfflineText
 from kubeproxy.model.node_model import build_view
 from kubeproxy.model.options import Family, node_options
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 
 EXAMPLE_FIRST_PORT = 36000
 
 
 def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) -> OfflineText:
-    """One family's rules, or on a dual-stack node (kubeproxy.node_render.node_families) both, each
+    """One family's rules, or on a dual-stack node (kubeproxy.model.node_choice.node_families) both, each
     under a `# iptables-restore (IPv4)` / `# ip6tables-restore (IPv6)` line as the iptables mode."""
-    from kubeproxy.node_render import choose_node, node_families  # the shared loader imports the backends
+    from kubeproxy.model.node_choice import choose_node, node_families
 
     families = node_families(cfg, choose_node(state, cfg)[1])
     texts: list[str] = []
@@ -39,7 +39,7 @@ def render_text(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions) 
 
 
 def _render_family(state: ClusterState, cfg: ProxyConfig, options: OfflineOptions, family: Family) -> OfflineText:
-    from kubeproxy.node_render import choose_node  # the shared loader imports the backends
+    from kubeproxy.model.node_choice import choose_node
 
     hostname, node = choose_node(state, cfg)
     opts = node_options(cfg, family=family, hostname=hostname, node=node, nfacct_counters=())

@@ -26,7 +26,7 @@ from kubeproxy.lab.dns.endpoints import AddressError, family_of, parse_server, s
 from kubeproxy.lab.dns.load import LoadError, LoadPlan, format_report, run_load
 from kubeproxy.lab.dns.scenarios import MAX_RATE, MAX_STEPS, SCENARIOS
 from kubeproxy.lab.multinode.cluster_command import cluster as multinode_cluster
-from kubeproxy.proxy.config import ConfigError, parse_duration
+from kubeproxy.model.proxy_config import ConfigError, parse_duration
 
 DEFAULT_NAME = "www.lab.test."
 # Queries per second one worker process sends comfortably on this class of machine (bench/dns_load.py).

@@ -325,15 +325,15 @@ def test_node_port_destinations_follow_the_options() -> None:
 def test_node_ports_of_options_as_each_mode_renders_them() -> None:
     base = dict(node_name="n", node_ip=NODE_IP, node_labels={}, family=Family.IPV4)
     opts = NodeOptions(**base, localhost_nodeports=True)  # type: ignore[arg-type]
-    assert NodePorts.of(opts, "iptables") == NodePorts((), True, True)
-    assert NodePorts.of(opts, "nftables") == NodePorts((), True, False)  # no localhost NodePorts in nft
+    assert NodePorts.of(opts, loopback_nodeports=True) == NodePorts((), True, True)
+    assert NodePorts.of(opts, loopback_nodeports=False) == NodePorts((), True, False)  # no localhost NodePorts in nft
     selected = NodeOptions(
         **base,  # type: ignore[arg-type]
         localhost_nodeports=False,
         nodeport_ips=(NODE_IP, "127.0.0.1"),
         nodeport_match_all=False,
     )
-    assert NodePorts.of(selected, "iptables").resolve() == NodePortDestinations(frozenset({NODE_IP}))
+    assert NodePorts.of(selected, loopback_nodeports=True).resolve() == NodePortDestinations(frozenset({NODE_IP}))
 
 
 def test_resolve_keeps_single_addresses_and_prefixes_normalised() -> None:

@@ -17,17 +17,17 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.last_restore import AppliedChains
+from kubeproxy.backends.iptables.offline import NodeRendering, render_iptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
+from kubeproxy.cluster.manifest_load import load
 from kubeproxy.kernel.exec import Runner
 from kubeproxy.lab import netns as netns_mod
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import NFACCT_COUNTERS
-from kubeproxy.node_render import NodeRendering
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 
 DEMO = Path(__file__).parents[3] / "kubeproxy" / "examples" / "demo.yaml"
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
@@ -54,7 +54,7 @@ class FakeNamespace:
 
 
 def _demo(counters: set[str]) -> NodeRendering:
-    return offline.render_iptables(offline.load([DEMO]).state, CFG, nfacct_counters=counters)
+    return render_iptables(load([DEMO]).state, CFG, nfacct_counters=counters)
 
 
 def _drop_service(view: NodeView, namespace: str, name: str) -> NodeView:

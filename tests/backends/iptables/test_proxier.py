@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
+from kubeproxy.backends.iptables.offline import NodeRendering, render_iptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
+from kubeproxy.cluster.manifest_load import load
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import NFACCT_COUNTERS, Family
-from kubeproxy.node_render import NodeRendering
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from tests.paths import DEMO
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
@@ -43,8 +43,8 @@ COMMIT
 
 
 def _demo(counters: set[str]) -> NodeRendering:
-    loaded = offline.load([DEMO])
-    return offline.render_iptables(loaded.state, CFG, nfacct_counters=counters)
+    loaded = load([DEMO])
+    return render_iptables(loaded.state, CFG, nfacct_counters=counters)
 
 
 def _save(ns: Namespace) -> str:
@@ -104,8 +104,8 @@ def test_kubelets_firewall_chain_and_jumps_in_ipv6_too(node: ProxierNode) -> Non
     sync (iptablesKubeletJumpChains), though only IPv4 with localhost NodePorts fills it; a rule
     someone else put in it stays."""
     ns, _, _ = node
-    loaded = offline.load([DEMO])
-    v6 = offline.render_iptables(loaded.state, CFG, nfacct_counters=(), family=Family.IPV6)
+    loaded = load([DEMO])
+    v6 = render_iptables(loaded.state, CFG, nfacct_counters=(), family=Family.IPV6)
     ns.run(["ip6tables", "-w", "-t", "filter", "-N", "KUBE-FIREWALL"])
     ns.run(["ip6tables", "-w", "-t", "filter", "-A", "KUBE-FIREWALL", "-s", "2001:db8::1/128", "-j", "DROP"])
     proxier = IptablesProxier(family=Family.IPV6, run=ns.run)
@@ -120,8 +120,8 @@ def test_kubelets_firewall_chain_and_jumps_in_ipv6_too(node: ProxierNode) -> Non
 
 def test_kubelets_firewall_chain_is_created_when_missing(node: ProxierNode) -> None:
     ns, _, _ = node
-    loaded = offline.load([DEMO])
-    v6 = offline.render_iptables(loaded.state, CFG, nfacct_counters=(), family=Family.IPV6)
+    loaded = load([DEMO])
+    v6 = render_iptables(loaded.state, CFG, nfacct_counters=(), family=Family.IPV6)
     proxier = IptablesProxier(family=Family.IPV6, run=ns.run)
     proxier.ensure_canary()
     proxier.sync(v6.view, v6.options, None)

@@ -18,18 +18,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables import cache as cache_module
 from kubeproxy.backends.iptables import render as render_module
 from kubeproxy.backends.iptables.cache import RenderCache
+from kubeproxy.backends.iptables.offline import NodeRendering, render_iptables
 from kubeproxy.backends.iptables.render import Rendered, render
 from kubeproxy.cli import build_config, main
+from kubeproxy.cluster.manifest_load import load
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.model.changes import ChangeTracker
 from kubeproxy.model.node_model import NodeView, ServicePortName, build_view
 from kubeproxy.model.options import Family, NodeOptions
+from kubeproxy.model.proxy_config import LocalDetector
 from kubeproxy.model.view import ViewBuilder
-from kubeproxy.proxy.config import LocalDetector
 from tests.backends.iptables.canonical import diff
 from tests.backends.iptables.test_partial_sync import (
     BOGUS_CHAIN,
@@ -102,13 +103,13 @@ def test_repeated_syncs_with_cache_match_uncached_and_upstream() -> None:
 # -- golden scenarios
 
 
-def golden_rendering(name: str) -> offline.NodeRendering:
+def golden_rendering(name: str) -> NodeRendering:
     """The scenario's view and options, the way `kubeproxy render` makes them."""
     path = GOLDEN / f"{name}.yaml"
     args = shlex.split(path.read_text().splitlines()[0].removeprefix("# args:"))
     params = main.commands["render"].make_context("render", ["--manifests", str(path), *args]).params
     cfg = build_config(**params)
-    return offline.render_iptables(offline.load([path]).state, cfg)
+    return render_iptables(load([path]).state, cfg)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -125,7 +126,7 @@ def test_golden_scenarios_with_cache(name: str) -> None:
     assert warm == cold and cache.rendered == 0 and cache.reused == len(view.services)
 
     # An equal view made of new objects, from a fresh parse: reused by equality.
-    state = offline.load([GOLDEN / f"{name}.yaml"]).state
+    state = load([GOLDEN / f"{name}.yaml"]).state
     rebuilt = build_view(state.services.values(), state.slices.values(), opts.family, opts.node_name)
     assert rebuilt == view and next(iter(rebuilt.services.values())) is not next(iter(view.services.values()))
     assert render(rebuilt, opts, cache=cache) == cold and cache.rendered == 0

@@ -19,13 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeproxy import node_render as offline
 from kubeproxy.backends.iptables import jumps
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.last_restore import AppliedChains, Filtered
+from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier, _rule_args, _rule_spec
 from kubeproxy.backends.iptables.render import TableText, render_tables, restore_chunks, restore_text
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.cluster.manifest_load import load
+from kubeproxy.model.proxy_config import ProxyConfig
 from tests.paths import DEMO
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
@@ -33,7 +34,7 @@ CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",))
 
 def _demo_text(**kwargs: Any) -> str:
     cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)
-    return offline.render_iptables(offline.load([DEMO]).state, cfg).rendered.text
+    return render_iptables(load([DEMO]).state, cfg).rendered.text
 
 
 TEXTS = {
@@ -101,7 +102,7 @@ def _declared(text: str) -> dict[str, set[str]]:
 
 def _demo_tables(**kwargs: Any) -> tuple[TableText, ...]:
     cfg = ProxyConfig(cluster_cidr=("10.244.0.0/16",), **kwargs)
-    result = offline.render_iptables(offline.load([DEMO]).state, cfg)
+    result = render_iptables(load([DEMO]).state, cfg)
     rendered, tables = render_tables(result.view, result.options)
     assert restore_text(tables) == result.rendered.text and rendered.text == ""
     return tables
@@ -160,7 +161,7 @@ def test_pieces_that_are_not_whole_lines_take_the_general_path(cut: int) -> None
 
 
 def test_the_report_keeps_counts_not_the_restore_text() -> None:
-    result = offline.render_iptables(offline.load([DEMO]).state, CFG, nfacct_counters=())
+    result = render_iptables(load([DEMO]).state, CFG, nfacct_counters=())
     fake = FakeIptables()
     proxier = IptablesProxier(run=fake.run)
     proxier.prepare()

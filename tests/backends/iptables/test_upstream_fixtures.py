@@ -15,7 +15,7 @@ from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import build_state
 from kubeproxy.model.node_model import build_view
 from kubeproxy.model.options import NodeOptions, node_options
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from tests.backends.iptables.canonical import diff
 from tests.backends.iptables.rules_invariants import check_invariants, parse
 from tests.paths import TESTS

@@ -13,8 +13,8 @@ import pytest
 
 from kubeproxy.backends.ipvs import deprecation
 from kubeproxy.model.features import gates_without_effect, registry
+from kubeproxy.model.proxy_config import ConfigError
 from kubeproxy.proxy import kube_proxy
-from kubeproxy.proxy.config import ConfigError
 from kubeproxy.proxy.flags import parse, resolve
 
 UPSTREAM_REFUSAL = ('KubeProxyConfiguration.Mode.ProxyMode: Invalid value: "ipvs": must be iptables, nftables or blank '

@@ -119,7 +119,8 @@ def test_live_loop_in_ipvs_mode() -> None:
 
 def test_ipvs_section_reaches_the_backend_and_is_validated_at_start_up() -> None:
     from kubeproxy.backends import registry
-    from kubeproxy.proxy.config import ConfigError, validate
+    from kubeproxy.model.proxy_config import ConfigError
+    from kubeproxy.proxy.config import validate
 
     cfg = replace(CFG, mode="ipvs", ipvs={"scheduler": "wlc", "strictARP": True, "tcpTimeout": 900})
     backend = registry.create("ipvs", run=FakeNode().run, sync_period=30.0, cfg=cfg)

@@ -25,8 +25,8 @@ from kubeproxy.cli import main
 from kubeproxy.cluster.addresses import ip_text, valid_ip
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.model.options import NodeOptions
+from kubeproxy.model.proxy_config import LocalDetector
 from kubeproxy.netfilter.ipvs import IpvsParseError, parse_ipset_save, parse_ipvs
-from kubeproxy.proxy.config import LocalDetector
 
 NODE_IP = "192.168.0.2"
 NODE = ["--iface", "eth0=192.168.0.2/24", "--iface", "cni0=10.244.1.1/24",

@@ -10,7 +10,7 @@ from typing import Any
 from kubeproxy.cluster.state import build_state
 from kubeproxy.model.node_model import NodeView, build_view
 from kubeproxy.model.options import Family, NodeOptions
-from kubeproxy.proxy.config import LocalDetector
+from kubeproxy.model.proxy_config import LocalDetector
 
 NODE = "test-node"
 

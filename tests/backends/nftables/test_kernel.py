@@ -21,7 +21,7 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.lab import netns as L
 from kubeproxy.model.options import Family
-from kubeproxy.proxy.config import LocalDetector
+from kubeproxy.model.proxy_config import LocalDetector
 from tests.backends.nftables.helpers import NODE, canonical, endpoint, options, options6, port, service, slice_, view
 from tests.backends.nftables.test_incremental import random_service
 from tests.netfilter.kernel_bed import PROBE, bed

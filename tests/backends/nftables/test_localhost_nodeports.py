@@ -10,7 +10,8 @@ from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.lab.builders import Port, service
 from kubeproxy.model.options import Family
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.proxy.config import validate
 
 GATE = "KubeProxyNFTablesLocalhostNodePorts"
 UPSTREAM_BASE = [

@@ -14,7 +14,8 @@ import pytest
 from kubeproxy.backends.nftables.offline import render_nftables
 from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.state import ClusterState, build_state
-from kubeproxy.proxy.config import ProxyConfig, validate
+from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.proxy.config import validate
 from tests.netfilter.kernel_bed import bed
 
 pytestmark = pytest.mark.root

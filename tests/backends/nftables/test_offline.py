@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kubeproxy.backends.nftables.offline import render_nftables
-from kubeproxy.node_render import load
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.cluster.manifest_load import load
+from kubeproxy.model.proxy_config import ProxyConfig
 from tests.paths import DEMO
 
 

@@ -14,7 +14,7 @@ from kubeproxy.backends.nftables.table_objects import CtTimeout
 from kubeproxy.cluster.addresses import AddressText
 from kubeproxy.model.node_model import ServicePortName
 from kubeproxy.model.options import Family
-from kubeproxy.proxy.config import LocalDetector
+from kubeproxy.model.proxy_config import LocalDetector
 from tests.backends.nftables.helpers import NODE, endpoint, options, options6, port, service, slice_, view
 
 

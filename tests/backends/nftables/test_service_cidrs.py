@@ -19,7 +19,7 @@ from kubeproxy.cluster.manifests import load_manifests
 from kubeproxy.cluster.servicecidr import parse_service_cidr
 from kubeproxy.cluster.state import ClusterState, build_state
 from kubeproxy.model.options import Family, node_options
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.files import KINDS

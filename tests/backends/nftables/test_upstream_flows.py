@@ -33,13 +33,13 @@ from kubeproxy.cluster.state import build_state
 from kubeproxy.cluster.validation import ParseOptions
 from kubeproxy.model.node_model import NodeView, build_view
 from kubeproxy.model.options import Family, NodeOptions
+from kubeproxy.model.proxy_config import LocalDetector
 from kubeproxy.netfilter import addr as A
 from kubeproxy.netfilter import iptables_save, nft_json
 from kubeproxy.netfilter.node import Node
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.ruleset import Ruleset
 from kubeproxy.netfilter.simulate import Outcome, trace
-from kubeproxy.proxy.config import LocalDetector
 from tests.netfilter.kernel_bed import BedSpec, assert_kernel_agrees, bed, observed_key
 from tests.paths import TESTS
 

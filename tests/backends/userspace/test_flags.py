@@ -9,7 +9,8 @@ import pytest
 from kubeproxy.backends import registry
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.userspace.proxier import UserspaceProxier
-from kubeproxy.proxy.config import ConfigError, ProxyConfig, load_config_file, unused_settings, validate
+from kubeproxy.model.proxy_config import ConfigError, ProxyConfig
+from kubeproxy.proxy.config import load_config_file, unused_settings, validate
 from kubeproxy.proxy.flags import parse, resolve
 
 

@@ -13,7 +13,7 @@ from kubeproxy.backends.userspace.proxier import UserspaceProxier
 from kubeproxy.backends.userspace.relay_loop import RelayServer
 from kubeproxy.backends.userspace.relay_metrics import RelayCollector, relay_health
 from kubeproxy.model.options import Family
-from kubeproxy.proxy.config import ProxyConfig
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from tests.backends.userspace.test_relay import WEB, TcpBackend, free_port, serve, wait_for
 

@@ -1,59 +1,17 @@
-"""From cluster objects to the rules one node would program, without touching the kernel.
-
-Shared by `kubeproxy render`, the demo and the tests, so that all of them make the same
-choice of node, IP family and options as the live proxy will.
-"""
+"""Which Node this proxy is and which IP families it proxies, from the configuration and the
+cluster's Nodes: the one choice the live proxy, `kubeproxy render` and every mode's offline
+renderer make alike."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
-from kubeproxy.backends.iptables.render import Rendered, render
-from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.cluster.errors import ManifestError
-from kubeproxy.cluster.manifests import manifest_files, parse_objects, read_text
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.cluster.validation import ParseOptions
-from kubeproxy.model.node_model import NodeView, build_view
-from kubeproxy.model.options import NFACCT_COUNTERS, Family, NodeOptions, node_ips, node_options
-from kubeproxy.proxy.config import ProxyConfig
-
-
-@dataclass
-class Loaded:
-    state: ClusterState
-    warnings: list[str] = field(default_factory=list)
-    objects: int = 0
-
-
-def load(paths: Iterable[str | Path], options: ParseOptions | None = None) -> Loaded:
-    """Objects from files and folders, checked with `options`. A broken file is reported and skipped, not fatal."""
-    warnings: list[str] = []
-    object_warnings: list[str] = []
-    try:
-        files = manifest_files(paths)
-    except ManifestError as exc:
-        return Loaded(ClusterState(), [f"error: {exc}"])
-    state = ClusterState(options=options or ParseOptions())
-    count = 0
-    # Each object goes into the state as it is read, and its raw dicts die then (by reference
-    # count): the raw dicts of a whole file and the typed objects are never all alive at once.
-    # The cyclic collector is paused meanwhile: it would walk the state's objects again and again.
-    with paused_gc(freeze=True):  # the state outlives the block: see cluster.bulk
-        for path in files:
-            try:
-                for obj in parse_objects(read_text(path), str(path)):
-                    count += 1
-                    if warning := state.apply(obj):
-                        object_warnings.append(warning)
-            except ManifestError as exc:
-                warnings.append(f"error: {exc}")
-    return Loaded(state, warnings + object_warnings, count)
+from kubeproxy.model.options import Family, node_ips
+from kubeproxy.model.proxy_config import ProxyConfig
 
 
 @dataclass(frozen=True)
@@ -122,33 +80,3 @@ def node_families(cfg: ProxyConfig, node: Node | None) -> tuple[Family, ...]:
     seen.update(Family.of(ipaddress.ip_network(cidr, strict=False)) for cidr in cfg.cluster_cidr)
     second = Family.IPV4 if primary.ipv6 else Family.IPV6
     return (primary, second) if second in seen else (primary,)
-
-
-@dataclass(frozen=True)
-class NodeRendering:
-    view: NodeView
-    options: NodeOptions
-    rendered: Rendered
-
-
-def render_iptables(
-    state: ClusterState,
-    cfg: ProxyConfig,
-    *,
-    nfacct_counters: Collection[str] = NFACCT_COUNTERS,
-    conntrack_tcp_liberal: bool = False,
-    family: Family | None = None,
-) -> NodeRendering:
-    """One family's rules (default: the node's primary family; see `node_families` for all)."""
-    hostname, node = choose_node(state, cfg)
-    family = family or primary_family(cfg, node)
-    opts = node_options(
-        cfg,
-        family=family,
-        hostname=hostname,
-        node=node,
-        nfacct_counters=nfacct_counters,
-        conntrack_tcp_liberal=conntrack_tcp_liberal,
-    )
-    view = build_view(state.services.values(), state.slices.values(), family, opts.node_name)
-    return NodeRendering(view, opts, render(view, opts))
