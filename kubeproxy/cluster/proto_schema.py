@@ -1,11 +1,13 @@
-"""Services, EndpointSlices and Nodes from protobuf, into the typed decoder's structs (`schema.py`).
+"""Services, EndpointSlices, Nodes and ServiceCIDRs from protobuf, into the typed decoder's structs (`schema.py`).
 
 The API server's protobuf encoding of an object carries the same fields as its JSON, by number
 instead of by name. The tables below give, for each message kube-proxy reads, the number of each
 field and the `schema` struct attribute it fills: a decoded object is the `schema.Item` the JSON
 typed decoder gives for the same object, which `cluster/typed.py` (or, through `schema.as_plain`,
 the dict parsers) reads as it reads any other. Field numbers are upstream's, from k8s.io/api
-v0.37.2 core/v1 and discovery/v1 and k8s.io/apimachinery meta/v1 `generated.proto`.
+v0.37.2 core/v1, discovery/v1 and networking/v1 and k8s.io/apimachinery meta/v1 `generated.proto`.
+A ServiceCIDR is outside the typed schema (its JSON is read as plain dicts): its struct is read
+only through `schema.as_plain` (`PLAIN_KINDS`).
 
 Protobuf writes a non-pointer Go field even at its zero value ("" or 0), where the JSON encoder
 leaves an `omitempty` field out: such a field read as zero is left unset here, so that both
@@ -23,7 +25,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
 
 from kubeproxy.cluster import schema as S
 from kubeproxy.cluster.protowire import BYTES, VARINT, WIRE_TYPES, ProtoError, fields, signed64, varint
@@ -130,8 +132,23 @@ NODE = Message("Node", S.Item, {
     3: _f("status", MSG, NODE_STATUS, keep=True),
 })  # fmt: skip
 
+
+class ServiceCIDRSpec(Struct, omit_defaults=True):
+    """A ServiceCIDR's spec, which `schema.Spec` does not hold: read through `schema.as_plain`."""
+
+    cidrs: list[str] | UnsetType = UNSET
+
+
+SERVICE_CIDR = Message("ServiceCIDR", S.Item, {
+    1: _f("metadata", MSG, OBJECT_META, keep=True),
+    2: _f("spec", MSG, Message("ServiceCIDRSpec", ServiceCIDRSpec, {1: _f("cidrs", repeated=True)}), keep=True),
+})  # fmt: skip
+
 # The kinds whose objects decode into `schema.Item`, by kind.
-KINDS: Mapping[str, Message] = {"Service": SERVICE, "EndpointSlice": ENDPOINT_SLICE, "Node": NODE}
+KINDS: Mapping[str, Message] = {"Service": SERVICE, "EndpointSlice": ENDPOINT_SLICE, "Node": NODE, "ServiceCIDR": SERVICE_CIDR}
+# Of those, the kinds outside the typed schema: delivered as plain dicts (`schema.as_plain`), as
+# their JSON is.
+PLAIN_KINDS = frozenset({"ServiceCIDR"})
 LIST_ITEMS = 2  # a List's `items` (its `metadata` is 1, a ListMeta)
 
 

@@ -52,12 +52,17 @@ What a reflector does, following client-go's reflector (v0.37.2, tools/cache/ref
   - "Too large resource version" (a 504 Timeout with cause ResourceVersionTooLarge, as an HTTP
     answer or a watch ERROR event): a consistent list;
   - after a failure that may hide a restart of the server (a cut or refused connection, a 5xx
-    answer), before watching again, it asks for one object at
-    `resourceVersion=<last>&resourceVersionMatch=NotOlderThan`: one object is enough to learn
-    whether the server has that version, where client-go relists whole lists after most failed
-    watches and has no such check after a cut (it watches again and would stay silent). Not
-    after a 429, an ERROR event or a malformed answer: the server that sent them is alive and
-    keeps its history;
+    answer), it watches again from the last version at once, as client-go does, and takes the
+    resumed watch's first event or bookmark as the proof that the server has that version (the
+    server sends a watch nothing older than the version it started from), or the proof another
+    reflector of the source got meanwhile (`ResumeProof`). Only when none has come within
+    `proof_wait` (75 s: the API server's bookmark period plus 15 s, its own
+    DefaultEventFreshDuration, so a healthy server has sent a bookmark by then) does it ask, with
+    the watch still open, for one object at `resourceVersion=<last>&resourceVersionMatch=NotOlderThan`:
+    a server that lost its history answers "Too large resource version" and the watch gives way
+    to a relist. client-go has no such check (its resumed watch would stay silent for ever); a
+    restarted server that kept its history costs no request more than it does. Not after a 429,
+    an ERROR event or a malformed answer: the server that sent them is alive and keeps its history;
   - a list, bookmark or event whose resourceVersion is older than the last one seen (compared
     as integers when both are, as etcd-backed servers make them; otherwise not compared): a
     consistent list;
@@ -101,7 +106,7 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from lightkube.resources.networking_v1 import ServiceCIDR
 
 from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.cluster.proto_schema import KINDS
+from kubeproxy.cluster.proto_schema import KINDS, PLAIN_KINDS
 from kubeproxy.cluster.schema import Item, Metadata, as_plain, decode_list
 from kubeproxy.sources import protobuf, wire
 from kubeproxy.sources.backoff import Backoff
@@ -118,6 +123,10 @@ Sleep = Callable[[float], Awaitable[None]]
 LIST_PAGE_SIZE = 500
 # The annotation of the BOOKMARK that ends a watch-list's initial events (metav1.InitialEventsAnnotationKey).
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+# The API server sends every watch a bookmark about once a minute; it counts an event 15 s older
+# than that as stale (apiserver v0.37.2, storage/cacher/cacher.go DefaultEventFreshDuration): a
+# resumed watch quiet that long is asked whether the server still has its version.
+RESUME_PROOF_WAIT = 75.0
 
 
 @dataclass(frozen=True)
@@ -233,17 +242,29 @@ def _older(rv: str, than: str | None) -> bool:
 
 @dataclass
 class ResumeProof:
-    """The newest resourceVersion a resume check showed the API server has reached, and when that
-    answer came (loop time), shared by the reflectors of one source. resourceVersions are one etcd
-    revision across resources, so a server at or past `version` is at or past every older version
-    of any resource: a reflector whose version is no newer and whose failure was noticed before
-    that answer was taken resumes without a check of its own, which made then would have asked
-    the same server (after a restart: one check per node instead of one per resource). Versions
-    that are not integers are never covered."""
+    """The newest resourceVersion the API server showed it has reached (a resumed watch's event or
+    bookmark, or a resume check's answer), and when it did (loop time), shared by the reflectors
+    of one source. resourceVersions are one etcd revision across resources, so a server at or past
+    `version` is at or past every older version of any resource: a reflector whose version is no
+    newer and whose failure was noticed before that proof came needs none of its own (after a
+    restart: one event on any resource proves the server kept its history for all). Versions that
+    are not integers are never covered."""
 
     version: int = -1
     at: float = float("-inf")
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one resume check at a time
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition, repr=False)  # a proof came
+
+    async def prove(self, resource_version: str, at: float) -> None:
+        """Record a proof and wake the reflectors waiting for one."""
+        self.record(resource_version, at)
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait_covers(self, resource_version: Callable[[], str], failed_at: float) -> None:
+        """Until a proof covers the version `resource_version()` gives (it moves with events)."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.covers(resource_version(), failed_at))
 
     def covers(self, resource_version: str, failed_at: float) -> bool:
         try:
@@ -319,6 +340,8 @@ class Reflector:
     # The media type asked for (clientConnection.contentType): protobuf is asked for, with JSON
     # as the fallback, for the kinds `proto_schema` decodes; JSON for the others.
     content_type: str = "application/json"
+    # clientConnection.acceptContentTypes: the Accept header as given, when set (see `accept_header`).
+    accept_content_types: str = ""
     # Bounds on what one answer may hold (see wire.py for why these values) and on how long a
     # list or check may take: twice the API server's own request timeout (60 s).
     max_frame_bytes: int = wire.MAX_FRAME_BYTES
@@ -326,6 +349,9 @@ class Reflector:
     max_list_pages: int = wire.MAX_LIST_PAGES
     request_deadline: float = 120.0
     resume_proof: ResumeProof | None = None  # shared with the source's other reflectors
+    # How long a watch resumed after a failure that may hide a restart waits for an event or a
+    # bookmark (or another reflector's proof) before it asks the server for our version.
+    proof_wait: float = RESUME_PROOF_WAIT
     resource_version: str | None = field(default=None, init=False)
     # The key and resourceVersion ("" if none) of every object delivered and not deleted: what a
     # relist diffs against. Not the objects: they are the consumer's once delivered.
@@ -345,8 +371,13 @@ class Reflector:
     _failure_kind: str | None = field(default=None, init=False, repr=False)
     _must_list: bool = field(default=True, init=False, repr=False)
     # Set by a failure that may hide a restart of the API server (a cut or refused connection, a
-    # 5xx answer): before watching again, check that the server still has our version.
+    # 5xx answer): the version watched from is unproven until the server shows it has it.
     _check: bool = field(default=False, init=False, repr=False)
+    # Loop time by which an unproven resumed watch must have had its proof, else a check is made.
+    _proof_due: float | None = field(default=None, init=False, repr=False)
+    # What the check made for an unproven watch met (Stale: relist; else back off), ending it.
+    _proof_failure: Exception | None = field(default=None, init=False, repr=False)
+    _proof: ResumeProof = field(init=False, repr=False)
     # The server said it no longer has (410) or does not have yet ("Too large resource version")
     # the version listed at: the next list is a consistent read.
     _version_unavailable: bool = field(default=False, init=False, repr=False)
@@ -364,7 +395,10 @@ class Reflector:
     def __post_init__(self) -> None:
         if self.watch_timeout <= 0 or (self.max_silence is not None and self.max_silence <= 0):
             raise ValueError(f"watch timeout ({self.watch_timeout}s) and max silence ({self.max_silence}s) must be positive")
-        self._accept = ACCEPT_PROTOBUF if self.content_type == protobuf.MEDIA_TYPE and self.spec.kind in KINDS else ACCEPT_JSON
+        self._accept = accept_header(self.content_type, self.accept_content_types, self.spec.kind)
+        # Objects delivered as the schema's structs: with `typed_lists`, of a kind the schema holds.
+        self._structs = self.typed_lists and self.spec.kind not in PLAIN_KINDS
+        self._proof = self.resume_proof if self.resume_proof is not None else ResumeProof()
 
     @property
     def silence_bound(self) -> float:
@@ -392,9 +426,6 @@ class Reflector:
                         await self._list()
                         await self._watch()
                     continue
-                if self._check:
-                    await self._check_resume()
-                    log.info("watch of %s restarted from resourceVersion %s", self.spec, self.resource_version)
                 await self._watch()
             except Stale as e:
                 listing = self._must_list
@@ -480,6 +511,7 @@ class Reflector:
         del fresh  # the events hold what is still to be delivered
         self.lists += 1
         self._must_list = self._check = self._version_unavailable = False
+        self._proof_due = None
         self._heard()
         await self._advance(rv)
         self.backoff.succeeded()
@@ -504,30 +536,48 @@ class Reflector:
                 events.append(WatchEvent("MODIFIED", kind, obj))
         return events
 
-    async def _check_resume(self) -> None:
-        """Before resuming a watch that failed: is the server still at or past our version?
+    async def _prove_resumed(self, watch: asyncio.Timeout) -> None:
+        """A watch resumed after a failure that may hide a restart was accepted: is the server
+        still at or past our version? Its first event or bookmark says so (see `_on_event`), or
+        another reflector's proof; without either within `proof_wait`, one object at
+        `resourceVersion=<ours>&resourceVersionMatch=NotOlderThan` is asked for, the watch still
+        open. A server that lost its history answers "Too large resource version" (or, if it does
+        not enforce the match, a list older than ours): `Stale`, and `watch` is ended for the
+        caller to relist; another failure of the check ends it too, to be backed off."""
+        loop = asyncio.get_running_loop()
+        failed_at = self.failing_since if self.failing_since is not None else loop.time()
+        resumed_at = self.resource_version
+        if self._proof_due is None:
+            self._proof_due = loop.time() + self.proof_wait
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(self._proof_due):
+                await self._proof.wait_covers(lambda: self.resource_version or "", failed_at)
+        if self._check:
+            try:
+                await self._check_resume(failed_at)
+            except (SourceError, httpx2.HTTPError, httpx2.StreamError, ValueError, OSError) as e:
+                self._proof_failure = e
+                watch.reschedule(loop.time())
+                return
+        self._check, self._proof_due = False, None
+        # The watch of this resource was accepted: the server answers it (RBAC lets us read it).
+        self._answered()
+        log.info("watch of %s restarted from resourceVersion %s: the API server kept that history (it is at %s)",
+                 self.spec, resumed_at, self._proof.version if self._proof.version >= 0 else self.resource_version)  # fmt: skip
 
-        One object at `resourceVersion=<ours>&resourceVersionMatch=NotOlderThan`: a server that
-        lost its history answers "Too large resource version" (or, if it does not enforce the
-        match, a list older than ours); either way `Stale`, and the caller relists.
-        """
+    async def _check_resume(self, failed_at: float) -> None:
+        """Is the server still at or past our version? Asked unless a proof covers it by now."""
         if self.resource_version is None:
             return
-        proof = self.resume_proof
+        proof = self._proof
         # A source's checks go one at a time, so that those waiting are covered by the first.
-        async with proof.lock if proof is not None else contextlib.nullcontext():
-            covered = proof is not None and self.failing_since is not None and proof.covers(
-                self.resource_version, self.failing_since)
-            if not covered:
+        async with proof.lock:
+            if not proof.covers(self.resource_version, failed_at):
                 await self._ask_resume(proof)
         self._heard()
         self._check = False
-        if not covered:
-            # Only an answer to this resource ends its failing state: another's check says the
-            # server kept its history, not that it lets us read this (RBAC may still forbid it).
-            self._answered()
 
-    async def _ask_resume(self, proof: ResumeProof | None) -> None:
+    async def _ask_resume(self, proof: ResumeProof) -> None:
         params = {
             **self._selectors(),
             "resourceVersion": self.resource_version or "",
@@ -541,8 +591,7 @@ class Reflector:
             raise SourceError(url, 200, "BadList", "the list has no resourceVersion")
         if _older(rv, self.resource_version):
             raise Stale(url, 200, "ResourceVersionWentBack", f"asked for {self.resource_version} or newer, got {rv}")
-        if proof is not None:
-            proof.record(rv, asyncio.get_running_loop().time())
+        await proof.prove(rv, asyncio.get_running_loop().time())
 
     def _list_version(self) -> str:
         """The resourceVersion to list at, as client-go's reflector picks it: "0" the first time
@@ -630,7 +679,7 @@ class Reflector:
                 head, items = protobuf.decode_list(content, self.spec.kind)
         except wire.WireError as e:
             raise SourceError(url, 200, "BadList", str(e)[:300]) from None
-        return head, items if self.typed_lists else [as_plain(item) for item in items]
+        return head, items if self._structs else [as_plain(item) for item in items]
 
     def _list_head(self, url: str, body: Any) -> wire.ListHead:
         """A list answer's typed envelope, of this resource's kind; SourceError otherwise."""
@@ -681,6 +730,7 @@ class Reflector:
                     url = str(resp.url)
                     if resp.status_code != 200:
                         raise await _error_of(url, resp)
+                    self._decodable(url, resp)
                     return url, await _read(url, resp, limit, "the list")
         except TimeoutError:
             raise SourceError(url, 0, "Timeout", f"no complete answer within {self.request_deadline:g}s") from None
@@ -747,6 +797,8 @@ class Reflector:
         loop = asyncio.get_running_loop()
         answered: float | None = None  # loop time of the 200
         lines = 0
+        prover: asyncio.Task[None] | None = None
+        self._proof_failure = None
         try:
             # Silence is counted from the last sign of progress, not from this request: a server
             # that accepts our version but never reaches it ends watch after silent watch.
@@ -762,21 +814,27 @@ class Reflector:
                         error = await _error_of(url, resp)
                         self._check = self._check or resp.status_code >= 500
                         raise error
+                    self._decodable(url, resp)
                     answered = loop.time()
-                    if not initial:
+                    if not initial and self._check:
+                        prover = asyncio.create_task(self._prove_resumed(silence), name=f"proof:{self.spec}")
+                    elif not initial:
                         self._answered()
                     if resp.headers.get("content-type", "").startswith(protobuf.MEDIA_TYPE):
                         async for frame in _frames(url, resp, self.max_frame_bytes):
                             lines += 1
                             await self._on_frame(url, frame)
-                            silence.reschedule(self._heard_at + self.silence_bound)
+                            self._keep_listening(silence)
                     else:
                         async for line in _lines(url, resp, self.max_frame_bytes):
                             if line.strip():
                                 lines += 1
                                 await self._on_line(url, line)
-                                silence.reschedule(self._heard_at + self.silence_bound)
+                                self._keep_listening(silence)
         except TimeoutError:
+            if self._proof_failure is not None:
+                failure, self._proof_failure = self._proof_failure, None
+                raise failure from None
             if not silence.expired():
                 self._check = True
                 raise
@@ -794,13 +852,32 @@ class Reflector:
             if answered is None or self._initial is not None or (not lines and loop.time() - answered < 1.0):
                 raise
             log.info("watch of %s cut at resourceVersion %s: %s", self.spec, self.resource_version, _describe(e))
-            self._mark_stale()  # until the check shows the server still has our version
+            self._mark_stale()  # until the server shows it still has our version
             return
+        finally:
+            if prover is not None:
+                prover.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await prover
         if self._initial is None and not lines and answered is not None and loop.time() - answered < 1.0:
             # client-go's VeryShortWatchError: a server that ends every watch at once would
             # otherwise be asked again and again without a pause.
             raise SourceError(url, 200, "VeryShortWatch", "the watch ended within a second, with no event")
         log.debug("watch of %s ended by the server at resourceVersion %s", self.spec, self.resource_version)
+
+    def _decodable(self, url: str, resp: httpx2.Response) -> None:
+        """SourceError for an answer in a media type not decoded here (one that
+        `clientConnection.acceptContentTypes` let the server choose, YAML or CBOR)."""
+        media = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media and media not in DECODED_MEDIA_TYPES:
+            raise SourceError(url, 200, "UnsupportedMediaType",
+                              f"the API server answered {media[:80]}, which kubeproxy does not decode "
+                              f"(asked for {self._accept[:200]}; it decodes {' and '.join(DECODED_MEDIA_TYPES)})")  # fmt: skip
+
+    def _keep_listening(self, watch: asyncio.Timeout) -> None:
+        """Silence counts from the last sign of progress; a failed proof ends the watch at once."""
+        if self._proof_failure is None:
+            watch.reschedule(self._heard_at + self.silence_bound if self._heard_at is not None else None)
 
     async def _on_line(self, url: str, line: bytes) -> None:
         if self._initial is not None and self.typed_lists:
@@ -847,7 +924,7 @@ class Reflector:
                 if not name and event.type != "BOOKMARK":
                     raise wire.WireError(f"the {event.type} event's object has no metadata.name")
                 key = wire.ObjectKey(event.kind, event.api_version, namespace, name, rv)
-                obj = item if self.typed_lists and event.type != "BOOKMARK" else as_plain(item)
+                obj = item if self._structs and event.type != "BOOKMARK" else as_plain(item)
         except wire.WireError as e:
             raise SourceError(url, 500, "MalformedEvent", str(e)[:300]) from None
         await self._on_event(url, event.type, obj, key)
@@ -871,6 +948,7 @@ class Reflector:
             if rv:
                 self._heard()
                 await self._advance(rv)
+                await self._proved(rv)
             return
         _fill_type(obj, self.spec)
         if type_ == "DELETED":
@@ -882,6 +960,13 @@ class Reflector:
         if rv:
             self._heard()
             await self._advance(rv)
+            await self._proved(rv)
+
+    async def _proved(self, rv: str) -> None:
+        """An event or bookmark on a resumed watch: the server is at `rv`, past our last version
+        (a watch carries nothing older), which proves it kept the history for every reflector."""
+        if self._check:
+            await self._proof.prove(rv, asyncio.get_running_loop().time())
 
     async def _on_initial(self, type_: str, obj: Raw, key: wire.ObjectKey) -> None:
         """An event of a watch-list's initial state: kept until the bookmark that ends them."""
@@ -958,6 +1043,29 @@ ACCEPT_JSON = "application/json"
 # As client-go asks when protobuf is the content type, JSON named (not */*) so that no other
 # encoding (YAML, CBOR) can come back.
 ACCEPT_PROTOBUF = f"{protobuf.MEDIA_TYPE}, application/json"
+DECODED_MEDIA_TYPES = (protobuf.MEDIA_TYPE, "application/json")
+_CBOR = "application/cbor"
+
+
+def accept_header(content_type: str, accept_content_types: str, kind: str) -> str:
+    """The Accept header of the requests for `kind`, as client-go sets it (rest/request.go
+    setAcceptHeader, v0.37.2): `clientConnection.acceptContentTypes` as given when set, except that
+    application/cbor is asked as application/json (rest/client.go scrubCBORContentConfigIfDisabled:
+    its ClientsAllowCBOR gate is off by default); else protobuf with JSON as the fallback when
+    `clientConnection.contentType` is protobuf, else JSON. A kind whose protobuf `proto_schema`
+    does not decode is asked for as JSON whatever the configuration."""
+    if kind not in KINDS:
+        return ACCEPT_JSON
+    if accept_content_types.strip():
+        clauses = []
+        for clause in accept_content_types.split(","):
+            media, sep, params = clause.partition(";")
+            if media.strip().lower() == _CBOR:
+                media = media.lower().replace(_CBOR, "application/json")
+            clauses.append(media + sep + params)
+        return ",".join(clauses)
+    return ACCEPT_PROTOBUF if content_type == protobuf.MEDIA_TYPE else ACCEPT_JSON
+
 
 # The events a watch-list's initial state is made of, and its end (an ERROR is not).
 _STATE_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
@@ -1121,6 +1229,8 @@ class ApiSource:
     typed_lists: bool = False  # see Reflector
     watch_list: bool = True  # see Reflector
     content_type: str = "application/json"  # see Reflector
+    accept_content_types: str = ""  # see Reflector
+    proof_wait: float = RESUME_PROOF_WAIT  # see Reflector
     reflectors: list[Reflector] = field(default_factory=list, init=False)
     resume_proof: ResumeProof = field(default_factory=ResumeProof, init=False)
 
@@ -1140,7 +1250,9 @@ class ApiSource:
                 typed_lists=self.typed_lists,
                 watch_list=self.watch_list,
                 content_type=self.content_type,
+                accept_content_types=self.accept_content_types,
                 resume_proof=self.resume_proof,
+                proof_wait=self.proof_wait,
             )
             for spec in specs
         ]

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,9 +264,22 @@ def test_a_watch_list_that_ends_before_its_initial_events_falls_back_to_a_list()
 # Waits and resume checks
 
 
-def test_a_watch_cut_after_an_event_is_checked_and_resumed_without_a_wait(api: ApiServer, tmp_path: Path) -> None:
+async def until(condition: Callable[[], bool]) -> None:
+    """Until `condition()` holds (another task's progress, read by polling), at most 10 s."""
+    async with asyncio.timeout(10):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def resumed(api: ApiServer, mark: int) -> None:
+    """Until a watch was asked for after the first `mark` requests: the reflector saw its cut."""
+    await until(lambda: any(r.get("watch") for r in requests_since(api, mark)))
+
+
+def test_a_watch_cut_after_an_event_is_resumed_at_once_and_its_event_proves_the_history(api: ApiServer, tmp_path: Path) -> None:
     """As client-go, a cut watch that had carried an event is watched again at once; the server
-    may have restarted without its history, so one object is asked for at our version first."""
+    may have restarted without its history, and the resumed watch's first event (never older
+    than the version it started from) shows it did not: no request more than client-go's."""
     delays = Delays()
 
     async def main() -> None:
@@ -278,16 +291,70 @@ def test_a_watch_cut_after_an_event_is_checked_and_resumed_without_a_wait(api: A
             last = str(api.resource_version)
             mark = len(api.requests)
             api.drop_watches()
+            await resumed(api, mark)  # before the change, so that the change proves it
+            assert not reflector.connected
             api.apply(svc("b"))
             assert await take(queue, 1) == [("ADDED", "b")]
+            await until(lambda: reflector.connected)
             assert without_timeout(requests_since(api, mark)) == [
-                {"resourceVersion": last, "resourceVersionMatch": "NotOlderThan", "limit": "1"},
                 {"watch": "true", "resourceVersion": last, "allowWatchBookmarks": "true"},
             ]
             assert reflector.lists == 1
 
     run(main())
     assert delays.delays == []
+
+
+def test_a_resumed_watch_with_no_news_is_proven_by_its_bookmark(api: ApiServer, tmp_path: Path) -> None:
+    """A quiet cluster: the server's periodic bookmark, at or past our version, is the proof."""
+
+    async def main() -> None:
+        async with reflecting(api, tmp_path) as (reflector, queue):
+            await reflector.wait_synced()
+            await watching(api)
+            api.apply(svc("a"))
+            assert await take(queue, 1) == [("ADDED", "a")]
+            mark = len(api.requests)
+            api.drop_watches()
+            await resumed(api, mark)
+            assert not reflector.connected
+
+            def bookmarked() -> bool:
+                # The server's revision moved on (another resource's write): its bookmark carries
+                # it. Sent until it lands (the resumed watch may not be registered yet).
+                api.bookmark(api.resource_version + 1)
+                return reflector.connected
+
+            await until(bookmarked)
+            assert [r.get("watch") for r in requests_since(api, mark)] == ["true"]
+
+    run(main())
+
+
+def test_a_resumed_watch_with_no_proof_asks_once_with_the_watch_open(api: ApiServer, tmp_path: Path) -> None:
+    """No event and no bookmark within `proof_wait`: one object at our version is asked for, and
+    the watch that was open goes on (the change after the check arrives on it)."""
+
+    async def main() -> None:
+        async with reflecting(api, tmp_path, proof_wait=0.2) as (reflector, queue):
+            await reflector.wait_synced()
+            await watching(api)
+            api.apply(svc("a"))
+            assert await take(queue, 1) == [("ADDED", "a")]
+            last = str(api.resource_version)
+            mark = len(api.requests)
+            api.drop_watches()
+            await resumed(api, mark)
+            await until(lambda: reflector.connected)
+            api.apply(svc("b"))
+            assert await take(queue, 1) == [("ADDED", "b")]
+            assert without_timeout(requests_since(api, mark)) == [
+                {"watch": "true", "resourceVersion": last, "allowWatchBookmarks": "true"},
+                {"resourceVersion": last, "resourceVersionMatch": "NotOlderThan", "limit": "1"},
+            ]
+            assert reflector.lists == 1
+
+    run(main())
 
 
 def test_no_resume_check_after_an_error_from_a_live_server(api: ApiServer, tmp_path: Path) -> None:

@@ -15,10 +15,23 @@ import httpx2
 import pytest
 
 from kubeproxy.cluster.objects import DEFAULT_OPTIONS, parse_endpoint_slice, parse_node, parse_service
+from kubeproxy.cluster.proto_schema import PLAIN_KINDS
 from kubeproxy.cluster.schema import Item, as_plain
+from kubeproxy.cluster.servicecidr import parse_service_cidr
+from kubeproxy.cluster.validation import ParseOptions
 from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.sources import protobuf
-from kubeproxy.sources.api import ACCEPT_JSON, ACCEPT_PROTOBUF, Reflector, ResourceSpec, endpoint_slices, node, services
+from kubeproxy.sources.api import (
+    ACCEPT_JSON,
+    ACCEPT_PROTOBUF,
+    Reflector,
+    ResourceSpec,
+    accept_header,
+    endpoint_slices,
+    node,
+    service_cidrs,
+    services,
+)
 from kubeproxy.sources.events import Sink, WatchEvent
 from tests.sources.test_api_reflector import Delays, reflecting, run, svc, take
 
@@ -26,9 +39,12 @@ pytestmark = pytest.mark.timeout(30)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "apiserver_protobuf"
 PROTOBUF_WATCH = "application/vnd.kubernetes.protobuf;stream=watch"
-SPECS = {"services": services(), "endpointslices": endpoint_slices(), "nodes": node("node-a")}
+SPECS = {"services": services(), "endpointslices": endpoint_slices(), "nodes": node("node-a"), "servicecidrs": service_cidrs()}
 Answer = Callable[[httpx2.Request], Coroutine[None, None, httpx2.Response]]
-PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
+PARSERS: dict[str, Callable[[Any, ParseOptions], object]] = {
+    "Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node,
+    "ServiceCIDR": lambda obj, _: parse_service_cidr(obj),
+}  # fmt: skip
 
 
 class Captured:
@@ -113,7 +129,8 @@ def test_protobuf_answers_deliver_the_events_json_answers_deliver(resource: str,
     json_events, pb_events = asyncio.run(asyncio.wait_for(main(), 20))
     assert _objects(pb_events) == _objects(json_events)
     assert {e.type for e in pb_events} >= {"ADDED", "MODIFIED"}
-    assert all(isinstance(e.obj, Item) == typed for e in pb_events)  # as a JSON list's items and watch-list events
+    # As a JSON list's items and watch-list events: structs where the typed schema holds the kind.
+    assert all(isinstance(e.obj, Item) == (typed and e.kind not in PLAIN_KINDS) for e in pb_events)
     assert set(as_protobuf.accepts) == {ACCEPT_PROTOBUF}
     assert set(as_json.accepts) == {ACCEPT_JSON}
 
@@ -198,3 +215,55 @@ def test_a_protobuf_error_answer_is_read_as_its_status(caplog: pytest.LogCapture
     asyncio.run(asyncio.wait_for(main(), 20))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any('404 NotFound: services \\"none\\" not found' in w for w in warnings), warnings
+
+
+# clientConnection.acceptContentTypes
+
+
+@pytest.mark.parametrize(
+    ("content_type", "accept", "kind", "header"),
+    [
+        (protobuf.MEDIA_TYPE, "", "Service", ACCEPT_PROTOBUF),
+        ("application/json", "", "Service", ACCEPT_JSON),
+        (protobuf.MEDIA_TYPE, "application/json", "Service", "application/json"),
+        ("application/json", "application/vnd.kubernetes.protobuf", "EndpointSlice", "application/vnd.kubernetes.protobuf"),
+        # client-go asks application/cbor as application/json while its ClientsAllowCBOR gate is off.
+        (
+            "",
+            "application/cbor;q=0.9, application/vnd.kubernetes.protobuf",
+            "Node",
+            "application/json;q=0.9, " + protobuf.MEDIA_TYPE,
+        ),
+        (protobuf.MEDIA_TYPE, "application/vnd.kubernetes.protobuf", "Pod", ACCEPT_JSON),  # no protobuf schema here
+    ],
+)
+def test_the_accept_header_is_client_gos(content_type: str, accept: str, kind: str, header: str) -> None:
+    assert accept_header(content_type, accept, kind) == header
+
+
+def test_accept_content_types_is_what_the_requests_ask_for() -> None:
+    """acceptContentTypes wins over contentType's default (client-go's setAcceptHeader): JSON only,
+    though protobuf is the content type, and the JSON answers deliver the same events."""
+    count = _event_count("services")
+    as_json = Captured("services", "json")
+    options = {"content_type": protobuf.MEDIA_TYPE, "accept_content_types": "application/json", "typed_lists": True}
+    events = asyncio.run(asyncio.wait_for(_reflect(as_json, services(), count, **options), 20))
+    assert len(events) == count
+    assert set(as_json.accepts) == {"application/json"}
+
+
+def test_an_answer_in_a_type_not_decoded_is_an_error_named_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    """acceptContentTypes may let the server answer YAML: refused by name, backed off, nothing delivered."""
+    events: list[WatchEvent] = []
+
+    async def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=b"kind: ServiceList\nitems: []\n", headers={"content-type": "application/yaml"})
+
+    async def main() -> None:
+        async with _running(answer, services(), events.append, accept_content_types="application/yaml") as delays:
+            await delays.slept.wait()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    assert events == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("answered application/yaml, which kubeproxy does not decode" in w for w in warnings), warnings

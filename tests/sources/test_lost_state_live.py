@@ -2,14 +2,16 @@
 
 The test API server comes back from a restart with the same objects under resourceVersions far
 below the proxy's (etcd replaced or restored from an old backup), then an endpoint changes: the
-proxy must notice (the real server's "Too large resource version"), relist, and program the
-change. /healthz stays healthy throughout (upstream's rule: no update waits unsynced), and the
-body's `source` field says the source is in sync again only once it has relisted.
+proxy must notice (its resumed watch stays silent; after the proof wait the real server's "Too
+large resource version"), relist, and program the change. /healthz stays healthy throughout
+(upstream's rule: no update waits unsynced), and the body's `source` field says the source is in
+sync again only once it has relisted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from pathlib import Path
@@ -20,9 +22,17 @@ from kubeproxy.lab.apiserver import ApiServer
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.api import ApiSource
+from tests.live import test_live
 from tests.live.test_live import _dnats_to, _get, _port, _service, _until, _with_proxy, mode, server  # noqa: F401
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(autouse=True)
+def short_proof_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy is wired as `kubeproxy run` wires it, with a resumed watch's wait for its proof
+    short enough for a test (75 s otherwise)."""
+    monkeypatch.setattr(test_live, "ApiSource", functools.partial(ApiSource, proof_wait=1.0))
 
 
 def test_live_proxy_follows_an_api_server_that_lost_its_state(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:  # noqa: F811

@@ -1,6 +1,7 @@
 """Against upstream's kube-apiserver (v1.37.2): API sources asking for protobuf and for JSON hold
-the same objects for the same server state, through a watch-list or a list, then through the
-watch's ADDED, MODIFIED and DELETED events; the protobuf ones are really answered in protobuf."""
+the same objects for the same server state (Services, EndpointSlices, the Node and ServiceCIDRs),
+through a watch-list or a list, then through the watch's ADDED, MODIFIED and DELETED events; the
+protobuf ones are really answered in protobuf."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from kubeproxy.cluster.checks import CheckCache
 from kubeproxy.cluster.objects import DEFAULT_OPTIONS, Service, parse_endpoint_slice, parse_node, parse_service
 from kubeproxy.cluster.schema import Item, as_plain
+from kubeproxy.cluster.servicecidr import parse_service_cidr
 from kubeproxy.cluster.typed import parse_item
 from kubeproxy.lab.control_plane import ControlPlane
 from kubeproxy.sources import protobuf
@@ -28,7 +30,10 @@ from tests.upstream.conftest import require_upstream_binaries
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
 
-PARSERS: dict[str, Callable[..., object]] = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
+PARSERS: dict[str, Callable[..., object]] = {
+    "Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node,
+    "ServiceCIDR": lambda obj, _: parse_service_cidr(obj),
+}  # fmt: skip
 LAST = "zz-last"  # written after every other change: seen, everything before it was delivered
 
 
@@ -65,8 +70,7 @@ class Mirror:
             self.done.set()
 
     async def on_response(self, response: httpx2.Response) -> None:
-        if "servicecidrs" not in response.url.path:
-            self.media.add(response.headers.get("content-type", "").split(";")[0])
+        self.media.add(response.headers.get("content-type", "").split(";")[0])
 
 
 def last_changes(cp: ControlPlane) -> None:
@@ -74,6 +78,7 @@ def last_changes(cp: ControlPlane) -> None:
     capture.apply(cp, capture.service(LAST, {"ports": [{"name": "http", "port": 80}]}))
     capture.apply(cp, capture.slice_(LAST, LAST, "IPv4", [capture.endpoint(["10.1.0.99"])], [{"name": "http", "port": 80}]))
     cp.run_kubectl("annotate", "node", "node-a", "example.com/last=yes")
+    capture.apply(cp, capture.service_cidr(LAST, ["10.252.0.0/24"]))
 
 
 @pytest.mark.parametrize("watch_list", [True, False], ids=["watch-list", "list"])
@@ -95,8 +100,8 @@ def test_protobuf_and_json_sources_hold_the_same_objects(tmp_path: Path, watch_l
                 sources.append(source)
                 tasks.append(asyncio.create_task(source.run()))
             try:
-                for source in sources:
-                    await source.wait_synced()
+                for reflector in (r for source in sources for r in source.reflectors):
+                    await reflector.wait_synced()  # ServiceCIDRs too, which the source's sync does not wait for
                 assert mirrors["protobuf"].objects == mirrors["json"].objects
                 await asyncio.to_thread(last_changes, cp)
                 for mirror in mirrors.values():
@@ -116,6 +121,7 @@ def test_protobuf_and_json_sources_hold_the_same_objects(tmp_path: Path, watch_l
     assert pb.objects == js.objects
     names = {(kind, name) for kind, _, name in pb.objects}
     assert {("Service", "web"), ("Service", "late"), ("EndpointSlice", "manual-c"), ("Node", "node-a")} <= names
+    assert {("ServiceCIDR", "kubernetes"), ("ServiceCIDR", "extra"), ("ServiceCIDR", "late")} <= names
     assert ("Service", "ext") not in names and ("EndpointSlice", "manual-b") not in names  # deleted
     web = pb.objects[("Service", "pb", "web")]
     assert isinstance(web, Service) and [p.port for p in web.ports] == [81, 53]  # the port the watch changed
