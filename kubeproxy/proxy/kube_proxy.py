@@ -332,6 +332,7 @@ def _source(inv: upstream_flags.Invocation, proxy: Any, api: ApiConnection | Non
 
     watch_list = gate_enabled(inv.cfg.feature_gates, "WatchListClient")
     source = ApiSource(client, proxy.node_name, proxy.on_event, batch_sink=proxy.on_events, typed_lists=True,
-                       watch_list=watch_list, content_type=inv.cfg.client_content_type or DEFAULT_CONTENT_TYPE)  # fmt: skip
+                       watch_list=watch_list, content_type=inv.cfg.client_content_type or DEFAULT_CONTENT_TYPE,
+                       accept_content_types=inv.cfg.client_accept_content_types)  # fmt: skip
     return source, f"API server ({where})"
 

@@ -401,6 +401,11 @@ class Reflector:
         self._proof = self.resume_proof if self.resume_proof is not None else ResumeProof()
 
     @property
+    def accept(self) -> str:
+        """The Accept header this reflector's requests carry."""
+        return self._accept
+
+    @property
     def silence_bound(self) -> float:
         return self.max_silence if self.max_silence is not None else 3 * self.watch_timeout
 

@@ -9,10 +9,12 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx2
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kubeproxy.cluster.objects import DEFAULT_OPTIONS, parse_endpoint_slice, parse_node, parse_service
 from kubeproxy.cluster.proto_schema import PLAIN_KINDS
@@ -20,10 +22,14 @@ from kubeproxy.cluster.schema import Item, as_plain
 from kubeproxy.cluster.servicecidr import parse_service_cidr
 from kubeproxy.cluster.validation import ParseOptions
 from kubeproxy.lab.apiserver import ApiServer
+from kubeproxy.proxy import kube_proxy
+from kubeproxy.proxy.flags import parse, resolve
+from kubeproxy.proxy.preflight import ApiConnection
 from kubeproxy.sources import protobuf
 from kubeproxy.sources.api import (
     ACCEPT_JSON,
     ACCEPT_PROTOBUF,
+    ApiSource,
     Reflector,
     ResourceSpec,
     accept_header,
@@ -267,3 +273,23 @@ def test_an_answer_in_a_type_not_decoded_is_an_error_named_and_retried(caplog: p
     assert events == []
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("answered application/yaml, which kubeproxy does not decode" in w for w in warnings), warnings
+
+
+def test_kube_proxy_asks_with_the_configured_accept_content_types(tmp_path: Path) -> None:
+    """As upstream's server.go copies clientConnection.acceptContentTypes into its client's config."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "clientConnection:\n  acceptContentTypes: application/json\n"
+    )
+
+    async def main() -> None:
+        async with httpx2.AsyncClient(base_url="http://api") as client:
+            for args, expected in ((["--config", str(config)], {"application/json"}), ([], {ACCEPT_PROTOBUF})):
+                proxy = SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry()), node_name="node-a",
+                                        on_event=lambda event: None, on_events=lambda events: None)  # fmt: skip
+                source, _ = kube_proxy._source(resolve(parse(args)), proxy, ApiConnection(client, "http://api", "test"))
+                assert isinstance(source, ApiSource)
+                assert {r.accept for r in source.reflectors} == expected, args
+
+    asyncio.run(main())
