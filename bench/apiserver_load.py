@@ -467,6 +467,33 @@ def report(results: dict[str, dict[str, Cost]], nodes: int) -> list[str]:
     return lines
 
 
+PLOTTED = ("requests", "watch KB", "CPU ms")  # per node, one panel each
+
+
+def plot(results: dict[str, dict[str, Cost]], nodes: int, path: Path) -> None:
+    """A PNG of the PLOTTED columns per node, phase by phase, ours beside upstream's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = list(next(iter(results.values()), {}))
+    figure, axes = plt.subplots(1, len(PLOTTED), figsize=(5 * len(PLOTTED), 4.5))
+    width = 0.8 / max(1, len(results))
+    for ax, column in zip(axes, PLOTTED, strict=True):
+        for offset, (impl, costs) in enumerate(results.items()):
+            values = [costs[phase].row(nodes)[column] if phase in costs else 0.0 for phase in phases]
+            ax.bar([i + offset * width for i in range(len(phases))], values, width, label=impl)
+        ax.set_title(f"{column} per node")
+        ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(phases))], phases, rotation=30, ha="right")
+        ax.set_yscale("symlog", linthresh=1)
+    axes[0].legend()
+    figure.suptitle(f"What {nodes} nodes' proxies cost kube-apiserver v1.37.2, per node (bench/apiserver_load.py)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
 # ---- the bed -------------------------------------------------------------------------------
 
 
@@ -510,6 +537,7 @@ def main() -> None:
     parser.add_argument("--storm", type=float, default=30.0, help="seconds of the 429 storm phase")
     parser.add_argument("--fleets", choices=("both", "ours", "upstream"), default="both",
                         help="measure ours, upstream's or both (the other column is then left out)")  # fmt: skip
+    parser.add_argument("--plot", type=Path, help="also write the requests, watch KB and CPU per node as a PNG here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # the ours process, given its kubeconfig
     args = parser.parse_args()
     if args.worker:
@@ -546,6 +574,9 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print("\n".join(report(results, args.nodes)))
+    if args.plot and results:
+        plot(results, args.nodes, args.plot)
+        print(f"plot: {args.plot}")
     print(f"\nwall time {time.monotonic() - began:.0f} s; load average at end {os.getloadavg()[0]:.1f}")
 
 
