@@ -6,6 +6,7 @@ Rates here are modest: the tests check counting and behaviour, not speed (bench/
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import time
@@ -66,8 +67,11 @@ def test_source_ips_spread_queries_round_robin(workers: int) -> None:
     assert out.exit_code == 0, out.output + out.stderr
     per_address = Counter(ip for ip, _ in seen)
     assert set(per_address) == {f"127.0.9.{i}" for i in range(1, 7)}, per_address
-    # Query i goes from address i % 6: with nothing unsent, each address sends 100.
-    assert sum(per_address.values()) >= 582
+    # Query i goes from address i % 6, so the addresses' counts stay within a few of each other
+    # however many of the 600 a loaded machine got out in the second (the rest are counted unsent).
+    sent = re.search(r"sent (\d+) of 600 scheduled", out.output)
+    assert sent is not None, out.output
+    assert sum(per_address.values()) <= int(sent.group(1)), (sent.group(0), per_address)
     assert max(per_address.values()) - min(per_address.values()) <= 3, per_address
     assert "6 source addresses from 127.0.9.1" in out.output
 
