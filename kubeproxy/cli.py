@@ -15,7 +15,8 @@ import click
 from kubeproxy import __version__
 from kubeproxy.cluster.errors import ManifestError
 from kubeproxy.model.proxy_config import ConfigError, ProxyConfig, parse_duration
-from kubeproxy.proxy.config import DETECT_LOCAL_MODES, PROXY_MODES, load_config_file, validate
+from kubeproxy.proxy.config import DETECT_LOCAL_MODES, load_config_file, validate
+from kubeproxy.proxy.mode_choice import ModeChoice
 from kubeproxy.runtime import logs
 
 # netfilter.detect's FORMATS, spelled here so that every command does not import the rules model
@@ -96,21 +97,6 @@ def _serve_proxy(args: list[str], *, prog: str, verbosity: int = 0) -> int:
 
 def _split_csv(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
-
-
-class ModeChoice(click.Choice[str]):
-    """--proxy-mode's choices: the modes registered when the flag is read (backends/registry.py)."""
-
-    def __init__(self) -> None:
-        super().__init__(PROXY_MODES)
-
-    @property
-    def choices(self) -> tuple[str, ...]:
-        return tuple(PROXY_MODES)
-
-    @choices.setter
-    def choices(self, value: object) -> None:
-        pass  # the registry's, read at each use
 
 
 def proxy_options(func: Any) -> Any:
@@ -367,12 +353,12 @@ def trace_cmd(
     """Follow a packet through an iptables or nftables dump: every outcome, with its probability."""
     # Here, not at the top: the simulator is only for `trace`; `render` and `run` start without it.
     from kubeproxy.netfilter import detect as nf_detect
-    from kubeproxy.netfilter import explain as nf_explain
     from kubeproxy.netfilter import ipvs as nf_ipvs
     from kubeproxy.netfilter import simulate as nf_simulate
     from kubeproxy.netfilter.node import Node, NodeError
     from kubeproxy.netfilter.packet import PacketError, make_packet
     from kubeproxy.netfilter.ruleset import ParseError
+    from kubeproxy.netfilter.simulate import result_text
 
     if bool(in_iface) == from_host:
         raise click.UsageError("give exactly one of --in-iface IF or --from-host")
@@ -414,6 +400,6 @@ def trace_cmd(
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     if as_json:
-        click.echo(json.dumps(nf_explain.to_json(result), indent=2))
+        click.echo(json.dumps(result_text.to_json(result), indent=2))
     else:
-        click.echo(nf_explain.render_text(result), nl=False)
+        click.echo(result_text.render_text(result), nl=False)

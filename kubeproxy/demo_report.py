@@ -8,9 +8,9 @@ from rich.text import Text
 from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.offline import NodeRendering
 from kubeproxy.cluster.manifest_load import Loaded
+from kubeproxy.lab.tables import FittingTable
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.model.topology import categorize
-from kubeproxy.ui import FittingTable
 
 
 def show(loaded: Loaded, result: NodeRendering, cfg: ProxyConfig, console: Console | None = None) -> None:

@@ -106,7 +106,7 @@ class Mode:
     # parts); "": nothing explain reads.
     render_format: str = ""
     # The module whose `read_rules(run, ports)` reads a node's rules back per service port
-    # (backends/rules_readback.py), for the lab's beds to wait on; "": the lab cannot read it.
+    # (model/rules_readback.py), for the lab's beds to wait on; "": the lab cannot read it.
     readback: str = ""
     # Kernel modules it needs beyond netfilter's; a kernel without them runs it in the VM's beds.
     kernel_modules: tuple[str, ...] = ()

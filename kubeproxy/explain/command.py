@@ -10,8 +10,8 @@ from typing import NoReturn
 
 import click
 
-from kubeproxy.cli import ModeChoice
 from kubeproxy.doctor.commands import DUMP_FORMATS, csv_values, parse_dump, read_dump_file
+from kubeproxy.proxy.mode_choice import ModeChoice
 
 
 def _fail(message: str) -> NoReturn:

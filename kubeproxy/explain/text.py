@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeproxy.explain.service_walk import AddressPath, Explanation
-from kubeproxy.netfilter.explain import prob_text
+from kubeproxy.netfilter.simulate.result_text import prob_text
 
 
 def _where(table: str, chain: str, line: int) -> str:

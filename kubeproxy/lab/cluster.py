@@ -62,12 +62,12 @@ from kubeproxy.backends.iptables import readback as iptables_readback
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore
 from kubeproxy.backends.iptables.jumps import with_jumps
 from kubeproxy.backends.iptables.offline import render_iptables
-from kubeproxy.backends.rules_readback import NodeRules
 from kubeproxy.cluster.state import build_state
 from kubeproxy.lab import builders, node_rules
 from kubeproxy.lab import netns as L
 from kubeproxy.model.options import NFACCT_COUNTERS
 from kubeproxy.model.proxy_config import ProxyConfig
+from kubeproxy.model.rules_readback import NodeRules
 
 NODE_NAME = "node-1"
 REMOTE_NODE_NAME = "node-2"

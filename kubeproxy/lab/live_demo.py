@@ -41,7 +41,7 @@ from kubeproxy.lab.cluster import (
     MiniCluster,
     Source,
 )
-from kubeproxy.ui import FittingTable
+from kubeproxy.lab.tables import FittingTable
 
 HTTP = Port("http", 80, 8080)
 DNS_UDP = Port("dns-udp", 53, 5353, "UDP", node_port=30053)

@@ -2,7 +2,7 @@
 
 The test beds wait on the kernel, not on the proxy's word: `read(mode, run, services)` takes one
 snapshot of the node's rules with the reader the mode's record names (`Mode.readback`, a module
-in the mode's folder; backends/rules_readback.py says what it answers), given the keys of the
+in the mode's folder; model/rules_readback.py says what it answers), given the keys of the
 Services' ports for the modes whose rules do not name them.
 """
 
@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Iterable
 
 from kubeproxy.backends import registry
-from kubeproxy.backends.rules_readback import JSON, Reader, Run, service_ports
-from kubeproxy.backends.rules_readback import NodeRules as NodeRules
+from kubeproxy.model.rules_readback import JSON, Reader, Run, service_ports
+from kubeproxy.model.rules_readback import NodeRules as NodeRules
 
 # Every mode the lab can read back.
 KNOWN_MODES = tuple(m.name for m in registry.MODES.values() if m.readback)

@@ -1,13 +1,12 @@
 """The live proxy (`kubeproxy run`): events in, syncs out (docs/live-proxy.md).
 
-A source (the API reflectors or the manifest-file watcher) delivers events to `on_events`,
-which update the cluster state (proxy/event_intake.py) and ask the bounded-frequency runner for
-a sync; the runner calls `sync` at most every minSyncPeriod and at least every syncPeriod. A
-sync runs each IP family's lane (proxy/family_lanes.py), programming in a worker thread so that
-a large render does not stall the watches and the health servers. As upstream, the first sync
-waits for the source's initial state, a failed sync is retried in full after minSyncPeriod, and
-SIGTERM leaves the rules in the kernel; unlike upstream, a refusal is narrowed down to the
-Services that cause it (proxy/quarantine.py).
+A source delivers events to `on_events`, which update the cluster state (proxy/event_intake.py)
+and ask the bounded-frequency runner for a sync, run at most every minSyncPeriod and at least
+every syncPeriod: each IP family's lane (proxy/family_lanes.py) programs in a worker thread, so a
+large render stalls neither the watches nor the health servers. As upstream, the first sync waits
+for the source's initial state, a failed sync is retried in full after minSyncPeriod, and SIGTERM
+leaves the rules in the kernel; unlike upstream, a refusal is narrowed down to the Services that
+cause it (proxy/quarantine.py).
 """
 
 from __future__ import annotations
@@ -82,9 +81,8 @@ class LiveProxy:
     servers: dict[str, asyncio.AbstractServer] = field(default_factory=dict, init=False)  # proxy.http.HttpServer
 
     def __post_init__(self) -> None:
-        self.metrics: ProxyMetrics = registry.proxy_metrics(
-            self.cfg.mode, nfacct=self._nfacct_packets, feature_gates=self.cfg.feature_gates
-        )
+        self.metrics: ProxyMetrics = registry.proxy_metrics(self.cfg.mode, nfacct=self._nfacct_packets,
+                                                            feature_gates=self.cfg.feature_gates)
         self.health = ProxyHealth(2 * self.cfg.sync_period, clock=self.wall_clock)
         self._triggers = TriggerTimes(start=self.wall_clock())  # for the network-programming metric
         self._intake = EventIntake(self.state, self.node_name, self.health, self._triggers)

@@ -122,7 +122,7 @@ def test_the_proxys_import_closure_needs_no_extra() -> None:
                 reachable.add(dist)
                 pending.append(dist)
     assert {module: dists for module, dists in needs.items() if not dists & reachable} == {}
-    assert not any(m.startswith(("kubeproxy.lab", "kubeproxy.doctor", "kubeproxy.demo_report", "kubeproxy.ui")) for m in modules)
+    assert not any(m.startswith(("kubeproxy.lab", "kubeproxy.doctor", "kubeproxy.demo_report")) for m in modules)
     # The walk sees what it should: the API client and the config loader are in the closure.
     assert {"httpx2", "pydantic", "yaml", "prometheus_client"} <= third_party
 
@@ -132,7 +132,8 @@ def test_a_lab_command_without_the_lab_extra_says_what_to_install(monkeypatch: p
 
     from kubeproxy.cli import main
 
-    for name in [m for m in sys.modules if m == "rich" or m.startswith(("rich.", "kubeproxy.demo_report", "kubeproxy.ui"))]:
+    rich_users = ("rich.", "kubeproxy.demo_report", "kubeproxy.lab.tables")
+    for name in [m for m in sys.modules if m == "rich" or m.startswith(rich_users)]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "rich", None)  # as if not installed: importing it fails
     result = CliRunner().invoke(main, ["demo", "--offline"])

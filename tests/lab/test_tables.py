@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from kubeproxy.ui import FittingTable
+from kubeproxy.lab.tables import FittingTable
 
 ROWS = [
     ("default/session", "10.96.30.30:9000/TCP", "10.244.1.30:9000*\n10.244.2.30:9000", "KUBE-SVC-XQATF6GKVNVCZZMN"),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kubeproxy.backends.ipvs.readback import IpvsRules
-from kubeproxy.backends.rules_readback import service_ports
 from kubeproxy.lab.builders import Port, service
+from kubeproxy.model.rules_readback import service_ports
 from tests.vm.test_e2e_vm import parse_junit
 
 WEB = service("web", "10.96.0.10", [Port("http", 80, 8080, node_port=30080), Port("dns", 53, 5353, "UDP")],

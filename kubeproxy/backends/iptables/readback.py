@@ -1,4 +1,4 @@
-"""An iptables-mode node's rules read back per service port (backends/rules_readback.py):
+"""An iptables-mode node's rules read back per service port (model/rules_readback.py):
 `iptables-save`, whose rule comments name the service port as upstream's do."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from kubeproxy.backends.rules_readback import NodeRules, Run, ServicePortKeys, names
+from kubeproxy.model.rules_readback import NodeRules, Run, ServicePortKeys, names
 
 
 def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:

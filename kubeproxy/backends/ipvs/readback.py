@@ -1,4 +1,4 @@
-"""An IPVS-mode node's kernel state read back per service port (backends/rules_readback.py).
+"""An IPVS-mode node's kernel state read back per service port (model/rules_readback.py).
 
 IPVS mode sends a service port's packets to its endpoints through virtual servers, not DNAT
 rules: `ipvsadm-save -n` lists one virtual server per address and port of the service (cluster
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
-from kubeproxy.backends.rules_readback import NodeRules, Run, ServicePortKeys, published
+from kubeproxy.model.rules_readback import NodeRules, Run, ServicePortKeys, published
 
 
 def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:

@@ -1,4 +1,4 @@
-"""An nftables-mode node's rules read back per service port (backends/rules_readback.py).
+"""An nftables-mode node's rules read back per service port (model/rules_readback.py).
 
 The table names no service port in its shared maps (render.py: `service-ips` sends
 `address . proto . port` to a selector shared by every port with as many endpoints, whose map
@@ -24,7 +24,7 @@ from kubeproxy.backends.nftables.render import (
     SERVICE_NODEPORTS,
 )
 from kubeproxy.backends.nftables.table_objects import TABLE
-from kubeproxy.backends.rules_readback import JSON, NodeRules, Run, ServicePortKeys, names, published
+from kubeproxy.model.rules_readback import JSON, NodeRules, Run, ServicePortKeys, names, published
 
 Key = tuple[str, ...]
 

@@ -1,4 +1,4 @@
-"""What a userspace-mode node does with each service port, read back (backends/rules_readback.py):
+"""What a userspace-mode node does with each service port, read back (model/rules_readback.py):
 its redirect rules and its relay.
 
 The redirect rules name the service port (upstream's comment `ns/name:port`) but not its
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubeproxy.backends.rules_readback import NodeRules, Run, ServicePortKeys, names
 from kubeproxy.backends.userspace.proxier import STATE_DIR, state_path
 from kubeproxy.backends.userspace.render import KUBE_PORTALS_CONTAINER
+from kubeproxy.model.rules_readback import NodeRules, Run, ServicePortKeys, names
 
 
 def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:

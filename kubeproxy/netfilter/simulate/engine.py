@@ -198,7 +198,7 @@ class Simulator(NftEvaluator):
                 return [b]
             return self._route(b, "forward", "no route to the destination")
         if self.ipvs is not None and (st.startswith("ipvs") or (st in ("input", "output") and self.ipvs.service_for(b))):
-            from kubeproxy.netfilter.ipvs import stage as ipvs_stage
+            from kubeproxy.netfilter.simulate.ipvs_walk import stage as ipvs_stage
 
             return ipvs_stage(self, b, self.ipvs)
         if st == "input":

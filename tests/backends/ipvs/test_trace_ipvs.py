@@ -172,7 +172,7 @@ def test_quiesced_real_server_gets_no_new_connection_and_wrr_splits_by_weight(tm
     (o,) = json.loads(result.stdout)["outcomes"]
     assert o["dst"] == "10.244.1.20:8080"
     assert any("10.244.2.20:8080 has weight 0" in n for n in o["notes"])
-    from kubeproxy.netfilter.ipvs import _shares
+    from kubeproxy.netfilter.simulate.ipvs_walk import _shares
 
     udp = next(vs for vs in parse_ipvs(LN).services.values() if vs.protocol == "UDP")
     shares, _why = _shares(udp)
