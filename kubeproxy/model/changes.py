@@ -156,7 +156,7 @@ def _first(full: bool, touched: set[ServiceKey], view: NodeView) -> Changes:
     changed; no IP was deleted and no endpoint went stale; a UDP port is newly active when it
     has a serving endpoint. At 10k Services the general path built the view's per-Service index
     and two projections of it (~0.1 s of the cold start); the index is built later, when an
-    incremental update first needs it. tests/proxy/test_changes.py checks both give the same.
+    incremental update first needs it. tests/model/test_changes.py checks both give the same.
     """
     present = {name.service for name in view.services}
     present.update(name.service for name in view.endpoints)

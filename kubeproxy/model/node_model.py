@@ -218,7 +218,7 @@ def ports_of_service(svc: Service, family: Family) -> dict[ServicePortName, Serv
 # a twin class with the same slots by plain attribute stores, then turn it into the real class
 # by `__class__` assignment, which CPython allows exactly when the two layouts are the same.
 # Each is checked against its class's fields at import and against the constructor by
-# tests/proxy/test_node_model_makers.py.
+# tests/model/test_node_model_makers.py.
 
 
 def _port_name_maker() -> Callable[[str, str, str, str], ServicePortName]:

@@ -244,7 +244,7 @@ def test_load_balancer_source_ranges() -> None:
     ("ranges", "expected"),
     [
         # The node's IP is in 128/1, so the VIP (in 0/1) is added: one interval. (0.0.0.0/0 itself
-        # means no firewall at all: tests/proxy/test_source_ranges.py.)
+        # means no firewall at all: tests/model/test_source_ranges.py.)
         (["128.0.0.0/1", "0.0.0.0/1"], {"0.0.0.0/0"}),
         (["10.0.0.0/8", "10.1.0.0/16"], {"10.0.0.0/8"}),
         (["203.0.113.0/25", "203.0.113.128/25"], {"203.0.113.0/24"}),
