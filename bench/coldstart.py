@@ -42,7 +42,7 @@ free either: they take the same bytes over the wire).
 msgspec instead of `copy.deepcopy` and `json.dumps` (same JSON, see `fast_server`). It was made
 when the lab server deep-copied every listed object (1.4 s of its CPU for the two 10k lists, on
 the critical path, competing with the proxy for the 2 cores); since the lab server lists its
-stored objects without copying and encodes them with msgspec itself (issue 17), `plain` (the lab
+stored objects without copying and encodes them with msgspec itself, `plain` (the lab
 server as it is) costs the same, and `fast` matters only for a baseline tree from before that.
 
 `--baseline DIR` (another version's tree, e.g. `git archive HEAD | tar -x -C /tmp/base`): each

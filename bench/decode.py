@@ -49,7 +49,7 @@ from kubeproxy.cluster.manifests import parse_documents, read_text  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.sources.api import decode_body  # noqa: E402
 
-try:  # a tree from before issue 17's typed list decoding (--baseline) has no decode_list
+try:  # a tree without the typed list decoding (--baseline) has no decode_list
     from msgspec import UNSET
 
     from kubeproxy.cluster.schema import decode_list

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where `kubeproxy run`'s memory goes after its first sync (issue 17: nftables <= 150 MiB RSS, iptables <= 200).
+"""Where `kubeproxy run`'s memory goes after its first sync (nftables <= 150 MiB RSS, iptables <= 200).
 
 Usage: .venv/bin/python bench/memory.py [--sizes 10000] [--endpoints 10] [--modes nftables,iptables]
                                         [--source manifests|api] [--runs 3] [--top 25] [--timeout 300]

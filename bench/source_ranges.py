@@ -6,7 +6,7 @@ Usage: .venv/bin/python bench/source_ranges.py [--sizes 1000,5000,20000,80000] [
 Side by side in one run, each in a fresh network namespace (needs root), each bounded by
 --timeout (">T" when cut off):
 
-  shared concat   the design before issue 11: one interval set `address . proto . port . source`
+  shared concat   a single interval set `address . proto . port . source`
                   for every Service (nft's concatenated-interval backend: each insert grows with
                   the set, so the load is quadratic)
   ours            our nftables mode now: the Service's own `firewall-…` chain and an interval set

@@ -322,7 +322,7 @@ def drive(args: argparse.Namespace) -> None:
 
 
 def slow(latencies: list[float]) -> str:
-    """The share of changes that took over 100 ms (issue 15's "never blocks" made a number)."""
+    """The share of changes that took over 100 ms ("never blocks" made a number)."""
     return f"{sum(t > 0.1 for t in latencies) / len(latencies):.0%}"
 
 

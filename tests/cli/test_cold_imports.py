@@ -1,4 +1,4 @@
-"""What `kubeproxy run` and `kubeproxy render` load at start (issue 17, cold start): YAML only for
+"""What `kubeproxy run` and `kubeproxy render` load at start (cold start): YAML only for
 YAML (a manifest, --config, --write-config-to), the rules model only for `kubeproxy trace`."""
 
 from __future__ import annotations

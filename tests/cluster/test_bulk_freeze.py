@@ -1,4 +1,4 @@
-"""`paused_gc(freeze=True)` (issue 17): the decoded state goes to the permanent generation.
+"""`paused_gc(freeze=True)`: the decoded state goes to the permanent generation.
 
 Frozen objects are never walked by the cyclic collector, so a reference cycle among them would
 never be freed: these tests show the model objects form none (dropping a whole state leaves the

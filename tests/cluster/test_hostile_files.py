@@ -1,5 +1,5 @@
 """Hostile manifest files are refused at load time with an error naming them, and never take the
-process down; one bad object never costs the other objects of its file (issue 11, items 5 and 6)."""
+process down; one bad object never costs the other objects of its file (items 5 and 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shortcuts taken for 10k+ services (issue 17) build exactly what the plain code builds.
+"""The shortcuts taken for 10k+ services build exactly what the plain code builds.
 
 Each shortcut is checked against the straightforward way on inputs where the two could differ:
 the endpoint built slot by slot, the four iptables chain names from one hash, nftables' 8-digit

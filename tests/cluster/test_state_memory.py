@@ -1,4 +1,4 @@
-"""What ClusterState keeps compactly (issue 17: memory at 10k services) still answers as before.
+"""What ClusterState keeps compactly (memory at 10k services) still answers as before.
 
 - `slices_of`, whose index is a tuple of (slice key, insertion number) per Service: after any
   sequence of adds, relabels (a slice moving to another Service) and deletes it lists exactly

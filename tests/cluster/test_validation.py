@@ -1,5 +1,5 @@
 """Objects are validated as the API server validates them: what it refuses is skipped with a message
-naming the object and field, and nothing it accepts is refused (issue 11, items 3 and 7)."""
+naming the object and field, and nothing it accepts is refused (items 3 and 7)."""
 
 from __future__ import annotations
 

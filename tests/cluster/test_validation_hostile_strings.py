@@ -1,4 +1,4 @@
-"""Every string field of a Service, EndpointSlice and Node, fed hostile values (issue 11, item 3).
+"""Every string field of a Service, EndpointSlice and Node, fed hostile values (item 3).
 
 Each value is either refused, with a warning naming the object and the field (and the other
 objects kept), or accepted harmlessly: the rules of both modes are exactly those rendered with an

@@ -1,4 +1,4 @@
-"""Shared builders for doctor tests: seed 000's world, and small clusters rendered by our own renderer."""
+"""Shared builders for doctor tests: the BIND report's world, and small clusters rendered by our own renderer."""
 
 from __future__ import annotations
 

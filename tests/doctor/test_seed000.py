@@ -1,4 +1,4 @@
-"""Seed 000's two dumps, with objects that match them (tests/fixtures/seed000/objects.yaml)."""
+"""The BIND report's two dumps, with objects that match them (tests/fixtures/seed000/objects.yaml)."""
 
 from __future__ import annotations
 

@@ -394,7 +394,7 @@ def test_userspace_dual_stack_node_in_the_kernel(bed: Bed, stack: str) -> None:
     assert "KUBE-PORTALS" not in leftovers  # both families' chains went with the proxy
 
 
-# LoadBalancer source ranges in IPv6 (issue 16): the firewall of each family filters on its own
+# LoadBalancer source ranges in IPv6: the firewall of each family filters on its own
 # ranges. The client gets two more addresses per family: one allowed by the restricted Service's
 # /128 (/32), one outside it. Hostile-but-valid ranges (`::/0`, overlapping CIDRs) must allow
 # every client and leave the other Services' rules in place: in nftables mode, 0.0.0.0/0 once

@@ -1,4 +1,4 @@
-"""200 Services serving real connections while hostile objects come and go (issue 11, live).
+"""200 Services serving real connections while hostile objects come and go (live).
 
 `kubeproxy run --manifests` in the node namespace, in each mode. While a sender in the client
 namespace keeps opening connections to every ClusterIP in turn, each hostile object is

@@ -1,5 +1,5 @@
 """The test API server shares its stored dicts with lists, watch-lists and the event history
-instead of deep-copying them (issue 17: a 10k list is an encoding, not 10k copies). These tests
+instead of deep-copying them (a 10k list is an encoding, not 10k copies). These tests
 hold that up: nothing a client or a Python caller does with an answer reaches the store, a list
 still answers without each item's kind/apiVersion, a watch from a version gets exactly the newer
 events (found by bisection), and the msgspec encoding says what `json.dumps` says."""

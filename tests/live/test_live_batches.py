@@ -1,4 +1,4 @@
-"""The live proxy's batched event path (issue 17), without root.
+"""The live proxy's batched event path, without root.
 
 `on_events` takes a source's whole list at once: the state, the change tracker, the trigger
 times, the counters and gauges and /healthz must end up exactly as if the same events had come

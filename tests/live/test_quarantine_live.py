@@ -1,8 +1,8 @@
 """Quarantine in a real kernel: a Service whose rules are refused is set aside, the rest stays in sync.
 
 The live proxy runs in-process against the test API server, in both modes, programming a
-namespace. Valid objects the kernel used to refuse (issue 11: `loadBalancerSourceRanges:
-[0.0.0.0/0]`, overlapping ranges, 63-character names) must simply work now; to prove the
+namespace. Valid objects that are easy to render into rules the kernel refuses (`loadBalancerSourceRanges:
+[0.0.0.0/0]`, overlapping ranges, 63-character names) must simply work; to prove the
 quarantine itself, the kernel tools are wrapped so that they refuse any transaction (applied or
 only checked) that mentions one endpoint address, as a kernel refusing one Service's rules would.
 """

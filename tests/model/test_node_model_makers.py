@@ -1,4 +1,4 @@
-"""The node view's fast constructors (issue 17) make exactly what the dataclass constructors make.
+"""The node view's fast constructors make exactly what the dataclass constructors make.
 
 `model/node_model.py` builds ServicePortName, ServicePortInfo and EndpointInfo without their frozen
 __init__ (see `_twin`). Here each maker is compared with its constructor, and `build_view` with
@@ -140,7 +140,7 @@ def test_build_view_equals_the_reference(family: Family) -> None:
 
 @pytest.mark.parametrize("family", [Family.IPV4, Family.IPV6])
 def test_the_view_shares_the_slices_address_text_and_makes_ip_port_only_when_asked(family: Family) -> None:
-    # Memory at 10k x 10 (issue 17): one text per endpoint, held by the slice and the view alike,
+    # Memory at 10k x 10: one text per endpoint, held by the slice and the view alike,
     # and no `ip:port` text in nftables mode, which never reads it.
     from kubeproxy.backends.nftables.render import render as render_nft
     from tests.backends.nftables.helpers import options, options6

@@ -1,4 +1,4 @@
-"""`categorize` skips the per-endpoint availability check when no topology mode applies (issue 17).
+"""`categorize` skips the per-endpoint availability check when no topology mode applies.
 
 Without hints every ready endpoint is available, so the shortcut must pick exactly the endpoints
 the general filter (`ready and _available(...)`) picks, with hints or without, in every mode.

@@ -115,7 +115,7 @@ def test_iptables_nft_nodes_read_as_nft_text_agree_with_the_kernel() -> None:
 
 @pytest.mark.root
 def test_the_harness_catches_the_old_guesses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With issue 19's two findings put back (physdev assumed to match; MASQUERADE taking the out
+    """With the two tracer defects the differential test found put back (physdev assumed to match; MASQUERADE taking the out
     interface's own address, 127.0.0.1 on lo), the same harness disagrees with the kernel."""
     if not have_root():
         pytest.skip("needs root: loads dumps into network namespaces")

@@ -172,7 +172,7 @@ def test_nft_meta_random_splits_and_a_node_packet_has_no_input_interface(in_ifac
     assert got == [("10.2.0.2", 0.25), ("10.2.0.3", 0.75)] and not any(o.unknown for o in res.outcomes)
 
 
-# --------------------------------------------------------------------------- issue 19's findings
+# --------------------------------------------------------------------------- the tracer defects the kernel found
 PHYSDEV = """*filter
 :INPUT ACCEPT [0:0]
 :FORWARD ACCEPT [0:0]

@@ -1,4 +1,4 @@
-"""The health and metrics servers under attack (issue 11, item 9), over real sockets on 127.0.0.1:
+"""The health and metrics servers under attack (item 9), over real sockets on 127.0.0.1:
 idle connections beyond the bound are closed (oldest first) and fresh requests still answered,
 one budget bounds all servers together, silent clients are dropped after the head timeout,
 busy servers stop accepting, and accept failing with EMFILE is logged once with a count."""

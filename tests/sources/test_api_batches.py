@@ -1,4 +1,4 @@
-"""The reflector's list path (issue 17): batches, typed items, and a relist diff kept as versions only.
+"""The reflector's list path: batches, typed items, and a relist diff kept as versions only.
 
 - a list goes to a `BatchSink` in one call (watch events one by one), or event by event to the sink;
 - with `typed_lists`, listed objects come as `schema.Item` structs when the list fits the schema,

@@ -1,4 +1,4 @@
-"""An API server that lost its state (issue 11, item 11): same objects, resourceVersions low again.
+"""An API server that lost its state (item 11): same objects, resourceVersions low again.
 
 Found: the test API server restarted with a fresh store (versions from ~19,800 back to ~4,000);
 the proxy resumed its watches from the old versions, never saw another event and kept stale

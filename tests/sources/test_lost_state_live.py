@@ -1,4 +1,4 @@
-"""The finding of issue 11 item 11, end to end: the live proxy, a kernel, an API server that lost its state.
+"""A server that lost its history, end to end: the live proxy, a kernel, an API server that lost its state.
 
 The test API server comes back from a restart with the same objects under resourceVersions far
 below the proxy's (etcd replaced or restored from an old backup), then an endpoint changes: the

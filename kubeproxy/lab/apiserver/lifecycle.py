@@ -192,7 +192,7 @@ class ApiServer:
             "kind": "Config",
             # Plain HTTP: there is no TLS to verify, and saying so spares every client that loads
             # this file building a CA-bundle SSL context it never uses (lightkube/httpx: 0.16 s of
-            # a proxy's start-up, issue 17); a real cluster's kubeconfig names its CA instead.
+            # a proxy's start-up); a real cluster's kubeconfig names its CA instead.
             "clusters": [{"name": "lab", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}],
             "users": [{"name": "lab", "user": {"token": "lab-token"}}],
             "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab", "namespace": namespace}}],

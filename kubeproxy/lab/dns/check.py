@@ -1,6 +1,6 @@
 """The seed's DNS health check: N queries, healthy only if every one is answered within the wait.
 
-Seed 000's checker "throws 100 queries and counts how many are answered"; its one setting is the
+The BIND report's checker "throws 100 queries and counts how many are answered"; its one setting is the
 response wait time (RWT) for all 100. So the queries go out together, as one burst, and the
 check then waits. Each query has its own UDP socket, created for it and closed afterwards, so
 each comes from its own source port: through a node that masquerades, each one is a new

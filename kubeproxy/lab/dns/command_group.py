@@ -276,7 +276,7 @@ def lab_dns(
     json_out: IO[str] | None,
     plot_path: Path | None,
 ) -> None:
-    """Reproduce seed 000: BIND behind an external IP, real load, the seed's health check, the node's conntrack.
+    """Reproduce the BIND report: BIND behind an external IP, real load, the seed's health check, the node's conntrack.
 
     Each scenario gets a fresh world of network namespaces: 254 resolver addresses on a client,
     a node running `kubeproxy run`, BIND 9 pods, the seed's DNS Service (ClusterIP, external IP

@@ -4,7 +4,7 @@
             routes the external IP 203.0.113.53 via the node                                 └─ pod bind-2 ...
 
 It is a MiniCluster (kubeproxy.lab.cluster) whose pods run a real BIND 9 instead of the probe
-servers, with the DNS Service of seed 000: a ClusterIP, an external IP and a NodePort, UDP and
+servers, with the DNS Service of the BIND report: a ClusterIP, an external IP and a NodePort, UDP and
 TCP port 53, its EndpointSlice naming the BIND pods. A scenario (kubeproxy.lab.dns.scenarios)
 picks the traffic policy, the proxy mode and whether the seed's manual DNAT rule goes in.
 
@@ -55,7 +55,7 @@ SOURCE_CIDR = "100.64.0.0/24"
 # MASQUERADE without --to-ports maps source ports >= 1024 into 1024-65535: per (node IP, pod IP,
 # pod port) at most this many UDP flows can be masqueraded at once.
 SNAT_PORTS = 65535 - 1024 + 1
-MANUAL_DNAT_COMMENT = "kubeproxy lab: manual DNAT of seed 000"  # no quote: iptables-save would escape it
+MANUAL_DNAT_COMMENT = "kubeproxy lab: manual DNAT of the BIND report"  # no quote: iptables-save would escape it
 NARROWED_SNAT_COMMENT = "kubeproxy lab: narrowed SNAT ports"
 # The mark the lab's proxy (default flags) puts on flows it masquerades.
 MASQ_MARK = NodeOptions().masquerade_mark

@@ -271,7 +271,7 @@ def test_ipv6_addresses_compare_in_canonical_form() -> None:
     assert stale_filters(flows, view, NODE) == [Filter(8000, "fd00:244::5", 9090, "fd00:96::10")]
 
 
-# -- NodePort cleanup touches only flows to the node's NodePort addresses (issue 11, item 7)
+# -- NodePort cleanup touches only flows to the node's NodePort addresses (item 7)
 
 
 def dns_node_port_view() -> NodeView:

@@ -1,4 +1,4 @@
-"""The memory-light paths of an iptables sync give what the general ones gave (issue 17).
+"""The memory-light paths of an iptables sync give what the general ones gave.
 
 - `AppliedChains.filter` on a full sync finds the tracked chains with a regex instead of keying
   every line; it must record the same digests as the general path (a later partial sync compares
