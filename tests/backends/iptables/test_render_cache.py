@@ -43,7 +43,7 @@ from tests.backends.iptables.test_partial_sync import (
     step_options,
 )
 from tests.backends.iptables.test_render_golden import GOLDEN, SCENARIOS
-from tests.proxy.test_view_cache import (
+from tests.model.test_view_cache import (
     NAMESPACES,
     SERVICES,
     apply_step,
