@@ -23,7 +23,15 @@ import pytest
 from kubeproxy.lab import vm
 from kubeproxy.lab.control_plane import UPSTREAM_VERSION, upstream_bin
 from kubeproxy.lab.netns import have_root
-from tests.vm.guest_side_by_side_ipvs import FIRST_STEP_TIMEOUT, PROBE_TIMEOUT, STARTUP_TIMEOUT, STEP_TIMEOUT, steps
+from tests.vm.guest_side_by_side_ipvs import (
+    AFTER_WALK,
+    FIRST_STEP_TIMEOUT,
+    HEAVY_STEP_TIMEOUT,
+    PROBE_TIMEOUT,
+    STARTUP_TIMEOUT,
+    STEP_TIMEOUT,
+    steps,
+)
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
@@ -31,7 +39,8 @@ EVERY_STEP = os.environ.get("KUBEPROXY_VM_EVERY_STEP") == "1"
 STEPS = steps(EVERY_STEP)
 WIRED_PODS = 16  # the pods on the proxy nodes, each with a probe server to start: 4 in the walk, the rest random
 # The whole boot: the control plane's start, the pods' probes, every step at its worst (each waiting all of its time).
-TIMEOUT = STARTUP_TIMEOUT + WIRED_PODS * PROBE_TIMEOUT + FIRST_STEP_TIMEOUT + STEP_TIMEOUT * (len(STEPS) - 1) + 300
+TIMEOUT = (STARTUP_TIMEOUT + WIRED_PODS * PROBE_TIMEOUT + FIRST_STEP_TIMEOUT + HEAVY_STEP_TIMEOUT * len(AFTER_WALK)
+           + STEP_TIMEOUT * (len(STEPS) - 1 - len(AFTER_WALK)) + 300)  # fmt: skip
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(TIMEOUT + 120)]
 
