@@ -264,8 +264,16 @@ class FaultBed:
         return token
 
     def undo_all(self) -> None:
+        """Every undo left, each tried whatever the others do; a ClusterError names those that failed."""
+        failed: list[str] = []
         while self._undo:
-            self._undo.popitem()[1]()
+            change, undo = self._undo.popitem()
+            try:
+                undo()
+            except Exception as exc:  # a server that is down refuses each; the others still run
+                failed.append(f"{change}: {exc}")
+        if failed:
+            raise ClusterError("the control plane was not put back: " + "; ".join(failed))
 
     def _end(self, change: str) -> None:
         self._undo.pop(change)()
@@ -319,8 +327,11 @@ class FaultBed:
             with watch.running():
                 since, service, ip = fault(offset, evidence)
                 seconds = watch.await_holding(service, ip, since, CONVERGE_TIMEOUT)
-        except BaseException:
-            self.undo_all()  # the next fault, or the bed's next user, finds the server as it was
+        except BaseException as failure:
+            try:
+                self.undo_all()  # the next fault, or the bed's next user, finds the server as it was
+            except ClusterError as undo_failure:
+                failure.add_note(str(undo_failure))  # the fault's own error stays the one reported
             raise
         differences = self.converged()
         return FaultResult(name, seconds, watch.lost(), differences, evidence, self.counts)
