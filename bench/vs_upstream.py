@@ -455,22 +455,29 @@ def plot(results: dict[tuple[int, str, str], Result], sizes: list[int], modes: l
     import matplotlib.pyplot as plt
 
     shown = [row for row in ROWS if not row[0].endswith("idle")]  # idle: both near zero
-    fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown), 4), sharey=True)
+    columns = 4
+    fig, grid = plt.subplots(-(-len(shown) // columns), columns, figsize=(3.6 * columns, 7), sharey=True, squeeze=False)
+    axes = list(grid.flat)
+    for spare in axes[len(shown) :]:
+        spare.set_visible(False)
     width = 0.8 / max(1, len(sizes))
-    for ax, (label, value, _) in zip(axes, shown, strict=True):
+    for ax, (label, value, _) in zip(axes, shown, strict=False):
         for n, size in enumerate(sizes):
             bars = []
-            for mode in modes:
+            for m, mode in enumerate(modes):
                 ours, theirs = results.get((size, mode, "ours")), results.get((size, mode, "upstream"))
                 a, b = (value(ours), value(theirs)) if ours and theirs else (None, None)
                 bars.append(a / b if a and b and a == a and b == b else 0.0)
+                if not bars[-1]:  # no pair measured (e.g. neither converged within --timeout)
+                    ax.text(m + n * width, 1.0, "none", rotation=90, fontsize=6, ha="center", va="bottom")
             ax.bar([m + n * width for m in range(len(modes))], bars, width, label=f"{size:,} Services")
         ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
         ax.set_xticks([m + width * (len(sizes) - 1) / 2 for m in range(len(modes))], modes, fontsize=7)
         ax.set_title(f"{label}", fontsize=9)
         ax.set_yscale("log")
         ax.grid(True, axis="y", which="both", alpha=0.3)
-    axes[0].set_ylabel("ours / upstream (below 1: ours better)")
+    for row in grid:
+        row[0].set_ylabel("ours / upstream (below 1: ours better)", fontsize=8)
     axes[0].legend(fontsize=7)
     fig.suptitle("kubeproxy / upstream kube-proxy v1.37.2, same API server, same mode (bench/vs_upstream.py)", fontsize=10)
     fig.tight_layout()
