@@ -26,7 +26,7 @@ class RawWatch:
     """A watch request read line by line with the stdlib, to test the server without our client."""
 
     def __init__(self, server: ApiServer, path: str) -> None:
-        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         self.conn.request("GET", path)
         self.response = self.conn.getresponse()
 
@@ -42,7 +42,7 @@ class RawWatch:
 
 
 def request(server: ApiServer, method: str, path: str, body: Any = None, ctype: str = "application/json") -> tuple[int, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
         conn.request(method, path, body=data, headers={"Content-Type": ctype} if data is not None else {})

@@ -28,7 +28,7 @@ class NoJitter(random.Random):
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
-    asyncio.run(asyncio.wait_for(coro, 20))
+    asyncio.run(asyncio.wait_for(coro, 60))  # a bound for a hang, not a wait: a loaded CI machine is slow
 
 
 def svc(name: str, port: Any = 80, ns: str = "default", **labels: str) -> dict[str, Any]:

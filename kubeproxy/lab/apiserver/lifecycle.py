@@ -153,7 +153,7 @@ class ApiServer:
         self.store = self.store.fresh_copy()
         self.start()
 
-    def wait_for_watches(self, count: int = 1, timeout: float = 10) -> None:
+    def wait_for_watches(self, count: int = 1, timeout: float = 30) -> None:
         """Block until at least `count` watch streams are open; TimeoutError if they never are."""
         with self.store.cond:
             if not self.store.cond.wait_for(lambda: self.store.watchers >= count, timeout=timeout):
