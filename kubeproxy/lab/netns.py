@@ -106,6 +106,11 @@ def netns(prefix: str = "kp") -> Iterator[NetNS]:
         ns.delete()
 
 
+# A killed process still tears down its memory on its own CPU time: a niced kube-apiserver on a
+# loaded machine took over 30 s. The wait bounds a hang, it synchronises nothing.
+KILLED_EXIT_TIMEOUT = 120.0
+
+
 def stop_process(proc: subprocess.Popen[str], timeout: float) -> None:
     """SIGTERM, then SIGKILL if it has not exited within `timeout` s (a process that has exited is left as it is)."""
     if proc.poll() is None:
@@ -114,7 +119,7 @@ def stop_process(proc: subprocess.Popen[str], timeout: float) -> None:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout)
+            proc.wait(max(timeout, KILLED_EXIT_TIMEOUT))
 
 
 def ip_batch(ns: NetNS, commands: Sequence[str]) -> None:
