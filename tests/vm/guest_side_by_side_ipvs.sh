@@ -1,6 +1,6 @@
 # Runs inside the VM (sh, cwd = the shared results folder): guest_side_by_side_ipvs.py, upstream's
 # binaries from the folder named in the file `upstream_bin`, its report in side_by_side_ipvs.json;
-# the file `every` (when given) holds the guest's second argument.
+# the file `every` (when given) holds the guest's further arguments (`every`, `random`).
 set -u
 RES=$(pwd)
 REPO=$(cat repo_path)

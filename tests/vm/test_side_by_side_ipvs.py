@@ -2,8 +2,8 @@
 on Debian's kernel booted once under qemu (kubeproxy/lab/vm.py): the host's kernel has no IPVS.
 
 One boot (one control-plane start, both proxies started once) runs guest_side_by_side_ipvs.sh:
-the e2e walk every mode shares, the hostile-but-valid objects and a seeded random cluster with
-churn (guest_side_by_side_ipvs.py), comparing after each checked step the two nodes' `ipvsadm-save
+the e2e walk every mode shares, the hostile-but-valid objects, every Service deleted, and with
+KUBEPROXY_VM_RANDOM=1 a seeded random cluster with churn (guest_side_by_side_ipvs.py), comparing after each checked step the two nodes' `ipvsadm-save
 -n`, `ipset save`, kube-ipvs0 addresses and iptables rules of both families, each node's own
 addresses named by role (lab/ipvs_compare.py). Each step is one test here, failing with the
 differences the guest found after it. KUBEPROXY_VM_EVERY_STEP=1 checks each of the walk's steps
@@ -36,8 +36,10 @@ from tests.vm.guest_side_by_side_ipvs import (
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 EVERY_STEP = os.environ.get("KUBEPROXY_VM_EVERY_STEP") == "1"
-STEPS = steps(EVERY_STEP)
-WIRED_PODS = 16  # the pods on the proxy nodes, each with a probe server to start: 4 in the walk, the rest random
+RANDOM_CLUSTER = os.environ.get("KUBEPROXY_VM_RANDOM") == "1"
+STEPS = steps(EVERY_STEP, RANDOM_CLUSTER)
+# The pods on the proxy nodes, each with a probe server to start: 4 in the walk, 12 more in the random cluster.
+WIRED_PODS = 16 if RANDOM_CLUSTER else 4
 # The whole boot: the control plane's start, the pods' probes, every step at its worst (each waiting all of its time).
 TIMEOUT = (STARTUP_TIMEOUT + WIRED_PODS * PROBE_TIMEOUT + FIRST_STEP_TIMEOUT + HEAVY_STEP_TIMEOUT * len(AFTER_WALK)
            + STEP_TIMEOUT * (len(STEPS) - 1 - len(AFTER_WALK)) + 300)  # fmt: skip
@@ -55,7 +57,8 @@ def walk() -> dict[str, Any]:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    files = {"repo_path": str(REPO), "upstream_bin": str(bin_dir), "every": "every" if EVERY_STEP else ""}
+    words = [word for word, on in (("every", EVERY_STEP), ("random", RANDOM_CLUSTER)) if on]
+    files = {"repo_path": str(REPO), "upstream_bin": str(bin_dir), "every": " ".join(words)}
     result = vm.VM(vm.build(), memory_mb=3072).run((HERE / "guest_side_by_side_ipvs.sh").read_text(), files=files,
                                                    timeout=TIMEOUT)  # fmt: skip
     print(f"vm: boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s; {result.output.strip()}")
