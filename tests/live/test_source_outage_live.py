@@ -117,6 +117,10 @@ def test_an_api_outage_of_three_health_timeouts_keeps_health_and_rules(
             await polling
         ended = time.monotonic()
         server.start()
+        # A real server sends every watch a bookmark within a minute; this one's, sent as soon as the
+        # four watches are back, is what proves to the proxy that the server kept its history.
+        await asyncio.to_thread(server.wait_for_watches, 4)
+        server.bookmark()
 
         assert during == before  # the periodic syncs kept the rules exactly as they were
         assert outage_syncs >= 2 and proxy.failed_syncs == 0

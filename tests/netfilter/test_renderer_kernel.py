@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.backends.iptables.jumps import with_jumps
+from kubeproxy.backends.iptables.offline import render_iptables
+from kubeproxy.cluster.manifest_load import load
+from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.netfilter import iptables_save
 from kubeproxy.netfilter.packet import make_packet
 from kubeproxy.netfilter.simulate import trace
@@ -20,11 +23,8 @@ pytestmark = pytest.mark.root
 DEMO = Path(__file__).parents[2] / "kubeproxy" / "examples" / "demo.yaml"
 
 def _rendered() -> str:
-    render = pytest.importorskip("kubeproxy.backends.iptables.offline")
-    from kubeproxy.model.proxy_config import ProxyConfig
-
-    loaded = render.load([str(DEMO)])
-    text = render.render_iptables(
+    loaded = load([str(DEMO)])
+    text = render_iptables(
         loaded.state, ProxyConfig(cluster_cidr=("10.244.0.0/16",)), nfacct_counters=()
     ).rendered.text
     return with_jumps(text)

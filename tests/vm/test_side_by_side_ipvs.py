@@ -3,12 +3,12 @@ on Debian's kernel booted once under qemu (kubeproxy/lab/vm.py): the host's kern
 
 One boot (one control-plane start, both proxies started once) runs guest_side_by_side_ipvs.sh:
 the e2e walk every mode shares, the hostile-but-valid objects, every Service deleted, and with
-KUBEPROXY_VM_RANDOM=1 a seeded random cluster with churn (guest_side_by_side_ipvs.py), comparing after each checked step the two nodes' `ipvsadm-save
--n`, `ipset save`, kube-ipvs0 addresses and iptables rules of both families, each node's own
-addresses named by role (lab/ipvs_compare.py). Each step is one test here, failing with the
-differences the guest found after it. KUBEPROXY_VM_EVERY_STEP=1 checks each of the walk's steps
-(by default the walk is checked at the steps whose paths are IPVS's own: TCG makes a step cost
-tens of seconds).
+KUBEPROXY_VM_RANDOM=1 a seeded random cluster with churn (guest_side_by_side_ipvs.py), comparing
+after each checked step the two nodes' `ipvsadm-save -n`, `ipset save`, kube-ipvs0 addresses and
+iptables rules of both families, each node's own addresses named by role (lab/ipvs_compare.py).
+Each step is one test here, failing with the differences the guest found after it.
+KUBEPROXY_VM_EVERY_STEP=1 checks each of the walk's steps (by default the walk is checked at the
+steps whose paths are IPVS's own: TCG makes a step cost tens of seconds).
 """
 
 from __future__ import annotations
