@@ -13,7 +13,8 @@ pod's address in it named by role.
 The chains upstream fills while iterating a Go map of Services (MAP_ORDER_CHAINS) list their
 Services in a different order on every sync; there the per-Service rules are sorted by Service,
 each Service's own rules kept in their order and the fixed rules (no Service named in their
-comment) kept in place. Every other chain is compared in order.
+comment) kept in place. A chain of independent DROPs filled in map order (UNORDERED_CHAINS) is
+compared as a set. Every other chain is compared in order.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ MAP_ORDER_CHAINS = frozenset({
     ("filter", "KUBE-SERVICES"), ("filter", "KUBE-EXTERNAL-SERVICES"), ("filter", "KUBE-NODEPORTS"),
     ("filter", "KUBE-PROXY-FIREWALL"),
 })  # fmt: skip
+# (table, chain) whose every rule is an independent DROP appended from inside `range
+# proxier.svcPortMap` with no Service named in a comment: upstream's IPVS proxier fills
+# KUBE-IPVS-OUT-FILTER from lbNoNodeAccessIPPortProtocolEntries (pkg/proxy/ipvs/proxier.go), so
+# its rules come in map order and carry no comment to sort by; their order changes nothing.
+UNORDERED_CHAINS = frozenset({("filter", "KUBE-IPVS-OUT-FILTER")})
 
 
 @dataclass(frozen=True)
@@ -149,8 +155,8 @@ def _rename_node_only_seps(dump: str, node_name: str, pods_by_ip: Mapping[str, s
 
 def role_named(dump: str, node_name: str, pods_by_ip: Mapping[str, str], drop: Sequence[str] = ()) -> dict[str, Table]:
     """`dump` of node `node_name` with this node's own endpoints named by role (see the module
-    docstring), the Services of MAP_ORDER_CHAINS sorted, and every text of `drop` taken out of
-    every rule (a difference known and checked elsewhere)."""
+    docstring), the Services of MAP_ORDER_CHAINS sorted, the rules of UNORDERED_CHAINS sorted, and
+    every text of `drop` taken out of every rule (a difference known and checked elsewhere)."""
     dump = _rename_node_only_seps(dump, node_name, pods_by_ip)
     seps = endpoint_chains(dump)
 
@@ -181,7 +187,11 @@ def role_named(dump: str, node_name: str, pods_by_ip: Mapping[str, str], drop: S
         rules = []
         for chain, chain_rules in table.rules:
             named = tuple(dropped(local_rule(r) if chain.startswith("KUBE-SVL-") else r) for r in chain_rules)
-            rules.append((chain, services_sorted(named) if (name, chain) in MAP_ORDER_CHAINS else named))
+            if (name, chain) in UNORDERED_CHAINS:
+                named = tuple(sorted(named))
+            elif (name, chain) in MAP_ORDER_CHAINS:
+                named = services_sorted(named)
+            rules.append((chain, named))
         tables[name] = Table(name, table.policies, tuple(rules))
     return tables
 

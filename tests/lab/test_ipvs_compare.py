@@ -69,3 +69,20 @@ def test_iptables_rules_are_compared_per_family() -> None:
     b["IPv4"] = IPTABLES.replace("-j ACCEPT", "-j RETURN")
     diffs = ipvs_compare.differences(a, ROLES_A, b, ROLES_B, ("a", "b"))
     assert len(diffs) == 1 and diffs[0].startswith("IPv4 nat KUBE-SERVICES:")
+
+
+def test_out_filter_drops_in_another_order_are_equal_but_a_missing_one_differs() -> None:
+    """Upstream appends KUBE-IPVS-OUT-FILTER's DROPs while ranging over a Go map of Services."""
+    drops = [
+        f"-A KUBE-IPVS-OUT-FILTER -s {ip} -m ipvs --vaddr {ip} --vproto tcp --vport 80 -j DROP"
+        for ip in ("203.0.113.10", "203.0.113.11")
+    ]
+    chain = "*filter\n:KUBE-IPVS-OUT-FILTER - [0:0]\n{}\nCOMMIT\n"
+    a = node("10.244.1.10", "10.244.2.10", "192.168.30.11")
+    b = node("10.244.2.10", "10.244.1.10", "192.168.30.12")
+    a["IPv4"] = IPTABLES + chain.format("\n".join(drops))
+    b["IPv4"] = IPTABLES + chain.format("\n".join(drops[::-1]))
+    assert ipvs_compare.differences(a, ROLES_A, b, ROLES_B, ("a", "b")) == []
+    b["IPv4"] = IPTABLES + chain.format(drops[0])
+    diffs = ipvs_compare.differences(a, ROLES_A, b, ROLES_B, ("a", "b"))
+    assert len(diffs) == 1 and diffs[0].startswith("IPv4 filter KUBE-IPVS-OUT-FILTER:")

@@ -76,8 +76,7 @@ RANDOM_STEPS = (f"seed {SEED}: the first sync", *(f"seed {SEED}: churn step {i}"
 def steps(every: bool = False, random_cluster: bool = False) -> tuple[str, ...]:
     """The steps a boot checks, in order (`every`: each of the walk's; `random_cluster`: the
     seeded random cluster's too, which CI leaves out: under TCG its wired pods and churn add
-    tens of minutes, and its first sync found upstream's map-ordered KUBE-IPVS-OUT-FILTER rules,
-    which ours sorts, in another order than ours)."""
+    tens of minutes)."""
     random_steps = RANDOM_STEPS if random_cluster else ()
     return (*(WALK_STEPS if every else CHECKED_WALK_STEPS), *AFTER_WALK, *random_steps)
 
