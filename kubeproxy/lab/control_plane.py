@@ -53,6 +53,8 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # A pod's default terminationGracePeriodSeconds (k8s.io/api v0.37.2 core/v1 types.go), what a
 # kubelet gives kube-apiserver to drain its requests on SIGTERM: a loaded server takes over 10 s.
 APISERVER_GRACE_SECONDS = 30.0
+# One kubectl call: ends a hung call, with room for a loaded server or the VM under TCG.
+KUBECTL_TIMEOUT = 180.0
 
 
 class ControlPlaneError(RuntimeError):
@@ -336,12 +338,17 @@ class ControlPlane:
         for name in reversed(list(self.processes)):
             L.stop_process(self.processes.pop(name), timeout)
 
-    def run_kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run_kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = KUBECTL_TIMEOUT
+    ) -> subprocess.CompletedProcess[str]:
         """Upstream's kubectl as the cluster's admin."""
         argv = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.admin_kubeconfig), *args]
         if self.ns is not None:
             argv = self.ns.argv(argv)
-        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=60, check=False)
+        try:
+            proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ControlPlaneError(f"kubectl {' '.join(args)} did not finish within {timeout:g} s") from exc
         if check and proc.returncode != 0:
             raise ControlPlaneError(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
