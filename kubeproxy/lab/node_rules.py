@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Iterable
 
 from kubeproxy.backends import registry
+from kubeproxy.model.options import Family
 from kubeproxy.model.rules_readback import JSON, Reader, Run, service_ports
 from kubeproxy.model.rules_readback import NodeRules as NodeRules
 
@@ -32,6 +33,6 @@ def reader(mode: str) -> Reader:
     return found
 
 
-def read(mode: str, run: Run, services: Iterable[JSON] = ()) -> NodeRules:
-    """A snapshot of the rules a proxy in `mode` programs, against the ports of `services`."""
-    return reader(mode)(run, service_ports(services))
+def read(mode: str, run: Run, services: Iterable[JSON] = (), family: Family = Family.IPV4) -> NodeRules:
+    """A snapshot of the `family` rules a proxy in `mode` programs, against the ports of `services`."""
+    return reader(mode)(run, service_ports(services), family)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubeproxy.cluster.objects import kind_of, parse_service
+from kubeproxy.model.options import Family
 
 JSON = dict[str, Any]
 # `run(argv, check=...)` inside the node, returning a CompletedProcess (NetNS.run).
@@ -84,5 +85,5 @@ class NodeRules(Protocol):
         ...
 
 
-# A mode's reader: its readback module's `read_rules(run, ports)`.
-Reader = Callable[[Run, Mapping[str, ServicePortKeys]], NodeRules]
+# A mode's reader: its readback module's `read_rules(run, ports, family)`.
+Reader = Callable[[Run, Mapping[str, ServicePortKeys], Family], NodeRules]

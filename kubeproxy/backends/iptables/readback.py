@@ -8,22 +8,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from kubeproxy.backends.iptables.apply import iptables_tool
+from kubeproxy.model.options import Family
 from kubeproxy.model.rules_readback import NodeRules, Run, ServicePortKeys, names
 
 
-def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:
-    """The node's rules; the comments name every port, so the keys are not needed."""
-    return IptablesRules(run)
+def read_rules(run: Run, ports: Mapping[str, ServicePortKeys], family: Family = Family.IPV4) -> NodeRules:
+    """The node's rules of `family`; the comments name every port, so the keys are not needed."""
+    return IptablesRules(run, family)
 
 
 @dataclass
 class IptablesRules:
-    """`iptables-save` of the nat table (and of filter, read when first needed)."""
+    """`iptables-save` (`ip6tables-save`) of the nat table (and of filter, read when first needed)."""
 
     run: Run
+    family: Family = Family.IPV4
 
     def _save(self, table: str) -> str:
-        return str(self.run(["iptables-save", "-t", table]).stdout)
+        return str(self.run([iptables_tool(self.family, suffix="-save"), "-t", table]).stdout)
 
     @cached_property
     def nat(self) -> str:

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 
 from kubeproxy.backends.ipvs.apply import parse_ipvsadm_save
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
+from kubeproxy.model.options import Family
 from kubeproxy.model.rules_readback import NodeRules, Run, ServicePortKeys, published
 
 
-def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:
+def read_rules(run: Run, ports: Mapping[str, ServicePortKeys], family: Family = Family.IPV4) -> NodeRules:
+    """`ipvsadm-save -n`, which lists both families' virtual servers; the ports' keys pick `family`'s."""
     return IpvsRules(str(run(["ipvsadm-save", "-n"]).stdout), ports)
 
 

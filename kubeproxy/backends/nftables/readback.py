@@ -24,14 +24,15 @@ from kubeproxy.backends.nftables.render import (
     SERVICE_NODEPORTS,
 )
 from kubeproxy.backends.nftables.table_objects import TABLE
+from kubeproxy.model.options import Family
 from kubeproxy.model.rules_readback import JSON, NodeRules, Run, ServicePortKeys, names, published
 
 Key = tuple[str, ...]
 
 
-def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:
-    """`nft -j list table ip kube-proxy` of the node, read against the ports' keys."""
-    proc = run(["nft", "-j", "list", "table", "ip", TABLE], check=False)
+def read_rules(run: Run, ports: Mapping[str, ServicePortKeys], family: Family = Family.IPV4) -> NodeRules:
+    """`nft -j list table ip kube-proxy` (`ip6` for IPv6) of the node, read against the ports' keys."""
+    proc = run(["nft", "-j", "list", "table", family.nft, TABLE], check=False)
     return NftRules(proc.stdout if proc.returncode == 0 else "", ports)
 
 

@@ -16,14 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubeproxy.backends.iptables.apply import iptables_tool
 from kubeproxy.backends.userspace.proxier import STATE_DIR, state_path
 from kubeproxy.backends.userspace.render import KUBE_PORTALS_CONTAINER
+from kubeproxy.model.options import Family
 from kubeproxy.model.rules_readback import NodeRules, Run, ServicePortKeys, names
 
 
-def read_rules(run: Run, ports: Mapping[str, ServicePortKeys]) -> NodeRules:
-    """The redirects name every port, so the keys are not needed."""
-    return UserspaceRules.read(run)
+def read_rules(run: Run, ports: Mapping[str, ServicePortKeys], family: Family = Family.IPV4) -> NodeRules:
+    """The redirects of `family` name every port, so the keys are not needed."""
+    return UserspaceRules.read(run, family)
 
 
 @dataclass
@@ -32,7 +34,7 @@ class UserspaceRules:
     state: dict[str, Any]
 
     @classmethod
-    def read(cls, run: Run) -> UserspaceRules:
+    def read(cls, run: Run, family: Family = Family.IPV4) -> UserspaceRules:
         link = str(run(["readlink", "/proc/self/ns/net"]).stdout).strip()
         path = state_path(STATE_DIR, link[link.find("[") + 1 : link.rfind("]")])
         proc = run(["cat", str(path)], check=False)
@@ -40,7 +42,7 @@ class UserspaceRules:
             state = json.loads(proc.stdout) if proc.returncode == 0 else {}
         except json.JSONDecodeError:
             state = {}  # caught between two writes cannot happen (rename), but a bad file must not crash a wait
-        return cls(str(run(["iptables-save", "-t", "nat"]).stdout), state)
+        return cls(str(run([iptables_tool(family, suffix="-save"), "-t", "nat"]).stdout), state)
 
     @property
     def text(self) -> str:

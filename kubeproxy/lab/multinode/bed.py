@@ -461,7 +461,7 @@ class MultiNodeCluster:
     def rules(self, name: str, family: Family = Family.IPV4) -> node_rules.NodeRules:
         """One snapshot of node `name`'s rules of `family` in the proxy's mode."""
         run = self.node(name).ns
-        return node_rules.read(self.proxy_mode, _ipv6_reader(run) if family.ipv6 else run, self._services.values())
+        return node_rules.read(self.proxy_mode, run, self._services.values(), family)
 
     def endpoints(self, name: str, service_port: str, *, family: Family = Family.IPV4) -> set[str]:
         """`ip:port`s (`[ip]:port` for IPv6) node `name`'s rules of `family` DNAT
@@ -595,21 +595,6 @@ class MultiNodeCluster:
 
     def log(self, name: str) -> IO[str]:
         return self._stack.enter_context((self.workdir / name).open("a"))
-
-
-def _ipv6_reader(run: Callable[..., Any]) -> Callable[..., Any]:
-    """`run`, reading the IPv6 rules where lab/node_rules.py reads the IPv4 ones: ip6tables-save
-    for iptables-save, the `ip6` nftables table for the `ip` one."""
-
-    def run6(argv: Sequence[str], **kwargs: Any) -> Any:
-        argv = list(argv)
-        if argv[:1] == ["iptables-save"]:
-            argv[0] = "ip6tables-save"
-        elif argv[:4] == ["nft", "-j", "list", "table"] and argv[4:5] == ["ip"]:
-            argv[4] = Family.IPV6.nft
-        return run(argv, **kwargs)
-
-    return run6
 
 
 def _bracketed(endpoint: str) -> str:
