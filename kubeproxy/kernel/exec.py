@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import math
 import shutil
 import subprocess
 import tempfile
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from kubeproxy.kernel.host import Capability, Feed
-from kubeproxy.model.contract import SyncError
+from kubeproxy.kernel.host import Capability, Feed, Host
+from kubeproxy.model.contract import SyncError, ToolTimeout
 
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -35,7 +36,8 @@ BATCH = 256 * 1024
 
 
 class CommandError(SyncError):
-    """A tool exited non-zero (with `check`) or did not finish within its timeout."""
+    """A tool exited non-zero (with `check`). One that did not finish within its timeout
+    raises `ToolTimeout` (model/contract.py), with or without `check`."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ class LocalHost:
             else:
                 proc = _run_streamed(list(argv), input, timeout)
         except subprocess.TimeoutExpired as exc:
-            raise CommandError(f"{argv[0]} did not finish within {timeout} s") from exc
+            lines = input.count("\n") if isinstance(input, str) else None  # streamed: the caller knows
+            raise ToolTimeout(argv[0], timeout or 0.0, lines) from exc
         if check and proc.returncode != 0:
             raise CommandError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
@@ -76,6 +79,84 @@ class LocalHost:
 
 LOCAL = LocalHost()
 local_run = LOCAL  # the name every backend's default runner goes by
+
+
+@contextlib.contextmanager
+def bounded(tool: str, lines: int | None) -> Iterator[None]:
+    """A run inside that ran out of time raises `ToolTimeout` naming `tool` and its `lines` of
+    input, whichever host ran it: this one raises ToolTimeout with the bound it was given, a
+    lab namespace (`NetNS.run`) subprocess's TimeoutExpired."""
+    try:
+        yield
+    except ToolTimeout as exc:
+        raise ToolTimeout(tool, exc.bound, lines) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ToolTimeout(tool, exc.timeout, lines) from exc
+
+
+# A tool that keeps running out of time gets twice its bound on each attempt, up to an hour: a
+# restore of 300k lines by iptables-nft took longer than its usual 490 s, while a truly hung tool
+# must still be ended. A usual bound already above the cap (millions of lines) is left as it is.
+PATIENCE_CAP = 3600.0
+_MAX_DOUBLINGS = 32  # any bound of a millisecond or more reaches the cap well before
+
+
+@dataclass
+class Patience:
+    """How long one IP family's kernel tools may run: each tool's usual bound for its input,
+    doubled for every sync in a row that ran out of time (`ran_out`), to at most `cap`; back
+    to the usual bound after a sync that finished (`reset`)."""
+
+    cap: float = PATIENCE_CAP
+    doublings: int = 0
+
+    def bound(self, usual: float) -> float:
+        if usual >= self.cap:
+            return usual
+        return min(math.ldexp(usual, self.doublings), self.cap)  # usual x 2^doublings
+
+    def ran_out(self) -> None:
+        self.doublings = min(self.doublings + 1, _MAX_DOUBLINGS)
+
+    def reset(self) -> None:
+        self.doublings = 0
+
+
+@dataclass(frozen=True)
+class PatientHost:
+    """`host` with every bounded tool given `patience.bound(its usual bound)`; a tool run
+    without a bound stays without one (and a host's own default bound stays its own). The
+    modes compute their usual bounds and never see the patience: a family's lane wraps its
+    host in one (proxy/family_lanes.py)."""
+
+    host: Host
+    patience: Patience
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return self.host.capabilities
+
+    @property
+    def netns_path(self) -> str | None:
+        return self.host.netns_path
+
+    def _bound(self, timeout: float | None) -> dict[str, float]:
+        return {} if timeout is None else {"timeout": self.patience.bound(timeout)}
+
+    def run(
+        self, argv: Sequence[str], *, input: str | None = None, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.host.run(argv, input=input, check=check, **self._bound(timeout))
+
+    __call__ = run
+
+    def run_chunks(
+        self, argv: Sequence[str], chunks: Iterable[str], *, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.host.run_chunks(argv, chunks, check=check, **self._bound(timeout))
+
+    def spawn(self, argv: Sequence[str], timeout: float | None, *, pipe_bytes: int | None = None) -> Feed:
+        return self.host.spawn(argv, None if timeout is None else self.patience.bound(timeout), pipe_bytes=pipe_bytes)
 
 
 @functools.cache  # whether setpriv is installed: looked up once, not for each spawned tool

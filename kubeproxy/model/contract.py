@@ -4,8 +4,9 @@ The live loop (`kubeproxy/live.py`) holds one `Backend` and never asks which mod
 
 - `prepare()` once before the first sync (canary chains, nfacct counters, ...);
 - `sync(view, opts, changed_services)` programs the kernel for `view` (None: a full sync) and
-  returns a `SyncReport`, or raises `SyncError` with the kernel tool's words; the kernel then
-  still holds what it had (each mode applies atomically);
+  returns a `SyncReport`, or raises `SyncError` with the kernel tool's words (`ToolTimeout`
+  when the tool ran out of time); the kernel then still holds what it had (each mode applies
+  atomically);
 - `check(view, opts)` answers whether a full sync to `view` would be taken, without applying
   it (`nft -c`, `iptables-restore --test`): the quarantine bisects with it;
 - `record_failure(metrics, exc, partial)` counts and logs a failed sync in the mode's own
@@ -32,6 +33,22 @@ if TYPE_CHECKING:
 
 class SyncError(RuntimeError):
     """A kernel tool refused a transaction or could not be run; the message carries its words."""
+
+
+class ToolTimeout(SyncError):
+    """A kernel tool did not finish within its bound and was killed: `tool`, `bound` (seconds)
+    and the `lines` of input it was given (None where unknown).
+
+    Not a refusal: no rule is to blame, so the quarantine never bisects on it (that would only
+    run the slow tool again and again); the live loop tries the sync again with a longer bound
+    (kernel/exec.py's `Patience`). What the killed tool had not committed keeps the rules it had:
+    nft commits a transaction at the end of its input, iptables-restore each table at its COMMIT.
+    """
+
+    def __init__(self, tool: str, bound: float, lines: int | None = None) -> None:
+        self.tool, self.bound, self.lines = tool, bound, lines
+        size = "" if lines is None else f" ({lines} lines of input)"
+        super().__init__(f"{tool} did not finish within {bound:g} s{size} and was killed")
 
 
 class SyncReport(Protocol):

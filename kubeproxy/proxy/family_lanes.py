@@ -32,10 +32,11 @@ from pathlib import Path
 from kubeproxy.backends import conntrack, registry
 from kubeproxy.cluster.objects import Node
 from kubeproxy.cluster.state import ClusterState
-from kubeproxy.kernel.exec import Runner
+from kubeproxy.kernel.exec import Patience, PatientHost, Runner
+from kubeproxy.kernel.host import host_of
 from kubeproxy.kernel.interfaces import interface_addresses
 from kubeproxy.model.changes import Changes, ChangeTracker
-from kubeproxy.model.contract import Backend, SyncReport
+from kubeproxy.model.contract import Backend, SyncReport, ToolTimeout
 from kubeproxy.model.metrics import FamilyMetrics, ProxyMetrics
 from kubeproxy.model.node_choice import node_families, primary_family
 from kubeproxy.model.node_model import NodeView
@@ -72,6 +73,9 @@ class FamilyLane:
     metrics: FamilyMetrics  # labelled with `family`
     view_builder: ViewBuilder = field(default_factory=ViewBuilder)
     quarantine: Quarantine = field(default_factory=Quarantine)  # and the view the kernel last accepted
+    # How long this family's kernel tools may run: the backend's tools run through a
+    # PatientHost of it (FamilyLanes.new_lane); `program` lengthens and resets it.
+    patience: Patience = field(default_factory=Patience)
     last_report: SyncReport | None = None
     last_changes: Changes | None = None
     opts: NodeOptions | None = None  # of the last sync
@@ -131,7 +135,8 @@ class FamilyLane:
         return view, opts, changes
 
     def program(self, view: NodeView, opts: NodeOptions, changes: Changes, *, primary: bool) -> tuple[SyncReport, NodeView]:
-        """Program `view` (in a worker thread); see Quarantine.program."""
+        """Program `view` (in a worker thread); see Quarantine.program. A tool that ran out of
+        time gets twice the bound in this family's next attempt, a sync that finished resets it."""
         if not self.prepared and not primary:
             self.backend.prepare()  # the primary's is prepared by the live loop, before the first sync
             # `opts` was made before the nfacct counters were ensured: the first sync's rules
@@ -139,7 +144,13 @@ class FamilyLane:
             opts = replace(opts, nfacct_counters=self.backend.nfacct_counters)
             self.opts = opts
         self.prepared = True
-        return self.quarantine.program(self.backend, view, opts, changes)
+        try:
+            done = self.quarantine.program(self.backend, view, opts, changes)
+        except ToolTimeout:
+            self.patience.ran_out()
+            raise
+        self.patience.reset()
+        return done
 
     async def serve_health(self, view: NodeView) -> None:
         """This family's health-check listeners, on its addresses, counting its own local
@@ -205,9 +216,12 @@ class FamilyLanes:
 
     def new_lane(self, family: Family, service_health: ServiceHealthServers) -> FamilyLane:
         cfg = self.cfg
-        backend = registry.create(cfg.mode, run=self.run, sync_period=cfg.sync_period, variant=self.variant, cfg=cfg)
+        patience = Patience()
+        run = PatientHost(host_of(self.run), patience)
+        backend = registry.create(cfg.mode, run=run, sync_period=cfg.sync_period, variant=self.variant, cfg=cfg)
         backend.family = family
-        return FamilyLane(family, backend, ChangeTracker(self.node_name), service_health, self.metrics.for_family(family))
+        return FamilyLane(family, backend, ChangeTracker(self.node_name), service_health, self.metrics.for_family(family),
+                          patience=patience)  # fmt: skip
 
     async def active(self, node: Node | None, proc_ipv6: Path = PROC_IPV6) -> list[FamilyLane]:
         """The lanes of the families this node proxies now, the primary first; creates the

@@ -11,7 +11,9 @@ the Services that cause it:
 - `Quarantine` holds them with the kernel's message. A held Service keeps the rules of its last
   version that the kernel accepted (or none, if it never had one), so the node never has fewer
   working rules than before the bad change; it is tried again as soon as its objects change
-  (fixed, or deleted).
+  (fixed, or deleted);
+- a tool that ran out of time (`ToolTimeout`) refused nothing: it is never bisected on, which
+  would only run the slow tool again and again; the sync fails and the live loop retries it.
 
 `isolate` and `substitute` are pure logic over a `passes` callable and views;
 `Quarantine.program` runs them with a backend's check and sync (in the live loop's worker thread).
@@ -24,7 +26,7 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from kubeproxy.model.contract import SyncError
+from kubeproxy.model.contract import SyncError, ToolTimeout
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServiceKey, ServicePortInfo, ServicePortName
 from kubeproxy.runtime.logs import kv
 
@@ -143,11 +145,13 @@ class Quarantine:
 
         Returns the report and the view actually programmed (held Services as the kernel last
         accepted them). Raises the kernel's error when no Service is to blame (the check fails
-        even with every candidate set aside).
+        even with every candidate set aside), and a ToolTimeout as it comes.
         """
         programmed = self.apply(view)
         try:
             report = backend.sync(programmed, opts, changes.changed_services)
+        except ToolTimeout:
+            raise
         except SyncError as exc:
             refused = exc
         else:
@@ -162,7 +166,11 @@ class Quarantine:
             trial = substitute(programmed, {key: Held.of(key, "", last_good) for key in aside})
             return backend.check(trial, opts) is None
 
-        culprits = isolate(suspects, passes)
+        try:
+            culprits = isolate(suspects, passes)
+        except ToolTimeout:
+            self.refusals.append(refused)  # a failed restore all the same, counted with the timeout
+            raise
         if not culprits:
             raise refused
         self.refusals.append(refused)

@@ -18,6 +18,7 @@ from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.backends.iptables.render import render_tables, restore_chunks
 from kubeproxy.cluster.manifest_load import load
 from kubeproxy.kernel.exec import CommandError, batches, local_run
+from kubeproxy.model.contract import ToolTimeout
 from kubeproxy.kernel.host import Capability, host_of
 from kubeproxy.model.proxy_config import ProxyConfig
 from tests.backends.iptables.rules_invariants import parse
@@ -49,8 +50,17 @@ def test_a_refusal_is_reported_as_for_a_text() -> None:
 
 def test_the_timeout_kills_a_tool_that_stops_reading() -> None:
     argv = [sys.executable, "-c", "import time; time.sleep(30)"]
-    with pytest.raises(CommandError, match=r"did not finish within 0\.5 s"):
+    with pytest.raises(ToolTimeout, match=r"did not finish within 0\.5 s") as caught:
         local_run(argv, input=["x" * 1_000_000] * 4, timeout=0.5)  # blocked writing when it fires
+    assert (caught.value.tool, caught.value.bound) == (sys.executable, 0.5)
+
+
+def test_a_timeout_is_no_refusal_and_says_the_input_size() -> None:
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    with pytest.raises(ToolTimeout) as caught:
+        local_run(argv, input="a\nb\nc\n", check=False, timeout=0.2)  # without `check` too
+    assert not isinstance(caught.value, CommandError) and caught.value.lines == 3
+    assert str(caught.value) == f"{sys.executable} did not finish within 0.2 s (3 lines of input) and was killed"
 
 
 def test_a_failing_producer_kills_the_tool_before_it_sees_the_end_of_its_input(tmp_path: Path) -> None:

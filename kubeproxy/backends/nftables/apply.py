@@ -28,6 +28,7 @@ tests drive a network namespace (`NetNS.run`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -42,9 +43,9 @@ from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.backends.nftables.stream import STREAM_FILE, NftStream, Spawn, spawner
 from kubeproxy.backends.nftables.table_objects import TABLE, TABLE_COMMENT, add_lines, quote
 from kubeproxy.cluster.bulk import paused_gc
-from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.kernel.exec import Runner, bounded, local_run
 from kubeproxy.kernel.libnft import LibNft
-from kubeproxy.model.contract import SyncError
+from kubeproxy.model.contract import SyncError, ToolTimeout
 
 log = logging.getLogger("kubeproxy.nftables")
 
@@ -157,7 +158,7 @@ class NftApplier:
                         mode = "noop"
             if mode == "full":
                 mode, n_chunks, flushed = self._full(rendering)
-        except NftError:
+        except (NftError, ToolTimeout):
             self._needs_full = True
             self.stats.failures_total += 1
             raise
@@ -193,7 +194,8 @@ class NftApplier:
         every restart's first sync. `-t list ruleset FAMILY` fetches none: 0.01 s for the same
         objects (the family's other tables are filtered out here).
         """
-        proc = self.run(["nft", "-j", "-t", "list", "ruleset", self.family], check=False, timeout=self.timeout)
+        with bounded("nft", None):
+            proc = self.run(["nft", "-j", "-t", "list", "ruleset", self.family], check=False, timeout=self.timeout)
         self.stats.listings_total += 1
         if proc.returncode != 0:
             return []
@@ -234,7 +236,8 @@ class NftApplier:
 
     def cleanup(self) -> bool:
         """Delete our table (`kubeproxy cleanup`). True if there was one."""
-        proc = self.run(["nft", "delete", "table", self.family, TABLE], check=False, timeout=self.timeout)
+        with bounded("nft", None):
+            proc = self.run(["nft", "delete", "table", self.family, TABLE], check=False, timeout=self.timeout)
         self.applied = None
         self._needs_full = True
         self._stale.clear()
@@ -248,8 +251,10 @@ class NftApplier:
             return rc, err
         # Like iptables-restore's (iptables/apply.py), the bound grows with the input: a cold
         # sync at 50k services is a million lines on a loaded node.
-        bound = self.timeout + TIMEOUT_PER_LINE * text.count("\n")
-        proc = self.run(["nft", *(["-c"] if check else []), "-f", "-"], input=text, check=False, timeout=bound)
+        lines = text.count("\n")
+        with bounded("nft", lines):
+            proc = self.run(["nft", *(["-c"] if check else []), "-f", "-"], input=text, check=False,
+                            timeout=self.timeout + TIMEOUT_PER_LINE * lines)  # fmt: skip
         return proc.returncode, proc.stderr
 
     def _nft(self, text: str, operations: int) -> None:
@@ -304,7 +309,8 @@ class NftApplier:
             self._wait_streams(committing)
         finally:
             for stream, _ in committing:  # complete chunks whose input was closed: let them end
-                stream.wait()
+                with contextlib.suppress(ToolTimeout):  # what ends the sync was raised already
+                    stream.wait()
         return n
 
     def _wait_streams(self, committing: list[tuple[NftStream, int]]) -> None:
@@ -337,8 +343,9 @@ class NftApplier:
         text = "".join(f"delete {kind} {self.table} {name}\n" for kind, name in due)
         try:
             self._nft(text, len(due))
-        except NftError as exc:
-            # Still referenced (or already gone): try again next time; never fail the sync for it.
+        except (NftError, ToolTimeout) as exc:
+            # Still referenced (or already gone, or nft was slow): try again next time; never
+            # fail the sync for it.
             log.warning("nftables: could not delete %d stale objects yet: %s", len(due), exc)
             for key in due:
                 self._stale[key] = now

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from kubeproxy.kernel.exec import FedProcess, Runner
 from kubeproxy.kernel.host import Capability, Feed, host_of
+from kubeproxy.model.contract import ToolTimeout
 
 # A chunk of the applier's (STREAM_CHUNK operations) is about 0.5 MB of text.
 PIPE_BYTES = 1 << 20
@@ -49,7 +50,8 @@ class NftStream(Protocol):
         """End the input: nft evaluates what it read and commits it (unless it refuses it)."""
 
     def wait(self) -> tuple[int, str]:
-        """After `close`: wait for the process; (return code, error text)."""
+        """After `close`: wait for the process; (return code, error text). A process killed at
+        its deadline raises ToolTimeout: that is no refusal of its text."""
 
     def abort(self) -> None:
         """Kill the process with its input still open: nothing of this transaction is committed."""
@@ -87,7 +89,7 @@ class ProcessStream:
         text = "".join(self._lines) if rc else ""
         self._lines = []
         if self.fed.timed_out:
-            return 1, f"nft did not finish within {self.timeout:.0f} s"
+            raise ToolTimeout("nft", self.timeout, text.count("\n"))
         return (0, err) if rc == 0 else (1, with_lines(err, text))
 
     def abort(self) -> None:
