@@ -7,9 +7,11 @@ refusal on stderr as that tool words it); with `check`, a refusal raises as `loc
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from kubeproxy.kernel.exec import CommandError
+from kubeproxy.model.contract import ToolTimeout
 
 
 class Refused(Exception):
@@ -35,3 +37,38 @@ def answer(
     if check and proc.returncode != 0:  # as local_run
         raise CommandError(f"{args[0]} exited {proc.returncode}: {proc.stderr}")
     return proc
+
+
+@dataclass
+class SlowTool:
+    """An intercept (kernel/host.py's `Intercepted`) under which the commands `matches` selects
+    "take" `seconds` on a fake clock (`elapsed`), with no real wait: one given a shorter bound
+    is killed at its bound as this host kills a real one (ToolTimeout, and the command never
+    reaches the fake: nothing of it is committed); any other runs after its time has passed.
+    `bounds` records (bound, lines of input) of each selected command."""
+
+    matches: Callable[[Sequence[str]], bool]
+    seconds: float = 0.0
+    elapsed: float = 0.0
+    bounds: list[tuple[float | None, int | None]] = field(default_factory=list)
+
+    def __call__(
+        self,
+        proceed: Callable[..., subprocess.CompletedProcess[str]],
+        argv: Sequence[str],
+        *,
+        input: str | Iterable[str] | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        if not self.matches(argv):
+            return proceed(argv, input=input, check=check, timeout=timeout)
+        if input is not None and not isinstance(input, str):
+            input = "".join(input)
+        lines = None if input is None else input.count("\n")
+        self.bounds.append((timeout, lines))
+        if timeout is not None and timeout < self.seconds:
+            self.elapsed += timeout
+            raise ToolTimeout(argv[0], timeout, lines)
+        self.elapsed += self.seconds
+        return proceed(argv, input=input, check=check, timeout=timeout)

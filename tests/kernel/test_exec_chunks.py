@@ -18,8 +18,8 @@ from kubeproxy.backends.iptables.offline import render_iptables
 from kubeproxy.backends.iptables.render import render_tables, restore_chunks
 from kubeproxy.cluster.manifest_load import load
 from kubeproxy.kernel.exec import CommandError, batches, local_run
-from kubeproxy.model.contract import ToolTimeout
 from kubeproxy.kernel.host import Capability, host_of
+from kubeproxy.model.contract import ToolTimeout
 from kubeproxy.model.proxy_config import ProxyConfig
 from tests.backends.iptables.rules_invariants import parse
 from tests.paths import DEMO
