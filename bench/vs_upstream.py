@@ -97,9 +97,23 @@ FULL_SYNC = "kubeproxy_sync_full_proxy_rules_duration_seconds"  # upstream's pkg
 # mode name: (--proxy-mode, the xtables binary the iptables* commands on PATH run)
 MODES = {"iptables-legacy": ("iptables", "xtables-legacy-multi"), "iptables-nft": ("iptables", "xtables-nft-multi"),
          "nftables": ("nftables", "xtables-nft-multi")}  # fmt: skip
-IPTABLES_NAMES = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore")
+IPTABLES_NAMES = ("iptables", "iptables-save", "ip6tables", "ip6tables-save")
+RESTORES = ("iptables-restore", "ip6tables-restore")  # wrapped: each call's input and time logged
 PACE = 1.2  # seconds between changes: past both proxies' minSyncPeriod (1 s)
-POLL = 0.02
+WATCH = Path(__file__).resolve().parent / "kernel_watch.py"
+# Logs one restore: when its input began (the wrapper's start), when the input was all read and
+# the real tool started, when it ended, the input's bytes and lines, the exit status, the name.
+RESTORE_WRAPPER = """#!/bin/bash
+began=$(date +%s.%N)
+input=$(mktemp)
+cat > "$input"
+start=$(date +%s.%N)
+"$KP_XTABLES_MULTI" "$(basename "$0")" "$@" < "$input"
+status=$?
+echo "$began $start $(date +%s.%N) $(wc -c < "$input") $(wc -l < "$input") $status $(basename "$0")" >> "$KP_RESTORE_LOG"
+rm -f "$input"
+exit $status
+"""
 
 
 @dataclass
@@ -113,10 +127,26 @@ class Result:
     changes: list[float] = field(default_factory=list)
     idle_cpu: float = float("nan")  # CPU seconds per minute
     churn_cpu: float = float("nan")
+    poll: float = float("nan")  # seconds one poll of the kernel for a rule takes, once the cold start is in
+    # iptables modes: each restore's (input began, tool started, tool ended) s from the fork, bytes, lines
+    restores: list[tuple[float, float, float, int, int]] = field(default_factory=list)
+    change_window: tuple[float, float] = (float("nan"), float("nan"))  # s from the fork: the changes' span
 
     def p(self, q: float) -> float:
-        ordered = sorted(self.changes)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+        return quantile(self.changes, q)
+
+    def first_restore(self) -> tuple[float, float, float, int, int] | None:
+        return self.restores[0] if self.restores else None
+
+    def change_restores(self) -> list[tuple[float, float, float, int, int]]:
+        """The restores that began while the changes were being made (their syncs)."""
+        lo, hi = self.change_window
+        return [r for r in self.restores if lo <= r[0] <= hi]
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 # ---- the API server ------------------------------------------------------------------------
@@ -200,8 +230,9 @@ def load(cp: ControlPlane, objs: list[dict[str, Any]], workers: int = 8) -> floa
 # ---- one proxy in a namespace of its own ---------------------------------------------------
 
 
-def iptables_path(folder: Path, multi: str) -> str:
-    """A PATH whose iptables* run `multi` (what iptables-wrapper does in upstream's image)."""
+def iptables_path(folder: Path, multi: str) -> tuple[str, str]:
+    """(a PATH whose iptables* run `multi` (what iptables-wrapper does in upstream's image), the
+    multi binary): the restores go through RESTORE_WRAPPER, which logs each one."""
     folder.mkdir(parents=True, exist_ok=True)
     target = shutil.which(multi)
     if target is None:
@@ -209,7 +240,28 @@ def iptables_path(folder: Path, multi: str) -> str:
     for name in IPTABLES_NAMES:
         (folder / name).unlink(missing_ok=True)
         (folder / name).symlink_to(target)
-    return f"{folder}:{os.environ['PATH']}"
+    for name in RESTORES:
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).write_text(RESTORE_WRAPPER)
+        (folder / name).chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}", target
+
+
+def read_restores(path: Path, fork_wall: float) -> list[tuple[float, float, float, int, int]]:
+    """RESTORE_WRAPPER's log of the IPv4 restores, times in s from the fork."""
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        began, start, end, size, lines, _status, name = line.split()
+        if name == "iptables-restore":
+            found.append((float(began) - fork_wall, float(start) - fork_wall, float(end) - fork_wall, int(size), int(lines)))
+    return found
+
+
+def rule_key(mode: str, name: str, cluster_ip: str) -> str:
+    """The kernel_watch.py line (after its time) that shows Service `name`'s rule committed."""
+    if mode == "nftables":
+        return f"elem {cluster_ip} tcp 80"
+    return f"chain {service_chain(f'{NAMESPACE}/{name}:http', 'tcp')}"
 
 
 def rule_present(ns: L.NetNS, mode: str, env_path: str, name: str, cluster_ip: str) -> bool:
@@ -253,17 +305,53 @@ def await_full_syncs(ns: L.NetNS, count: int, deadline: float) -> tuple[float, i
         time.sleep(0.2)  # polling another process's metrics page: no event to wait for
 
 
-def await_rule(ns: L.NetNS, proc: subprocess.Popen[str], mode: str, env_path: str, name: str, ip: str, deadline: float) -> float:
-    """Monotonic time at which the rule of Service `name` was first seen in `ns`'s kernel."""
-    while True:
-        if rule_present(ns, mode, env_path, name, ip):
-            return time.monotonic()
+class KernelWatch:
+    """bench/kernel_watch.py running in a namespace: the monotonic time each line was first printed."""
+
+    def __init__(self, ns: L.NetNS, mode: str) -> None:
+        self.seen: dict[str, float] = {}
+        self.lost: list[str] = []
+        self._changed = threading.Condition()
+        self._proc = ns.popen([sys.executable, str(WATCH), mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._await(lambda: "ready" in self.seen, time.monotonic() + 60):
+            raise SystemExit(f"bench/kernel_watch.py {mode} did not start in {ns.name}")
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            when, _, what = line.rstrip("\n").partition(" ")
+            with self._changed:
+                if what.startswith("lost "):
+                    self.lost.append(what)
+                try:
+                    self.seen.setdefault(what, float(when))
+                except ValueError:  # not one of its lines (a traceback): shown in the failure
+                    self.lost.append(line.strip())
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def _await(self, done: Callable[[], bool], deadline: float) -> bool:
+        with self._changed:
+            while not done():
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    return done()
+                self._changed.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            return True
+
+    def await_rule(self, proc: subprocess.Popen[str], mode: str, name: str, ip: str, deadline: float) -> float:
+        """Monotonic time at which the rule of Service `name` was committed to the namespace's kernel."""
+        key = rule_key(mode, name, ip)
+        if self._await(lambda: key in self.seen or proc.poll() is not None, deadline) and key in self.seen:
+            return self.seen[key]
         if proc.poll() is not None:
             raise EarlyExit(f"the proxy exited with status {proc.returncode} before {name}'s rule was in")
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the proxy did not converge: no rule for {NAMESPACE}/{name} ({ip}) in its namespace's"
-                             f" {mode} ruleset within the time allowed (--timeout)")  # fmt: skip
-        time.sleep(POLL)  # polling another process's effect on the kernel: no event to wait for
+        raise SystemExit(f"the proxy did not converge: no rule for {NAMESPACE}/{name} ({ip}) in its namespace's"
+                         f" {mode} ruleset within the time allowed (--timeout); watcher: {self.lost[-3:]}")  # fmt: skip
+
+    def stop(self) -> None:
+        L.stop_process(self._proc, 5)
 
 
 @contextlib.contextmanager
@@ -294,7 +382,8 @@ def churn(cp: ControlPlane, slices: list[dict[str, Any]], rate: float, stop: thr
 def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, last: tuple[str, str],
         later: list[dict[str, Any]], slices: list[dict[str, Any]], args: argparse.Namespace, tmp: Path) -> Result:  # fmt: skip
     proxy_mode, multi = MODES[mode]
-    env_path = iptables_path(tmp / f"path-{mode}", multi)
+    env_path, multi_path = iptables_path(tmp / f"path-{mode}", multi)
+    restore_log = tmp / f"restores-{index}.log"
     launch = [str(cp.bin_dir / "kube-proxy")] if impl == "upstream" else [sys.executable, str(launcher(tmp, args.phases))]
     marks = tmp / f"phases-{index}.log"
     tree = [f"PYTHONPATH={args.tree}"] if args.tree and impl == "ours" else []
@@ -303,25 +392,33 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
             "--healthz-bind-address", "127.0.0.1:10256", "--conntrack-max-per-core", "0"]  # fmt: skip
     result = Result()
     with node_namespace(control, index) as ns, open(tmp / f"{impl}-{mode}-{index}.log", "w") as log:
-        began = time.monotonic()
-        proc = ns.popen(["env", f"PATH={env_path}", f"KP_PHASES={marks}", *tree, *argv], stdout=log, stderr=subprocess.STDOUT)
+        watch = KernelWatch(ns, mode)
+        began, began_wall = time.monotonic(), time.time()
+        proc = ns.popen(["env", f"PATH={env_path}", f"KP_PHASES={marks}", f"KP_RESTORE_LOG={restore_log}",
+                         f"KP_XTABLES_MULTI={multi_path}", *tree, *argv], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         try:
-            result.cold = await_rule(ns, proc, mode, env_path, *last, began + args.timeout) - began
+            result.cold = watch.await_rule(proc, mode, *last, began + args.timeout) - began
             # `ip netns exec` and `env` exec in place: the child's pid is the proxy's.
             pid = proc.pid
             result.rss = memory_mib(pid)[1]
+            polled = time.monotonic()
+            if not rule_present(ns, mode, env_path, *last):
+                raise SystemExit(f"the watcher saw {last[0]}'s rule committed, a poll of the ruleset does not show it")
+            result.poll = time.monotonic() - polled
             total, result.full_count = await_full_syncs(ns, 1, time.monotonic() + 60)
             result.full = total / result.full_count if result.full_count else float("nan")
             if args.phases and impl == "ours":
                 # the first sync's phases: those that ended by the time its histogram counted it
                 result.phases = first_phases(marks, began, time.monotonic() - began)
+            first_change = time.monotonic() - began
             for k, svc in enumerate(later):
                 time.sleep(PACE)  # pacing: each change meets an idle proxy
                 made = create(cp, {**svc, "spec": {**svc["spec"], "clusterIP": f"10.98.{index}.{k + 1}"}})
                 sent = time.monotonic()
                 deadline = sent + args.timeout
-                seen = await_rule(ns, proc, mode, env_path, svc["metadata"]["name"], made["spec"]["clusterIP"], deadline)
+                seen = watch.await_rule(proc, mode, svc["metadata"]["name"], made["spec"]["clusterIP"], deadline)
                 result.changes.append(seen - sent)
+            result.change_window = (first_change, time.monotonic() - began)
             time.sleep(PACE)  # pacing: the forced full sync meets an idle proxy
             total, count = full_sync_metric(ns)
             label_zone(cp, f"zone-{index}")
@@ -341,6 +438,8 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
             raise
         finally:
             L.stop_process(proc, 15)
+            watch.stop()
+            result.restores = read_restores(restore_log, began_wall)
             for svc in later:
                 path = f"{collection(svc)}/{svc['metadata']['name']}"
                 call(lambda path=path: cp.api.delete(path), f"DELETE {path}")  # type: ignore[misc]
@@ -413,6 +512,21 @@ ROWS: list[tuple[str, Callable[[Result], float | None], str]] = [
     ("CPU s/min idle", lambda r: r.idle_cpu, "{:.3f}"),
     ("CPU s/min churn", lambda r: r.churn_cpu, "{:.3f}"),
 ]
+NAN = float("nan")
+# Where the time goes (not plotted): the cost of the poll the watcher replaces, and in iptables
+# modes each proxy's iptables-restore calls as RESTORE_WRAPPER logged them.
+DETAIL_ROWS: list[tuple[str, Callable[[Result], float | None], str]] = [
+    ("one poll s", lambda r: r.poll, "{:.3f}"),
+    ("1st restore from s", lambda r: r.restores[0][0] if r.restores else NAN, "{:.2f}"),
+    ("1st restore input s", lambda r: r.restores[0][1] - r.restores[0][0] if r.restores else NAN, "{:.2f}"),
+    ("1st restore run s", lambda r: r.restores[0][2] - r.restores[0][1] if r.restores else NAN, "{:.2f}"),
+    ("1st restore MB", lambda r: r.restores[0][3] / 1e6 if r.restores else NAN, "{:.2f}"),
+    ("1st restore klines", lambda r: r.restores[0][4] / 1e3 if r.restores else NAN, "{:.1f}"),
+    ("change restores", lambda r: len(r.change_restores()) if r.restores else NAN, "{:.0f}"),
+    ("change restore s", lambda r: quantile([c[2] - c[1] for c in r.change_restores()], 0.5), "{:.3f}"),
+    ("change restore kB", lambda r: quantile([c[3] / 1e3 for c in r.change_restores()], 0.5), "{:.0f}"),
+    ("change restore lines", lambda r: quantile([float(c[4]) for c in r.change_restores()], 0.5), "{:.0f}"),
+]
 
 
 def cell(value: float | None, fmt: str) -> str:
@@ -426,15 +540,17 @@ def ratio(ours: float | None, theirs: float | None) -> str:
 
 
 def table(results: dict[tuple[int, str, str], Result], sizes: list[int], modes: list[str]) -> list[str]:
-    lines = [f"| {'mode':<15} | {'services':>8} | {'measure':<18} | {'upstream':>8} | {'ours':>8} | {'ours/upstream':>13} |",
-             f"|{'-' * 17}|{'-' * 10}|{'-' * 20}|{'-' * 10}|{'-' * 10}|{'-' * 15}|"]  # fmt: skip
+    lines = [f"| {'mode':<15} | {'services':>8} | {'measure':<20} | {'upstream':>8} | {'ours':>8} | {'ours/upstream':>13} |",
+             f"|{'-' * 17}|{'-' * 10}|{'-' * 22}|{'-' * 10}|{'-' * 10}|{'-' * 15}|"]  # fmt: skip
     for mode in modes:
         for size in sizes:
             theirs, ours = results.get((size, mode, "upstream")), results.get((size, mode, "ours"))
             if theirs is None or ours is None:
                 continue
-            for label, value, fmt in ROWS:
-                lines.append(f"| {mode:<15} | {size:>8,} | {label:<18} | {cell(value(theirs), fmt):>8} |"
+            for label, value, fmt in ROWS + DETAIL_ROWS:
+                if cell(value(theirs), fmt) == cell(value(ours), fmt) == "-":
+                    continue
+                lines.append(f"| {mode:<15} | {size:>8,} | {label:<20} | {cell(value(theirs), fmt):>8} |"
                              f" {cell(value(ours), fmt):>8} | {ratio(value(ours), value(theirs)):>13} |")  # fmt: skip
         if len(sizes) >= 2:
             lo, hi = sizes[0], sizes[-1]
@@ -442,7 +558,7 @@ def table(results: dict[tuple[int, str, str], Result], sizes: list[int], modes: 
             for impl in ("upstream", "ours"):
                 a, b = results.get((lo, mode, impl)), results.get((hi, mode, impl))
                 growth.append((b.rss - a.rss) / ((hi - lo) / 1000) if a and b else float("nan"))
-            lines.append(f"| {mode:<15} | {'per 1k':>8} | {'RSS growth MiB':<18} | {cell(growth[0], '{:.1f}'):>8} |"
+            lines.append(f"| {mode:<15} | {'per 1k':>8} | {'RSS growth MiB':<20} | {cell(growth[0], '{:.1f}'):>8} |"
                          f" {cell(growth[1], '{:.1f}'):>8} | {ratio(growth[1], growth[0]):>13} |")  # fmt: skip
     return lines
 
