@@ -38,6 +38,27 @@ def varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
             raise ProtoError(f"the varint at offset {start} is longer than 10 bytes")
 
 
+def skip(buf: bytes, pos: int, end: int, key: int) -> int:
+    """The offset after the value of the field whose key (number << 3 | wire type) was read at `pos`."""
+    number, wire = key >> 3, key & 7
+    if number == 0:
+        raise ProtoError(f"field number 0 at offset {pos}")
+    if wire == VARINT:
+        return varint(buf, pos, end)[1]
+    if wire == BYTES:
+        size, pos = varint(buf, pos, end)
+        stop = pos + size
+    elif wire == FIXED64:
+        stop = pos + 8
+    elif wire == FIXED32:
+        stop = pos + 4
+    else:
+        raise ProtoError(f"field {number} has wire type {wire}, which no Kubernetes message uses")
+    if stop > end:
+        raise ProtoError(f"field {number} runs past the end of its message")
+    return stop
+
+
 def signed64(value: int) -> int:
     """An int64/int32 field's varint as the signed number it encodes (two's complement, 64 bits)."""
     return value - (1 << 64) if value >= 1 << 63 else value

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kubeproxy.cluster.bulk import paused_gc
 from kubeproxy.cluster.proto_schema import KINDS, LIST_ITEMS, LIST_META, decode, decode_item, peek_name
 from kubeproxy.cluster.protowire import BYTES, ProtoError, fields, signed64
 from kubeproxy.cluster.schema import Item, Metadata
@@ -89,23 +90,28 @@ def decode_list(body: bytes, kind: str) -> tuple[dict[str, Any], list[Item]]:
         return head, []  # the caller refuses another kind's list, by its kind
     items: list[Item] = []
     try:
-        for number, wire, start, stop in fields(body, env.start, env.end):
-            if wire != BYTES:
-                raise ProtoError(f"{kind}List field {number} is not length-delimited")
-            if number == 1:
-                meta = decode(body, start, stop, LIST_META)
-                head["metadata"] = _plain_meta(meta)
-            elif number == LIST_ITEMS:
-                if len(items) == MAX_LIST_ITEMS:  # before a body of tiny items fills the memory
-                    raise ProtoError(f"the list has over {MAX_LIST_ITEMS} objects, the most taken")
-                try:
-                    items.append(decode_item(body, start, stop, kind))
-                except ProtoError as e:
-                    name = peek_name(body, start, stop)
-                    raise ProtoError(f"item {len(items)}{f' ({name})' if name else ''}: {e}") from None
+        with paused_gc(freeze=True):  # as `schema.decode_list`: see cluster.bulk
+            _decode_items(body, env, kind, head, items)
     except ProtoError as e:
         raise WireError(f"the {kind}List is malformed protobuf: {e}") from None
     return head, items
+
+
+def _decode_items(body: bytes, env: Envelope, kind: str, head: dict[str, Any], items: list[Item]) -> None:
+    """The list's ListMeta into `head` and its objects onto `items`; ProtoError naming the object."""
+    for number, wire, start, stop in fields(body, env.start, env.end):
+        if wire != BYTES:
+            raise ProtoError(f"{kind}List field {number} is not length-delimited")
+        if number == 1:
+            head["metadata"] = _plain_meta(decode(body, start, stop, LIST_META))
+        elif number == LIST_ITEMS:
+            if len(items) == MAX_LIST_ITEMS:  # before a body of tiny items fills the memory
+                raise ProtoError(f"the list has over {MAX_LIST_ITEMS} objects, the most taken")
+            try:
+                items.append(decode_item(body, start, stop, kind))
+            except ProtoError as e:
+                name = peek_name(body, start, stop)
+                raise ProtoError(f"item {len(items)}{f' ({name})' if name else ''}: {e}") from None
 
 
 def _plain_meta(meta: Metadata) -> dict[str, Any]:
