@@ -71,7 +71,11 @@ def fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int]
     if end > len(buf):
         raise ProtoError(f"a message claims {end - pos} bytes where {len(buf) - pos} are left")
     while pos < end:
-        key, pos = varint(buf, pos, end)
+        key = buf[pos]  # a one-byte key or length read inline: the envelope of every watch frame
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = varint(buf, pos, end)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise ProtoError(f"field number 0 at offset {pos}")
@@ -79,7 +83,11 @@ def fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int]
             value, pos = varint(buf, pos, end)
             yield number, wire, value, pos
         elif wire == BYTES:
-            size, start = varint(buf, pos, end)
+            size = buf[pos] if pos < end else 0x80
+            if size < 0x80:
+                start = pos + 1
+            else:
+                size, start = varint(buf, pos, end)
             pos = start + size
             if pos > end:
                 raise ProtoError(f"field {number}'s {size} bytes at offset {start} run past the end of its message")

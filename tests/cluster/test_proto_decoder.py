@@ -18,7 +18,7 @@ from msgspec import UNSET, Struct
 from kubeproxy.cluster import proto_message as PM
 from kubeproxy.cluster import proto_schema as PS
 from kubeproxy.cluster import schema as S
-from kubeproxy.cluster.protowire import ProtoError
+from kubeproxy.cluster.protowire import ProtoError, fields
 
 
 def varint(value: int) -> bytes:
@@ -211,3 +211,11 @@ class _Two(Struct):
 def test_a_table_the_compiler_cannot_read_is_refused(name: str, fields: dict[int, PM.Field], refusal: str) -> None:
     with pytest.raises(ValueError, match=refusal):
         PM.Message(name, _Two, fields)
+
+
+def test_the_field_reader_reads_one_and_two_byte_keys_and_lengths_within_its_message() -> None:
+    body = text(1, "a") + text(16, "b" * 200) + number(2, 300)
+    assert [(n, w) for n, w, _, _ in fields(body + b"\x0a\x7f", 0, len(body))] == [(1, 2), (16, 2), (2, 0)]
+    for cut, refusal in [(1, "cut off"), (2, "run past"), (5, "cut off"), (len(body) - 1, "cut off")]:
+        with pytest.raises(ProtoError, match=refusal):
+            list(fields(body[:cut] + b"\x01" * 4, 0, cut))
