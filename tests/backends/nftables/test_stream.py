@@ -99,6 +99,19 @@ def test_a_refused_chunk_kills_the_next_one_and_fails_as_a_refused_nft_run() -> 
     assert applier._needs_full  # the next sync trusts nothing (the kernel test below runs it)
 
 
+def test_a_chunk_killed_at_its_deadline_is_a_timeout_not_a_refusal() -> None:
+    """The second chunk's nft is killed at its deadline (it stopped reading, committing nothing):
+    ToolTimeout, which the quarantine never bisects on, and the next apply is full."""
+    fake = StreamingFakeNft(on_spawn=_refusing(1, timed_out=True, stop_reading=True, refuse="Killed"))
+    applier = _streamed(fake)
+    said = r"^nft did not finish within 300\.\d+ s \(\d+ lines of input\) and was killed$"
+    with pytest.raises(ToolTimeout, match=said) as caught:
+        applier.apply(_rendering())
+    assert not isinstance(caught.value, NftError)
+    assert [s.state for s in fake.streams][:2] == ["closed", "closed"]
+    assert applier.stats.failures_total == 1 and applier._needs_full
+
+
 def test_a_process_that_stops_reading_is_reported_with_its_error() -> None:
     fake = StreamingFakeNft(on_spawn=_refusing(0, stop_reading=True, refuse="Error: out of memory"))
     applier = _streamed(fake)
