@@ -72,6 +72,12 @@ What a reflector does, following client-go's reflector (v0.37.2, tools/cache/ref
 - on errors (connection refused, 5xx, a broken stream) it backs off as client-go's reflector
   (800 ms doubling to 30 s, full jitter, see `backoff.py`), or as long as the server asks with
   `Retry-After` on a 429 or 5xx;
+- a watch refused (401, 403: a restarted server before its RBAC bootstrap has run, a role taken
+  away) is followed, after the back-off, by a watch-list from the last version, as client-go's
+  (it ends its ListAndWatch); a refused watch-list is asked again, not followed by a list;
+- while the server as a whole seems to fail (a cut or refused connection, 401, 403, 429, 5xx),
+  the reflectors of one source take turns (`RetryTurns`): one asks per back-off round, and the
+  others take its failure as theirs without asking, or ask at once once it was answered;
 - every answer is decoded into typed structures first (`wire.py`): a Status, list or watch
   event of the wrong shape, another kind's list, a list item that cannot be keyed, or an answer
   past the size bounds is an error like any other (logged, retried with back-off; a watch
@@ -119,6 +125,9 @@ Key = tuple[str, str]  # (namespace, name); namespace is "" for cluster-scoped k
 Raw = dict[str, Any] | Item  # an object as decoded: plain dicts, or the typed decoder's struct
 Sleep = Callable[[float], Awaitable[None]]
 
+# Other reflectors' failures a reflector takes as its own in a row before it asks again itself
+# (`RetryTurns`): a resource the server refuses alone cannot keep another from asking for long.
+MAX_ADOPTED = 3
 # client-go's pager's page size (tools/pager), for the lists a reflector pages.
 LIST_PAGE_SIZE = 500
 # The annotation of the BOOKMARK that ends a watch-list's initial events (metav1.InitialEventsAnnotationKey).
@@ -277,6 +286,47 @@ class ResumeProof:
             self.version, self.at = int(resource_version), at
 
 
+def _server_wide(error: Exception) -> bool:
+    """Whether a failure may be the API server's as a whole (down, restarting, overloaded, not yet
+    authorizing anyone while its RBAC bootstrap runs), not one resource's: a cut or refused
+    connection, or an answer 401, 403, 429 or 5xx to the request itself."""
+    if isinstance(error, Stale):
+        return False
+    if isinstance(error, SourceError):
+        return error.code in (401, 403, 429) or (error.code >= 500 and error.reason != "MalformedEvent")
+    return isinstance(error, httpx2.TransportError | OSError)
+
+
+@dataclass
+class RetryTurns:
+    """The retries of one source's reflectors while the API server as a whole seems to fail (see
+    `_server_wide`). A reflector about to retry waits for another's retry in flight; where the
+    last one met such a failure after the reflector's own, it takes that failure as its own and
+    backs off on its own schedule without asking; where the server answered, it asks at once. A
+    restarted server still bootstrapping its RBAC refuses every resource (403): a node then asks
+    about once per back-off round, not once per resource."""
+
+    turn: asyncio.Future[None] | None = None  # the retry in flight, done once it is answered or failed
+    failure: Exception | None = None  # the last outcome: a server-wide failure, or None (answered)
+    at: float = float("-inf")  # loop time of the last outcome
+
+    async def wait(self) -> None:
+        """Until the retry in flight, if any, is over."""
+        turn = self.turn
+        if turn is not None and not turn.done():
+            await asyncio.shield(turn)
+
+    def in_flight(self) -> bool:
+        return self.turn is not None and not self.turn.done()
+
+    def take(self) -> asyncio.Future[None]:
+        self.turn = asyncio.get_running_loop().create_future()
+        return self.turn
+
+    def record(self, failure: Exception | None, at: float) -> None:
+        self.failure, self.at = failure, at
+
+
 def _rv(obj: Raw) -> str | None:
     if isinstance(obj, Item):
         item_meta = obj.metadata
@@ -349,6 +399,7 @@ class Reflector:
     max_list_pages: int = wire.MAX_LIST_PAGES
     request_deadline: float = 120.0
     resume_proof: ResumeProof | None = None  # shared with the source's other reflectors
+    retry_turns: RetryTurns | None = None  # shared with the source's other reflectors
     # How long a watch resumed after a failure that may hide a restart waits for an event or a
     # bookmark (or another reflector's proof) before it asks the server for our version.
     proof_wait: float = RESUME_PROOF_WAIT
@@ -378,6 +429,16 @@ class Reflector:
     # What the check made for an unproven watch met (Stale: relist; else back off), ending it.
     _proof_failure: Exception | None = field(default=None, init=False, repr=False)
     _proof: ResumeProof = field(init=False, repr=False)
+    _turns: RetryTurns = field(init=False, repr=False)
+    # The last failure may be the server's as a whole (`_server_wide`): the next attempt is a
+    # retry that waits for another reflector's retry in flight (`RetryTurns`).
+    _server_failing: bool = field(default=False, init=False, repr=False)
+    # The retry turn this reflector took, until the server's answer (or failure) settles it.
+    _turn: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
+    # Loop time of the last server-wide failure met here or taken from another reflector.
+    _failed_at: float = field(default=float("-inf"), init=False, repr=False)
+    # Other reflectors' failures taken as this one's in a row; after MAX_ADOPTED it asks itself.
+    _adopted: int = field(default=0, init=False, repr=False)
     # The server said it no longer has (410) or does not have yet ("Too large resource version")
     # the version listed at: the next list is a consistent read.
     _version_unavailable: bool = field(default=False, init=False, repr=False)
@@ -399,6 +460,7 @@ class Reflector:
         # Objects delivered as the schema's structs: with `typed_lists`, of a kind the schema holds.
         self._structs = self.typed_lists and self.spec.kind not in PLAIN_KINDS
         self._proof = self.resume_proof if self.resume_proof is not None else ResumeProof()
+        self._turns = self.retry_turns if self.retry_turns is not None else RetryTurns()
 
     @property
     def accept(self) -> str:
@@ -426,6 +488,8 @@ class Reflector:
         """List and watch until cancelled. Never raises for server or network trouble."""
         while True:
             try:
+                if await self._took_another_failure():
+                    continue
                 if self._must_list:
                     if not await self._watch_list():
                         await self._list()
@@ -458,6 +522,8 @@ class Reflector:
                 # that no answer can end the proxy.
                 log.error("%s: unexpected %s reading the API server (a defect):", self.spec, type(e).__name__, exc_info=True)
                 await self._back_off(e)
+            finally:
+                self._settle_turn()
 
     @property
     def connected(self) -> bool:
@@ -467,7 +533,58 @@ class Reflector:
         if self.failing_since is None:
             self.failing_since = asyncio.get_running_loop().time()
 
+    async def _took_another_failure(self) -> bool:
+        """Before a retry after a server-wide failure: wait for another reflector's retry in flight;
+        where the last one failed so after this reflector's own failure, back off with that failure
+        instead of asking (True); else ask, taking the turn when none is in flight (False)."""
+        if not self._server_failing:
+            return False
+        turns = self._turns
+        if self._adopted < MAX_ADOPTED:
+            await turns.wait()
+            failure = turns.failure
+            if failure is not None and turns.at > self._failed_at:
+                self._adopted += 1
+                self._failed_at = turns.at
+                self._refused(failure)  # as if refused here
+                self._mark_stale()
+                delay = self.backoff.next(failure.retry_after if isinstance(failure, SourceError) else None)
+                log.debug("%s: another resource's request met %s; retrying in %.1fs", self.spec, _describe(failure), delay)
+                await self.sleep(delay)
+                return True
+        self._adopted = 0
+        if not turns.in_flight():
+            self._turn = turns.take()
+        return False
+
+    def _settle_turn(self) -> None:
+        """The retry turn this reflector took is over: the server answered it, or it failed."""
+        turn, self._turn = self._turn, None
+        if turn is not None and not turn.done():
+            turn.set_result(None)
+
+    def _server_answered(self) -> None:
+        """A request answered 200: the server as a whole works; the reflectors waiting ask now."""
+        self._server_failing = False
+        self._turns.record(None, asyncio.get_running_loop().time())
+        self._settle_turn()
+
+    def _refused(self, error: Exception) -> None:
+        """A watch refused by authentication or authorization (401, 403) is not asked again: as
+        client-go's reflector (any watch error but a refused connection or a 429 ends its
+        ListAndWatch), the next attempt gets the state by a watch-list from the last version.
+        After an API server restart it is what the new server's watch cache serves, where a
+        resumed watch would meet 410 (the cache begins at the etcd revision it started at)."""
+        if isinstance(error, SourceError) and error.code in (401, 403):
+            self._must_list = True
+
     async def _back_off(self, error: Exception) -> None:
+        self._server_failing = _server_wide(error)
+        if self._server_failing:
+            self._failed_at = asyncio.get_running_loop().time()
+            self._turns.record(error, self._failed_at)
+        self._settle_turn()
+        self._refused(error)
         self._mark_stale()
         asked = error.retry_after if isinstance(error, SourceError) else None
         obeyed = self.backoff.server_delays
@@ -735,6 +852,7 @@ class Reflector:
                     url = str(resp.url)
                     if resp.status_code != 200:
                         raise await _error_of(url, resp)
+                    self._server_answered()
                     self._decodable(url, resp)
                     return url, await _read(url, resp, limit, "the list")
         except TimeoutError:
@@ -766,7 +884,9 @@ class Reflector:
                 self._version_unavailable = True
                 continue
             except SourceError as e:
-                if self._initial is None or e.code == 429:
+                # Refused by authentication or authorization (a new server's RBAC bootstrap, a
+                # role taken away): the list would be refused too; backed off and asked again.
+                if self._initial is None or e.code in (401, 403, 429):
                     raise
                 self._initial = None
                 self._watch_list_refused = e.code in (400, 422)
@@ -819,6 +939,7 @@ class Reflector:
                         error = await _error_of(url, resp)
                         self._check = self._check or resp.status_code >= 500
                         raise error
+                    self._server_answered()
                     self._decodable(url, resp)
                     answered = loop.time()
                     if not initial and self._check:
@@ -1238,6 +1359,7 @@ class ApiSource:
     proof_wait: float = RESUME_PROOF_WAIT  # see Reflector
     reflectors: list[Reflector] = field(default_factory=list, init=False)
     resume_proof: ResumeProof = field(default_factory=ResumeProof, init=False)
+    retry_turns: RetryTurns = field(default_factory=RetryTurns, init=False)
 
     def __post_init__(self) -> None:
         specs = (services(UPSTREAM_LABEL_SELECTOR, NOT_HEADLESS), endpoint_slices(UPSTREAM_LABEL_SELECTOR), node(self.node_name),
@@ -1257,6 +1379,7 @@ class ApiSource:
                 content_type=self.content_type,
                 accept_content_types=self.accept_content_types,
                 resume_proof=self.resume_proof,
+                retry_turns=self.retry_turns,
                 proof_wait=self.proof_wait,
             )
             for spec in specs
