@@ -38,8 +38,11 @@ each bounded by --timeout:
 After each phase's end condition, --settle seconds more are counted (requests that trail it).
 
 Per phase, from kube-apiserver's /metrics scraped before and after (a restart zeroes them: its
-phase counts the new process's values): requests by verb (apiserver_request_total, counted when
-a request ends: a watch still open is not in it) for services, endpointslices, nodes and
+phase counts the new process's values): every request the proxies sent (`sent`: priority and
+fairness's dispatched and rejected counters outside the exempt flow schema, counted as a request
+starts, whatever it is answered: the authorization filter's 403s are in no other counter);
+requests by verb (apiserver_request_total, counted when a request ends: a watch still open, or
+a request refused by authentication or authorization, is not in it) for services, endpointslices, nodes and
 servicecidrs, watch-lists (apiserver_watch_list_duration_seconds, counted when the initial
 state has been sent), watches open at the phase's end (apiserver_longrunning_requests), response
 bytes (apiserver_response_sizes_sum, also at a request's end: the state a watch-list streams is
@@ -92,6 +95,7 @@ OURS_IP = str(UNDERLAY[2])
 RESOURCES = ("services", "endpointslices", "nodes", "servicecidrs")
 PROXY_VERBS = ("LIST", "WATCH", "GET")  # the proxies' verbs; this script's own writes are others
 METRICS = "127.0.0.1:10249"
+APF_COUNTERS = ("apiserver_flowcontrol_dispatched_requests_total", "apiserver_flowcontrol_rejected_requests_total")
 POLL = 0.2
 FLEET = 5000
 SERVICE_CHANGES = "kubeproxy_sync_proxy_rules_service_changes_total"
@@ -124,6 +128,10 @@ class Cost:
     """What one phase cost the server: counters (the `after - before` of a scrape) and connections."""
 
     requests: Counter[str] = field(default_factory=Counter)  # by verb
+    # Every request of the proxies that reached priority and fairness, answered or not: those its
+    # filters refuse after it (a 403 from authorization) are in no other counter, and a watch is
+    # counted as it starts. Everyone else here is in the exempt flow schema (system:masters).
+    sent: float = 0.0
     rejected: float = 0.0  # answered 429 (any verb)
     response_bytes: float = 0.0
     watch_events: float = 0.0
@@ -143,6 +151,8 @@ class Cost:
             resource = labels.get("resource", "")
             if name == "process_cpu_seconds_total":
                 cost.cpu += value
+            elif name in APF_COUNTERS and labels.get("flow_schema") != "exempt":
+                cost.sent += value
             elif resource not in RESOURCES:
                 continue
             elif name == "apiserver_request_total" and labels.get("verb") in PROXY_VERBS:
@@ -165,7 +175,8 @@ class Cost:
         return cost
 
     def minus(self, before: Cost) -> Cost:
-        return Cost(self.requests - before.requests, self.rejected - before.rejected, self.response_bytes - before.response_bytes,
+        return Cost(self.requests - before.requests, self.sent - before.sent, self.rejected - before.rejected,
+                    self.response_bytes - before.response_bytes,
                     self.watch_events - before.watch_events, self.watch_lists - before.watch_lists, self.watches_open,
                     self.watch_bytes - before.watch_bytes,
                     self.cache_lists - before.cache_lists, self.etcd_lists - before.etcd_lists,
@@ -174,6 +185,7 @@ class Cost:
     def row(self, per: int) -> dict[str, float]:
         return {
             "requests": sum(self.requests.values()) / per,
+            "sent": self.sent / per,
             "lists": self.requests["LIST"] / per,
             "watches": self.requests["WATCH"] / per,
             "429s": self.rejected / per,
@@ -426,7 +438,8 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
             cost.connections = server.connections()
             cost.seconds = took
             costs[name] = cost
-            print(f"  {fleet.name:<8} {name:<22} {took:6.1f} s, {sum(cost.requests.values()):5.0f} requests, "
+            print(f"  {fleet.name:<8} {name:<22} {took:6.1f} s, {cost.sent:5.0f} sent, "
+                  f"{sum(cost.requests.values()):5.0f} requests, "
                   f"{cost.response_bytes / 2**20:7.1f} MiB, {cost.connections} connections", flush=True)  # fmt: skip
     finally:
         fleet.stop()
@@ -435,7 +448,7 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
 
 # ---- the report ----------------------------------------------------------------------------
 
-COLUMNS = ("requests", "lists", "watches", "429s", "watch-lists", "watches open", "KB sent", "watch events", "watch KB",
+COLUMNS = ("sent", "requests", "lists", "watches", "429s", "watch-lists", "watches open", "KB sent", "watch events", "watch KB",
            "cache lists", "etcd lists", "CPU ms", "conns")  # fmt: skip
 
 
@@ -460,14 +473,14 @@ def report(results: dict[str, dict[str, Cost]], nodes: int) -> list[str]:
         for phase in ("cold start", "restart, history lost"):
             if phase in costs:
                 row = costs[phase].row(nodes)
-                lines.append(f"- {impl}, {phase}: {row['requests'] * FLEET:,.0f} requests, "
+                lines.append(f"- {impl}, {phase}: {row['sent'] * FLEET:,.0f} requests sent, "
                              f"{row['KB sent'] * FLEET / 2**20:,.1f} GiB sent, "
                              f"{row['etcd lists'] * FLEET:,.0f} etcd lists, {row['CPU ms'] * FLEET / 1000:,.0f} server CPU s, "
                              f"{row['conns'] * FLEET:,.0f} connections")  # fmt: skip
     return lines
 
 
-PLOTTED = ("requests", "watch KB", "CPU ms")  # per node, one panel each
+PLOTTED = ("sent", "watch KB", "CPU ms")  # per node, one panel each
 
 
 def plot(results: dict[str, dict[str, Cost]], nodes: int, path: Path) -> None:
@@ -537,6 +550,7 @@ def main() -> None:
     parser.add_argument("--storm", type=float, default=30.0, help="seconds of the 429 storm phase")
     parser.add_argument("--fleets", choices=("both", "ours", "upstream"), default="both",
                         help="measure ours, upstream's or both (the other column is then left out)")  # fmt: skip
+    parser.add_argument("--logs", type=Path, help="keep the proxies' and the control plane's logs in this directory")
     parser.add_argument("--plot", type=Path, help="also write the requests, watch KB and CPU per node as a PNG here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # the ours process, given its kubeconfig
     args = parser.parse_args()
@@ -571,6 +585,8 @@ def main() -> None:
                     shutil.copytree(workdir, Path(tempfile.gettempdir()) / f"kp-apiserver-load-failed-{os.getpid()}",
                                     ignore=shutil.ignore_patterns("etcd", "*.sock", "pki"), dirs_exist_ok=True)  # fmt: skip
     finally:
+        if args.logs:
+            shutil.copytree(workdir, args.logs, ignore=shutil.ignore_patterns("etcd", "*.sock", "pki"), dirs_exist_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print("\n".join(report(results, args.nodes)))
