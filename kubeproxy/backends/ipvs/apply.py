@@ -16,10 +16,11 @@ one loaded (upstream resends it every time; it is idempotent, we only skip the w
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.iptables.apply import iptables_tool
+from kubeproxy.backends.iptables.apply import RESTORE_TIMEOUT_BASE, check_restore, iptables_tool, restore, restore_timeout
 from kubeproxy.backends.ipvs.render import (
     DUMMY_DEVICE,
     JUMPS,
@@ -29,7 +30,7 @@ from kubeproxy.backends.ipvs.render import (
     create_line,
     set_name,
 )
-from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.kernel.exec import Runner, bounded, local_run
 from kubeproxy.model.contract import SyncError
 from kubeproxy.model.options import Family
 
@@ -235,24 +236,36 @@ class Applier:
     def _count(self, what: str) -> None:
         self.ops[what] = self.ops.get(what, 0) + 1
 
+    def listing(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A listing, bounded as a restore's fixed costs are; running out raises ToolTimeout."""
+        with bounded(argv[0], None):
+            return self.run(argv, check=check, timeout=RESTORE_TIMEOUT_BASE)
+
+    def feed(self, argv: list[str], lines: list[str]) -> subprocess.CompletedProcess[str]:
+        """`lines` as the tool's input, bounded as a restore of as many lines; running out
+        raises ToolTimeout (the live loop tries again with a longer bound)."""
+        text = "\n".join(lines) + "\n"
+        with bounded(argv[0], len(lines)):
+            return self.run(argv, input=text, check=False, timeout=restore_timeout(text, len(lines)))
+
     def read_ipvs(self) -> tuple[dict[VirtualServer, list[RealServer]], dict[tuple[str, str, int, str, int], tuple[int, int]]]:
-        saved = self.run(["ipvsadm-save", "-n"], check=True).stdout
-        listed = self.run(["ipvsadm", "-Ln"], check=True).stdout
+        saved = self.listing(["ipvsadm-save", "-n"]).stdout
+        listed = self.listing(["ipvsadm", "-Ln"]).stdout
         return parse_ipvsadm_save(saved), parse_connections(listed)
 
     def apply_ipvs(self, ops: IpvsOps) -> None:
         if not ops.lines:
             return
-        proc = self.run(["ipvsadm", "-R"], input="\n".join(ops.lines) + "\n", check=False)
+        proc = self.feed(["ipvsadm", "-R"], list(ops.lines))
         self._count("ipvsadm -R")
         if proc.returncode != 0:
             raise SyncError(f"ipvsadm -R failed: {proc.stderr.strip()}")
 
     def apply_ipsets(self, want: Mapping[str, frozenset[str]], family: Family) -> int:
-        have = parse_ipset_save(self.run(["ipset", "save"], check=True).stdout)
+        have = parse_ipset_save(self.listing(["ipset", "save"]).stdout)
         lines = diff_ipsets(want, have, family)
         if lines:
-            proc = self.run(["ipset", "restore", "-exist"], input="\n".join(lines) + "\n", check=False)
+            proc = self.feed(["ipset", "restore", "-exist"], lines)
             self._count("ipset restore")
             if proc.returncode != 0:
                 raise SyncError(f"ipset restore failed: {proc.stderr.strip()}")
@@ -260,11 +273,11 @@ class Applier:
 
     def ensure_dummy(self, want: Iterable[str]) -> tuple[int, int]:
         """kube-ipvs0 exists and holds exactly `want` (of our family); returns (added, removed)."""
-        shown = self.run(["ip", "-o", "addr", "show", "dev", DUMMY_DEVICE], check=False)
+        shown = self.listing(["ip", "-o", "addr", "show", "dev", DUMMY_DEVICE], check=False)
         if shown.returncode != 0:
-            self.run(["ip", "link", "add", DUMMY_DEVICE, "type", "dummy"], check=True)
+            self.listing(["ip", "link", "add", DUMMY_DEVICE, "type", "dummy"])
             self._count("ip link add")
-            shown = self.run(["ip", "-o", "addr", "show", "dev", DUMMY_DEVICE], check=True)
+            shown = self.listing(["ip", "-o", "addr", "show", "dev", DUMMY_DEVICE])
         have: set[str] = set()
         fam = "inet6" if self.family.ipv6 else "inet"
         for line in shown.stdout.splitlines():
@@ -277,7 +290,7 @@ class Applier:
         lines = [f"addr add {ip}/{plen} dev {DUMMY_DEVICE}" for ip in sorted(want_set - have)]
         lines += [f"addr del {ip}/{plen} dev {DUMMY_DEVICE}" for ip in sorted(have - want_set)]
         if lines:
-            proc = self.run(["ip", "-batch", "-"], input="\n".join(lines) + "\n", check=False)
+            proc = self.feed(["ip", "-batch", "-"], lines)
             self._count("ip -batch")
             if proc.returncode != 0:
                 raise SyncError(f"ip -batch (addresses of {DUMMY_DEVICE}) failed: {proc.stderr.strip()}")
@@ -287,22 +300,19 @@ class Applier:
         """Load the ruleset unless it is the one loaded last; then ensure upstream's jumps."""
         if text == self.last_iptables:
             return False
-        proc = self.run([self._iptables("-restore"), "-w", "--noflush", "--counters"], input=text, check=False)
         self._count("iptables-restore")
-        if proc.returncode != 0:
-            raise SyncError(f"{self._iptables('-restore')} failed: {proc.stderr.strip()}")
+        restore(text, self.run, family=self.family, variant=self.variant)
         for jump in JUMPS:
             spec = ["-m", "comment", "--comment", jump.comment, "-j", jump.target]
-            probe = self.run([self._iptables(), "-w", "-t", jump.table, "-C", jump.builtin, *spec], check=False)
+            probe = self.listing([self._iptables(), "-w", "-t", jump.table, "-C", jump.builtin, *spec], check=False)
             if probe.returncode != 0:
-                self.run([self._iptables(), "-w", "-t", jump.table, "-I", jump.builtin, *spec], check=True)
+                self.listing([self._iptables(), "-w", "-t", jump.table, "-I", jump.builtin, *spec])
                 self._count("iptables -I")
         self.last_iptables = text
         return True
 
     def check_iptables(self, text: str) -> str | None:
-        proc = self.run([self._iptables("-restore"), "-w", "--noflush", "--test"], input=text, check=False)
-        return None if proc.returncode == 0 else f"{self._iptables('-restore')} failed: {proc.stderr.strip()}"
+        return check_restore(text, self.run, family=self.family, variant=self.variant)
 
 
 def check_kernel(run: Runner = local_run, scheduler: str = "rr") -> None:

@@ -170,7 +170,7 @@ class IpvsProxier:
             names.append(tmp)
             lines.append(create_line(spec, opts.family, tmp))
             lines.extend(f"add {tmp} {e}" for e in sorted(rendered.sets[spec.name]))
-        proc = self.run(["ipset", "restore", "-exist"], input="\n".join(lines) + "\n", check=False)
+        proc = self.applier.feed(["ipset", "restore", "-exist"], lines)
         for tmp in names:
             self.run(["ipset", "destroy", tmp], check=False)
         return None if proc.returncode == 0 else f"ipset restore failed: {proc.stderr.strip()}"

@@ -13,6 +13,9 @@ from kubeproxy.backends.ipvs.apply import IpvsUnavailable
 from kubeproxy.backends.ipvs.proxier import IpvsProxier
 from kubeproxy.backends.ipvs.render import RealServer, VirtualServer
 from kubeproxy.cluster.addresses import ip_text, valid_ip
+from kubeproxy.kernel.fake_tool import SlowTool
+from kubeproxy.kernel.host import Intercepted
+from kubeproxy.model.contract import ToolTimeout
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.model.options import NodeOptions
 from kubeproxy.proxy.live_loop import LiveProxy
@@ -170,3 +173,23 @@ def test_strict_arp_and_timeouts_reach_the_kernel_tools() -> None:
     assert (node.ipvs.sysctls["net.ipv4.conf.all.arp_ignore"], node.ipvs.sysctls["net.ipv4.conf.all.arp_announce"]) == ("1", "2")
     # 0 keeps the kernel's value, as upstream's ConfigureTimeouts
     assert ["ipvsadm", "--set", "900", "0", "60"] in node.ipvs.calls
+
+
+@pytest.mark.parametrize("tool", [["ipvsadm", "-R"], ["ipset", "restore"], ["ip", "-batch"], ["iptables-restore"]])
+def test_a_tool_that_outruns_its_bound_is_a_timeout_not_a_refusal(tool: list[str]) -> None:
+    """Every tool an IPVS sync feeds is bounded by its input's size, and running out of that
+    bound is a ToolTimeout (no Service to blame), the tool's input never committed."""
+    node = FakeNode()
+    slow = SlowTool(lambda argv: list(argv[: len(tool)]) == tool)
+    IpvsProxier(run=Intercepted(node, slow)).sync(_view("10.244.1.10"), OPTS, None)
+    assert slow.bounds and all(bound is not None and lines for bound, lines in slow.bounds)
+    slow.seconds = 10_000.0
+    other = ServicePortName("default", "db", "tcp", "TCP")
+    grown = NodeView({NAME: SVC, other: ServicePortInfo(other, valid_ip("10.96.10.11"), 5432, "TCP")},
+                     {NAME: [EndpointInfo(ip_text(valid_ip("10.244.1.10")), 8080)],
+                      other: [EndpointInfo(ip_text(valid_ip("10.244.1.11")), 5432)]})  # fmt: skip
+    with pytest.raises(ToolTimeout) as caught:
+        IpvsProxier(run=Intercepted(node, slow)).sync(grown, OPTS, None)  # a restarted proxy: every tool writes
+    assert caught.value.tool == tool[0] and caught.value.lines == slow.bounds[-1][1]
+    if tool[0] == "ipvsadm":
+        assert VirtualServer("TCP", "10.96.10.11", 5432) not in node.ipvs.table()
