@@ -11,7 +11,9 @@ selector, so that the EndpointSlice controller adds no slices of its own) and N 
 EndpointSlice controller writes them) and asks for both lists at one
 resourceVersion, once as JSON and once as protobuf. For each it prints the body's bytes and the
 time to decode it as the API source does with `typed_lists` (JSON: `schema.decode_list`, msgspec
-in C; protobuf: `sources.protobuf.decode_list`, pure Python) and then to the cluster's objects
+in C; protobuf: `sources.protobuf.decode_list`, pure Python: a decoder per message compiled from
+`proto_schema`'s tables; both pause the collector and freeze what they made, see `cluster.bulk`)
+and then to the cluster's objects
 (`typed.parse_item`), best and median of `--runs`, CPU time. Then one Service change and one
 EndpointSlice change as a watch event, in bytes, each way.
 """
