@@ -102,7 +102,9 @@ RESTORES = ("iptables-restore", "ip6tables-restore")  # wrapped: each call's inp
 PACE = 1.2  # seconds between changes: past both proxies' minSyncPeriod (1 s)
 WATCH = Path(__file__).resolve().parent / "kernel_watch.py"
 # Logs one restore: when its input began (the wrapper's start), when the input was all read and
-# the real tool started, when it ended, the input's bytes and lines, the exit status, the name.
+# the real tool started, when it ended, the input's bytes and lines, the exit status, the name,
+# and the CPU seconds (user + sys) of the wrapper's children (the tool; cat, date and mktemp
+# add milliseconds). With $KP_RESTORE_KEEP the input is kept there, named by its start.
 RESTORE_WRAPPER = """#!/bin/bash
 began=$(date +%s.%N)
 input=$(mktemp)
@@ -110,8 +112,12 @@ cat > "$input"
 start=$(date +%s.%N)
 "$KP_XTABLES_MULTI" "$(basename "$0")" "$@" < "$input"
 status=$?
-echo "$began $start $(date +%s.%N) $(wc -c < "$input") $(wc -l < "$input") $status $(basename "$0")" >> "$KP_RESTORE_LOG"
-rm -f "$input"
+end=$(date +%s.%N)
+times > "$input.cpu"
+cpu=$(tail -1 "$input.cpu" | awk '{n = 0; for (i = 1; i <= 2; i++) {split($i, a, /[ms]/); n += a[1] * 60 + a[2]}; print n}')
+echo "$began $start $end $(wc -c < "$input") $(wc -l < "$input") $status $(basename "$0") $cpu" >> "$KP_RESTORE_LOG"
+if [ -n "$KP_RESTORE_KEEP" ]; then mv "$input" "$KP_RESTORE_KEEP/$(basename "$0")-$start"; fi
+rm -f "$input" "$input.cpu"
 exit $status
 """
 
@@ -128,17 +134,18 @@ class Result:
     idle_cpu: float = float("nan")  # CPU seconds per minute
     churn_cpu: float = float("nan")
     poll: float = float("nan")  # seconds one poll of the kernel for a rule takes, once the cold start is in
-    # iptables modes: each restore's (input began, tool started, tool ended) s from the fork, bytes, lines
-    restores: list[tuple[float, float, float, int, int]] = field(default_factory=list)
+    # iptables modes: each restore's (input began, tool started, tool ended) s from the fork, bytes,
+    # lines, CPU s of the tool
+    restores: list[tuple[float, float, float, int, int, float]] = field(default_factory=list)
     change_window: tuple[float, float] = (float("nan"), float("nan"))  # s from the fork: the changes' span
 
     def p(self, q: float) -> float:
         return quantile(self.changes, q)
 
-    def first_restore(self) -> tuple[float, float, float, int, int] | None:
+    def first_restore(self) -> tuple[float, float, float, int, int, float] | None:
         return self.restores[0] if self.restores else None
 
-    def change_restores(self) -> list[tuple[float, float, float, int, int]]:
+    def change_restores(self) -> list[tuple[float, float, float, int, int, float]]:
         """The restores that began while the changes were being made (their syncs)."""
         lo, hi = self.change_window
         return [r for r in self.restores if lo <= r[0] <= hi]
@@ -247,13 +254,14 @@ def iptables_path(folder: Path, multi: str) -> tuple[str, str]:
     return f"{folder}:{os.environ['PATH']}", target
 
 
-def read_restores(path: Path, fork_wall: float) -> list[tuple[float, float, float, int, int]]:
+def read_restores(path: Path, fork_wall: float) -> list[tuple[float, float, float, int, int, float]]:
     """RESTORE_WRAPPER's log of the IPv4 restores, times in s from the fork."""
     found = []
     for line in path.read_text().splitlines() if path.exists() else []:
-        began, start, end, size, lines, _status, name = line.split()
+        began, start, end, size, lines, _status, name, cpu = line.split()
         if name == "iptables-restore":
-            found.append((float(began) - fork_wall, float(start) - fork_wall, float(end) - fork_wall, int(size), int(lines)))
+            times = (float(began) - fork_wall, float(start) - fork_wall, float(end) - fork_wall)
+            found.append((*times, int(size), int(lines), float(cpu)))
     return found
 
 
@@ -387,6 +395,10 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
     launch = [str(cp.bin_dir / "kube-proxy")] if impl == "upstream" else [sys.executable, str(launcher(tmp, args.phases))]
     marks = tmp / f"phases-{index}.log"
     tree = [f"PYTHONPATH={args.tree}"] if args.tree and impl == "ours" else []
+    keep = []
+    if args.keep_restores:
+        (args.keep_restores / f"{impl}-{mode}").mkdir(parents=True, exist_ok=True)
+        keep = [f"KP_RESTORE_KEEP={args.keep_restores / f'{impl}-{mode}'}"]
     argv = [*launch, "--kubeconfig", str(cp.admin_kubeconfig), "--hostname-override", NODE, "--proxy-mode", proxy_mode,
             "--cluster-cidr", "10.244.0.0/16", "--metrics-bind-address", METRICS,
             "--healthz-bind-address", "127.0.0.1:10256", "--conntrack-max-per-core", "0"]  # fmt: skip
@@ -394,8 +406,8 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
     with node_namespace(control, index) as ns, open(tmp / f"{impl}-{mode}-{index}.log", "w") as log:
         watch = KernelWatch(ns, mode)
         began, began_wall = time.monotonic(), time.time()
-        proc = ns.popen(["env", f"PATH={env_path}", f"KP_PHASES={marks}", f"KP_RESTORE_LOG={restore_log}",
-                         f"KP_XTABLES_MULTI={multi_path}", *tree, *argv], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        env = [f"PATH={env_path}", f"KP_PHASES={marks}", f"KP_RESTORE_LOG={restore_log}", f"KP_XTABLES_MULTI={multi_path}"]
+        proc = ns.popen(["env", *env, *keep, *tree, *argv], stdout=log, stderr=subprocess.STDOUT)
         try:
             result.cold = watch.await_rule(proc, mode, *last, began + args.timeout) - began
             # `ip netns exec` and `env` exec in place: the child's pid is the proxy's.
@@ -520,10 +532,12 @@ DETAIL_ROWS: list[tuple[str, Callable[[Result], float | None], str]] = [
     ("1st restore from s", lambda r: r.restores[0][0] if r.restores else NAN, "{:.2f}"),
     ("1st restore input s", lambda r: r.restores[0][1] - r.restores[0][0] if r.restores else NAN, "{:.2f}"),
     ("1st restore run s", lambda r: r.restores[0][2] - r.restores[0][1] if r.restores else NAN, "{:.2f}"),
+    ("1st restore CPU s", lambda r: r.restores[0][5] if r.restores and len(r.restores[0]) > 5 else NAN, "{:.2f}"),
     ("1st restore MB", lambda r: r.restores[0][3] / 1e6 if r.restores else NAN, "{:.2f}"),
     ("1st restore klines", lambda r: r.restores[0][4] / 1e3 if r.restores else NAN, "{:.1f}"),
     ("change restores", lambda r: len(r.change_restores()) if r.restores else NAN, "{:.0f}"),
     ("change restore s", lambda r: quantile([c[2] - c[1] for c in r.change_restores()], 0.5), "{:.3f}"),
+    ("change restore CPU s", lambda r: quantile([c[5] for c in r.change_restores() if len(c) > 5], 0.5), "{:.3f}"),
     ("change restore kB", lambda r: quantile([c[3] / 1e3 for c in r.change_restores()], 0.5), "{:.0f}"),
     ("change restore lines", lambda r: quantile([float(c[4]) for c in r.change_restores()], 0.5), "{:.0f}"),
 ]
@@ -617,6 +631,7 @@ def main() -> None:
                         help="ours runs with bench/coldstart.py's phase marks: where its cold start goes")  # fmt: skip
     parser.add_argument("--tree", type=Path,
                         help="ours from this tree (`git archive HEAD kubeproxy | tar -x -C DIR`), not the checkout")  # fmt: skip
+    parser.add_argument("--keep-restores", type=Path, help="keep each iptables-restore input under DIR/<impl>-<mode>/")
     parser.add_argument("--plot", type=Path, help="write the ratios' plot here (e.g. docs/vs_upstream.png)")
     args = parser.parse_args()
     if args.report_only:
