@@ -564,6 +564,8 @@ def table(results: dict[tuple[int, str, str], Result], sizes: list[int], modes: 
             for label, value, fmt in ROWS + DETAIL_ROWS:
                 if cell(value(theirs), fmt) == cell(value(ours), fmt) == "-":
                     continue
+                if mode == "nftables" and "restore" in label:  # upstream's clean-up of iptables rules
+                    continue
                 lines.append(f"| {mode:<15} | {size:>8,} | {label:<20} | {cell(value(theirs), fmt):>8} |"
                              f" {cell(value(ours), fmt):>8} | {ratio(value(ours), value(theirs)):>13} |")  # fmt: skip
         if len(sizes) >= 2:
