@@ -20,11 +20,14 @@ Needs root and upstream's binaries (scripts/upstream; $KUBEPROXY_UPSTREAM_BIN). 
    its processes at the end of its run, and every wait is bounded by --timeout.
 
 What is measured, per proxy:
-- cold start: from the fork until the last Service's rule is in the namespace's kernel, polled
-  every 20 ms (iptables: `iptables -t nat -S KUBE-SVC-...`, the chain name both proxies give it;
-  nftables: `nft get element ip kube-proxy service-ips { IP . tcp . 80 }`, the map both use);
+- cold start: from the fork until the last Service's rule is committed to the namespace's kernel,
+  as bench/kernel_watch.py in that namespace sees it (nftables: the element `IP . tcp . 80` of
+  the service-ips map both use, from nf_tables' netlink events; iptables: the KUBE-SVC- chain both
+  give it, iptables-legacy by the nat table's size polled every 2 ms without the xtables lock,
+  iptables-nft from the events); then one poll with the tools (`nft get element ...`,
+  `iptables -t nat -S KUBE-SVC-...`) checks it and its seconds are shown ("one poll s");
 - one change: a Service created (its EndpointSlice made beforehand, so the change is one API
-  object) until its rule is in the kernel, polled the same way; --changes of them, each after a
+  object) until its rule is committed, seen the same way; --changes of them, each after a
   pause of 1.2 s so that the proxy is idle past its minSyncPeriod (1 s, both) when it arrives:
   p50 and p99 (the p99 of 20 is their maximum);
 - full sync: each proxy's own kubeproxy_sync_full_proxy_rules_duration_seconds (IPv4), read from
@@ -37,6 +40,10 @@ What is measured, per proxy:
   own Node forces one); the seconds the histogram's sum grew by, over the syncs it counted more.
   Upstream's other full syncs (a failed restore, the canary chain gone in iptables mode, hourly)
   are not reachable the same way for both within a run;
+- restores (iptables modes): the iptables-restore on PATH is RESTORE_WRAPPER, which logs when
+  each call began, when its input was read, the tool's wall and CPU seconds and the input's
+  bytes and lines (--keep-restores DIR keeps the inputs): the first, and the median of those
+  made during the changes;
 - RSS (VmRSS) once the cold start is seen, and its growth per 1,000 Services between two sizes;
 - CPU seconds per minute (user + sys of the proxy process, its threads included, not the kernel
   tools it runs) over --idle seconds with no change, then over --churn seconds while
