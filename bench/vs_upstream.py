@@ -5,6 +5,7 @@ Usage: .venv/bin/python bench/vs_upstream.py [--sizes 1000,10000] [--endpoints 1
                                              [--modes iptables-legacy,iptables-nft,nftables]
                                              [--changes 20] [--idle 20] [--churn 20] [--plot docs/vs_upstream.png]
                                              [--json FILE] [--phases] [--tree DIR] [--timeout 600]
+                                             [--repeat K]
 
 Needs root and upstream's binaries (scripts/upstream; $KUBEPROXY_UPSTREAM_BIN). For each size:
 1. upstream's control plane (etcd, kube-apiserver, kube-controller-manager: lab/control_plane.py)
@@ -49,6 +50,13 @@ What is measured, per proxy:
   tools it runs) over --idle seconds with no change, then over --churn seconds while
   EndpointSlices change (one endpoint moved, --churn-rate patches per second), scaled to a minute.
 
+--repeat K: the cold start is made K times per proxy, alternating (upstream, ours, then ours,
+upstream, ...; the first round is the full measurement above, the others stop once the first
+full sync is counted), each in a fresh namespace against the objects loaded once. The table adds
+the median and the range (min-max) of the K cold starts and of the first restore's wall and CPU
+seconds, and the ratio of the medians: one cold start per proxy cannot tell a 10% difference
+from the run-to-run spread of the restore's own time on the same input.
+
 --phases: ours runs through a launcher with bench/coldstart.py's phase marks (plus the streaming
 list's), printed after its row: interpreter up, each reflector started, its watch-list, the
 objects delivered, the view, render and kernel, in seconds from the fork (the first of each).
@@ -66,11 +74,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import itertools
 import json
 import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,12 +156,22 @@ class Result:
     # lines, CPU s of the tool
     restores: list[tuple[float, float, float, int, int, float]] = field(default_factory=list)
     change_window: tuple[float, float] = (float("nan"), float("nan"))  # s from the fork: the changes' span
+    # --repeat: each round's cold start and its first restore's (wall, CPU) seconds, this run's first
+    colds: list[float] = field(default_factory=list)
+    first_restores: list[tuple[float, float]] = field(default_factory=list)
 
     def p(self, q: float) -> float:
         return quantile(self.changes, q)
 
     def first_restore(self) -> tuple[float, float, float, int, int, float] | None:
         return self.restores[0] if self.restores else None
+
+    def add_round(self, other: Result) -> None:
+        """Count `other`'s cold start and first restore as one more round of this proxy's."""
+        self.colds.append(other.cold)
+        first = other.first_restore()
+        if first is not None:
+            self.first_restores.append((first[2] - first[1], first[5]))
 
     def change_restores(self) -> list[tuple[float, float, float, int, int, float]]:
         """The restores that began while the changes were being made (their syncs)."""
@@ -395,7 +416,9 @@ def churn(cp: ControlPlane, slices: list[dict[str, Any]], rate: float, stop: thr
 
 
 def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, last: tuple[str, str],
-        later: list[dict[str, Any]], slices: list[dict[str, Any]], args: argparse.Namespace, tmp: Path) -> Result:  # fmt: skip
+        later: list[dict[str, Any]], slices: list[dict[str, Any]], args: argparse.Namespace, tmp: Path,
+        cold_only: bool = False) -> Result:  # fmt: skip
+    """One proxy's run in a fresh namespace; `cold_only`: until its first full sync is counted."""
     proxy_mode, multi = MODES[mode]
     env_path, multi_path = iptables_path(tmp / f"path-{mode}", multi)
     restore_log = tmp / f"restores-{index}.log"
@@ -429,6 +452,8 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
             if args.phases and impl == "ours":
                 # the first sync's phases: those that ended by the time its histogram counted it
                 result.phases = first_phases(marks, began, time.monotonic() - began)
+            if cold_only:
+                return result
             first_change = time.monotonic() - began
             for k, svc in enumerate(later):
                 time.sleep(PACE)  # pacing: each change meets an idle proxy
@@ -459,7 +484,7 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
             L.stop_process(proc, 15)
             watch.stop()
             result.restores = read_restores(restore_log, began_wall)
-            for svc in later:
+            for svc in [] if cold_only else later:
                 path = f"{collection(svc)}/{svc['metadata']['name']}"
                 call(lambda path=path: cp.api.delete(path), f"DELETE {path}")  # type: ignore[misc]
     return result
@@ -549,6 +574,30 @@ DETAIL_ROWS: list[tuple[str, Callable[[Result], float | None], str]] = [
     ("change restore lines", lambda r: quantile([float(c[4]) for c in r.change_restores()], 0.5), "{:.0f}"),
 ]
 
+# --repeat: the K rounds' values, as their median (the ratio is that of the medians) and range
+SPREAD_ROWS: list[tuple[str, Callable[[Result], list[float]]]] = [
+    ("cold start", lambda r: r.colds),
+    ("1st restore run", lambda r: [wall for wall, _ in r.first_restores]),
+    ("1st restore CPU", lambda r: [cpu for _, cpu in r.first_restores]),
+]
+
+
+def spread_lines(mode: str, size: int, theirs: Result, ours: Result) -> list[str]:
+    """The SPREAD_ROWS of a pair measured more than once: `<label> median s (K)` with the ratio of
+    the medians, `<label> min-max s`."""
+    lines = []
+    for label, values in SPREAD_ROWS:
+        both = [[v for v in values(r) if v == v] for r in (theirs, ours)]
+        if max(len(v) for v in both) < 2:
+            continue
+        medians = [statistics.median(v) if v else NAN for v in both]
+        spans = [f"{min(v):.2f}-{max(v):.2f}" if v else "-" for v in both]
+        name = f"{label} med ({len(both[0])}/{len(both[1])})"
+        lines.append(f"| {mode:<15} | {size:>8,} | {name:<20} | {cell(medians[0], '{:.2f}'):>8} |"
+                     f" {cell(medians[1], '{:.2f}'):>8} | {ratio(medians[1], medians[0]):>13} |")  # fmt: skip
+        lines.append(f"| {mode:<15} | {size:>8,} | {label + ' range':<20} | {spans[0]:>8} | {spans[1]:>8} | {'-':>13} |")
+    return lines
+
 
 def cell(value: float | None, fmt: str) -> str:
     return "-" if value is None or value != value else fmt.format(value)
@@ -575,6 +624,7 @@ def table(results: dict[tuple[int, str, str], Result], sizes: list[int], modes: 
                     continue
                 lines.append(f"| {mode:<15} | {size:>8,} | {label:<20} | {cell(value(theirs), fmt):>8} |"
                              f" {cell(value(ours), fmt):>8} | {ratio(value(ours), value(theirs)):>13} |")  # fmt: skip
+            lines += spread_lines(mode, size, theirs, ours)
         if len(sizes) >= 2:
             lo, hi = sizes[0], sizes[-1]
             growth = []
@@ -641,6 +691,8 @@ def main() -> None:
     parser.add_argument("--tree", type=Path,
                         help="ours from this tree (`git archive HEAD kubeproxy | tar -x -C DIR`), not the checkout")  # fmt: skip
     parser.add_argument("--keep-restores", type=Path, help="keep each iptables-restore input under DIR/<impl>-<mode>/")
+    parser.add_argument("--repeat", type=int, default=1, metavar="K",
+                        help="cold starts per proxy and mode, alternating; the table adds their median and range")  # fmt: skip
     parser.add_argument("--plot", type=Path, help="write the ratios' plot here (e.g. docs/vs_upstream.png)")
     args = parser.parse_args()
     if args.report_only:
@@ -657,7 +709,7 @@ def main() -> None:
     modes = args.modes.split(",")
     print(f"upstream: {bin_dir}; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     results = load_results(args.json) if args.json and args.json.exists() else {}
-    index = 0
+    indices = itertools.count(1)  # each run's namespace, veth and files
     with tempfile.TemporaryDirectory(prefix="kp-vs-") as tmp_name:
         tmp = Path(tmp_name)
         for size in sizes:
@@ -672,33 +724,52 @@ def main() -> None:
                     print(f"{size:,} Services: control plane up in {cp.startup_seconds:.0f} s, "
                           f"{len(objs):,} objects loaded in {took:.0f} s", flush=True)  # fmt: skip
                     for mode in modes:
-                        for impl in ("upstream", "ours"):
-                            index += 1
-                            try:
-                                r = one(cp, control, index, impl, mode, last, later, slices, args, tmp)
-                            except EarlyExit as e:  # e.g. a start-up check that met the shared xtables lock
-                                print(f"  {mode:<15} {impl:<8} {e}: once more, in a fresh namespace", flush=True)
-                                index += 1
-                                try:
-                                    r = one(cp, control, index, impl, mode, last, later, slices, args, tmp)
-                                except (SystemExit, Exception) as e:
-                                    print(f"  {mode:<15} {impl:<8} failed: {e}", flush=True)
+                        for round_ in range(args.repeat):
+                            # alternating which goes first: neither always meets the other's after-effects
+                            for impl in ("upstream", "ours") if round_ % 2 == 0 else ("ours", "upstream"):
+                                run = functools.partial(one, cp, control, impl=impl, mode=mode, last=last, later=later,
+                                                        slices=slices, args=args, tmp=tmp, cold_only=round_ > 0)  # fmt: skip
+                                r = attempt(run, indices, f"  {mode:<15} {impl:<8}")
+                                if r is None:
                                     continue
-                            except (SystemExit, Exception) as e:  # one run's failure or timeout: the others still count
-                                print(f"  {mode:<15} {impl:<8} failed: {e}", flush=True)
-                                continue
-                            results[(size, mode, impl)] = r
-                            if args.json:
-                                save(args.json, results)
-                            print(f"  {mode:<15} {impl:<8} cold {r.cold:.2f} s,"
-                                  f" full sync {r.full:.2f} s ({r.full_count}) forced {r.resync:.2f} s,"
-                                  f" change p50/p99 {r.p(0.5):.3f}/{r.p(0.99):.3f} s,"
-                                  f" RSS {r.rss:.0f} MiB,"
-                                  f" CPU/min idle {r.idle_cpu:.2f} churn {r.churn_cpu:.2f}", flush=True)  # fmt: skip
-                            print_phases(r.phases)
+                                base = results[(size, mode, impl)] = r if round_ == 0 else results.get((size, mode, impl), r)
+                                base.add_round(r)
+                                if args.json:
+                                    save(args.json, results)
+                                print_run(mode, impl, round_, r)
     print()
     report(results, modes, args.plot)
     print(f"load average at end {os.getloadavg()[0]:.1f}")
+
+
+def attempt(run: Callable[..., Result], indices: Iterator[int], what: str) -> Result | None:
+    """`run(index=...)` in a fresh namespace, once more in another if the proxy exited before its
+    first rule (e.g. a start-up check that met the xtables lock other namespaces share); None,
+    printed, if it failed or timed out: the other runs still count."""
+    for tries_left in (1, 0):
+        try:
+            return run(index=next(indices))
+        except EarlyExit as e:
+            print(f"{what} {e}{': once more, in a fresh namespace' if tries_left else ''}", flush=True)
+        except (SystemExit, Exception) as e:  # one run's failure or timeout
+            print(f"{what} failed: {e}", flush=True)
+            return None
+    return None
+
+
+def print_run(mode: str, impl: str, round_: int, r: Result) -> None:
+    if round_ > 0:
+        first = r.first_restore()
+        restore = f", 1st restore {first[2] - first[1]:.2f} s wall, {first[5]:.2f} s CPU" if first else ""
+        print(f"  {mode:<15} {impl:<8} round {round_ + 1}: cold {r.cold:.2f} s{restore}", flush=True)
+        print_phases(r.phases)
+        return
+    print(f"  {mode:<15} {impl:<8} cold {r.cold:.2f} s,"
+          f" full sync {r.full:.2f} s ({r.full_count}) forced {r.resync:.2f} s,"
+          f" change p50/p99 {r.p(0.5):.3f}/{r.p(0.99):.3f} s,"
+          f" RSS {r.rss:.0f} MiB,"
+          f" CPU/min idle {r.idle_cpu:.2f} churn {r.churn_cpu:.2f}", flush=True)  # fmt: skip
+    print_phases(r.phases)
 
 
 def report(results: dict[tuple[int, str, str], Result], modes: list[str], path: Path | None) -> None:
