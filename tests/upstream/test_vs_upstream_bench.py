@@ -116,3 +116,53 @@ def test_a_client_error_is_not_retried(bench: ModuleType) -> None:
 
     assert bench.call(send, "POST x").status_code == 422
     assert len(sent) == 1
+
+
+def _round(bench: ModuleType, cold: float, wall: float, cpu: float) -> Any:
+    """A cold-only round's result: its cold start and a first restore of `wall` and `cpu` seconds."""
+    return bench.Result(cold=cold, restores=[(2.0, 2.1, 2.1 + wall, 32_330_000, 430_000, cpu)])
+
+
+def test_repeated_cold_starts_are_shown_as_median_and_range_with_the_ratio_of_medians(bench: ModuleType) -> None:
+    theirs, ours = bench.Result(cold=10.0), bench.Result(cold=14.0)
+    for cold, wall, cpu in ((10.0, 8.0, 7.5), (12.0, 9.0, 8.5), (9.0, 7.0, 6.5)):
+        theirs.add_round(_round(bench, cold, wall, cpu))
+    for cold, wall, cpu in ((14.0, 10.0, 9.5), (11.0, 8.0, 7.5), (10.5, 8.5, 8.0)):
+        ours.add_round(_round(bench, cold, wall, cpu))
+    rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")[4:7]]
+            for line in bench.spread_lines("iptables-legacy", 10_000, theirs, ours)}  # fmt: skip
+    assert rows["cold start med (3/3)"] == ["10.00", "11.00", "1.10"]
+    assert rows["cold start range"] == ["9.00-12.00", "10.50-14.00", "-"]
+    assert rows["1st restore run med (3/3)"] == ["8.00", "8.50", "1.06"]
+    assert rows["1st restore CPU med (3/3)"] == ["7.50", "8.00", "1.07"]
+    assert rows["1st restore CPU range"] == ["6.50-8.50", "7.50-9.50", "-"]
+
+
+def test_one_cold_start_per_proxy_adds_no_spread_rows(bench: ModuleType) -> None:
+    theirs, ours = bench.Result(cold=10.0), bench.Result(cold=11.0)
+    theirs.add_round(theirs)
+    ours.add_round(ours)
+    assert bench.spread_lines("nftables", 1_000, theirs, ours) == []
+    table = "\n".join(bench.table({(1_000, "nftables", "upstream"): theirs, (1_000, "nftables", "ours"): ours},
+                                  [1_000], ["nftables"]))  # fmt: skip
+    assert "cold start s" in table and " med " not in table
+
+
+def test_a_round_whose_proxy_exits_early_is_run_once_more_in_a_fresh_namespace(bench: ModuleType) -> None:
+    indices: list[int] = []
+
+    def run(index: int) -> Any:
+        indices.append(index)
+        if len(indices) == 1:
+            raise bench.EarlyExit("the proxy exited with status 1")
+        return bench.Result(cold=float(index))
+
+    result = bench.attempt(run, iter(range(7, 10)), "  iptables-legacy ours")
+    assert indices == [7, 8] and result.cold == 8.0
+
+
+def test_a_failed_round_is_none_and_the_others_still_run(bench: ModuleType) -> None:
+    def run(index: int) -> Any:
+        raise SystemExit(f"the proxy did not converge in namespace {index}")
+
+    assert bench.attempt(run, iter(range(3)), "  nftables upstream") is None
