@@ -22,7 +22,7 @@ from typing import Any
 
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
-from tests.proxy.test_dualstack import Source
+from tests.live.served import Source
 
 NODE = "node-1"
 
@@ -46,7 +46,7 @@ async def main(mode: str, cidrs: tuple[str, ...]) -> None:
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             event = json.loads(line)
             done = proxy.syncs
-            source.publish(event["obj"], event["kind"])
+            source.publish(event["obj"], kind=event["kind"])
             await asyncio.wait_for(proxy.wait_for_syncs(done + 1), 60)
             print(_status(proxy), flush=True)
     finally:

@@ -34,7 +34,8 @@ from kubeproxy.model.options import Family
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from tests.e2e.scenarios import BOTH
-from tests.proxy.test_dualstack import Source, endpoints, node, service
+from tests.live.served import Source, serving
+from tests.proxy.test_dualstack import endpoints, node, service
 
 pytestmark = pytest.mark.root
 
@@ -220,9 +221,7 @@ def test_dual_stack_node_in_the_kernel(bed: Bed, mode: str, stack: str) -> None:
     async def main() -> None:
         proxy = LiveProxy(replace(CFG, mode=mode, cluster_cidr=cidrs), NODE, run_cmd=bed.node)
         source = Source(proxy, objects(families))
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 30)
+        async with serving(proxy, source, 30):
             # Both lanes whatever the node's addresses (upstream's platformCheckSupported), the
             # primary of the node's first address.
             assert [lane.family for lane in proxy.lanes] == sorted(Family, key=lambda f: f != families[0])
@@ -254,10 +253,6 @@ def test_dual_stack_node_in_the_kernel(bed: Bed, mode: str, stack: str) -> None:
             for family in families:
                 got = await asyncio.to_thread(bed.send, bed.client, "tcp", _ip(family, 15), 85)
                 results[family]["added later (partial sync)"] = _reached(got, pod="b")
-        finally:
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
 
     asyncio.run(main())
     failures = {f"{fam} {what}": got for fam, checks in results.items() for what, got in checks.items() if got is not True}
@@ -499,9 +494,7 @@ def test_ipv6_load_balancer_source_ranges(bed: Bed, mode: str, stack: str) -> No
     async def main() -> None:
         proxy = LiveProxy(replace(CFG, mode=mode, cluster_cidr=cidrs), NODE, run_cmd=bed.node)
         source = Source(proxy, objects(families) + lb_service("restricted", 20, families, "restricted"))
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 30)
+        async with serving(proxy, source, 30):
             assert proxy.failed_syncs == 0
             for family in families:
                 results[f"{family} before"] = await asyncio.to_thread(source_range_flows, bed, family, ("restricted",))
@@ -517,10 +510,6 @@ def test_ipv6_load_balancer_source_ranges(bed: Bed, mode: str, stack: str) -> No
                 results[f"{family} after"] = await asyncio.to_thread(
                     source_range_flows, bed, family, ("restricted", "open", "overlap")
                 )
-        finally:
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
 
     asyncio.run(main())
     print(json.dumps({k: {w: v is True for w, v in c.items()} for k, c in results.items()}, indent=1))

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from kubeproxy.proxy.live_loop import LiveProxy
+from tests.live.served import Source
 from tests.netfilter.kernel_bed import bed
-from tests.proxy.test_dualstack import CFG, Source, endpoints, node, run_proxy, service
+from tests.proxy.test_dualstack import CFG, endpoints, node, run_proxy, service
 
 pytestmark = pytest.mark.root
 

@@ -33,6 +33,7 @@ from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import connect, load_config
+from tests.live.served import serving
 from tests.paths import DEMO
 from tests.proxy.servers import port_of
 
@@ -118,13 +119,10 @@ async def _with_proxy(
     fast = lambda: Backoff(initial=0.05, cap=0.2)  # noqa: E731
     # Wired as `kubeproxy run` wires it (proxy/kube_proxy.py): lists as one batch, typed where they fit.
     source = ApiSource(client, "node-1", proxy.on_event, backoff_factory=fast, batch_sink=proxy.on_events, typed_lists=True)
-    task = asyncio.create_task(proxy.serve(source))
     try:
-        await asyncio.wait_for(proxy.wait_for_syncs(1), 30)
-        await body(proxy)
+        async with serving(proxy, source, 30):
+            await body(proxy)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         await client.aclose()
 
 

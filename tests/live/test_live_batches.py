@@ -23,6 +23,7 @@ from kubeproxy.cluster.typed import as_item
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.events import WatchEvent
+from tests.live.served import serving
 from tests.live.test_live import _service
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, sync_period=30.0,
@@ -183,17 +184,12 @@ def test_managed_gc_is_paused_for_the_cold_start_and_the_heap_frozen_after_it(
     source = _Source(proxy, _service("web", "10.96.0.10", ["10.244.1.1"]))
 
     async def main() -> None:
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
+        async with serving(proxy, source):
             assert source.collector_during_list is False
             assert gc.isenabled() and gc.get_freeze_count() > 0
             assert proxy.syncs == 1
             # and the freed heap went back to the system once (runtime/memory.py)
             assert sum("Returned freed heap memory" in r.getMessage() for r in caplog.records) == 1
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
     assert gc.isenabled()

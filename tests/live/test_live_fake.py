@@ -6,10 +6,9 @@ here the loop, the quarantine and the retries are driven against `FakeNode` in b
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,35 +19,12 @@ from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import NodeOptions
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.sources.events import EventType, WatchEvent
+from tests.live.served import Body, Source, serve_with
 from tests.live.test_live import _service
 
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16",), min_sync_period=0.0, sync_period=30.0,
                   healthz_bind_address="", metrics_bind_address="")  # fmt: skip
 REFUSED = "10.244.66.66"
-
-
-@dataclass
-class Source:
-    """Delivers `initial`, then whatever `publish` is given, as watch events."""
-
-    proxy: LiveProxy
-    initial: list[dict[str, Any]]
-    connected: bool = True
-    _synced: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def run(self) -> None:
-        for obj in self.initial:
-            self.proxy.on_event(WatchEvent("ADDED", obj["kind"], obj))
-        self._synced.set()
-        await asyncio.Event().wait()
-
-    async def wait_synced(self) -> None:
-        await self._synced.wait()
-
-    def publish(self, *objs: dict[str, Any], kind: EventType = "MODIFIED") -> None:
-        for obj in objs:
-            self.proxy.on_event(WatchEvent(kind, obj["kind"], obj))
 
 
 def _refusing(node: FakeNode) -> Callable[..., subprocess.CompletedProcess[str]]:
@@ -72,19 +48,8 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _run(mode: str, node: FakeNode, initial: list[dict[str, Any]], body: Callable[[LiveProxy, Source], Awaitable[None]]) -> None:
-    async def main() -> None:
-        proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=_refusing(node))
-        source = Source(proxy, initial)
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
-            await asyncio.wait_for(body(proxy, source), 10)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(main())
+def _run(mode: str, node: FakeNode, initial: list[dict[str, Any]], body: Body) -> None:
+    serve_with(lambda: LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=_refusing(node)), initial, body)
 
 
 def _timed_syncs(proxy: LiveProxy, kind: str) -> float | None:

@@ -13,8 +13,8 @@ import logging
 import socket
 import subprocess
 import threading
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from kubeproxy.model.contract import OfflineOptions
 from kubeproxy.model.options import Family
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
-from kubeproxy.sources.events import WatchEvent
+from tests.live.served import Body, Source, serve_with
 
 NODE = "node-1"
 CFG = ProxyConfig(cluster_cidr=("10.244.0.0/16", "fd00:10:244::/48"), min_sync_period=0.0, sync_period=30.0,
@@ -73,26 +73,6 @@ DUAL = [
 ]
 
 
-@dataclass
-class Source:
-    proxy: LiveProxy
-    initial: list[dict[str, Any]]
-    connected: bool = True
-    _synced: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def run(self) -> None:
-        for obj in self.initial:
-            self.proxy.on_event(WatchEvent("ADDED", obj["kind"], obj))
-        self._synced.set()
-        await asyncio.Event().wait()
-
-    async def wait_synced(self) -> None:
-        await self._synced.wait()
-
-    def publish(self, obj: dict[str, Any], kind: str = "MODIFIED") -> None:
-        self.proxy.on_event(WatchEvent(kind, obj["kind"], obj))  # type: ignore[arg-type]
-
-
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
@@ -100,27 +80,18 @@ def run_proxy(
     mode: str,
     run: Runner,
     initial: list[dict[str, Any]],
-    body: Callable[[LiveProxy, Source], Awaitable[None]],
+    body: Body,
     *,
     cfg: ProxyConfig = CFG,
     proc_ipv6: Path | None = None,
 ) -> LiveProxy:
-    async def main() -> LiveProxy:
+    def make() -> LiveProxy:
         proxy = LiveProxy(replace(cfg, mode=mode), NODE, run_cmd=run)
         if proc_ipv6 is not None:
             proxy.proc_ipv6 = proc_ipv6
-        source = Source(proxy, initial)
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
-            await asyncio.wait_for(body(proxy, source), 10)
-        finally:
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
         return proxy
 
-    return asyncio.run(main())
+    return serve_with(make, initial, body)
 
 
 async def nothing(proxy: LiveProxy, source: Source) -> None:
@@ -440,8 +411,8 @@ def test_ipvs_dual_stack_programs_each_family_beside_the_other() -> None:
 
     async def body(proxy: LiveProxy, source: Source) -> None:
         # A partial sync of each family removes that family's service only.
-        source.publish(service("v6only", ["fd00:96::20"]), "DELETED")
-        source.publish(service("v4only", ["10.96.0.20"]), "DELETED")
+        source.publish(service("v6only", ["fd00:96::20"]), kind="DELETED")
+        source.publish(service("v4only", ["10.96.0.20"]), kind="DELETED")
         await proxy.wait_for_syncs(2)
 
     before: dict[str, object] = {}

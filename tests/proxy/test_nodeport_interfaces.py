@@ -17,7 +17,8 @@ import pytest
 from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.model.options import Family, NodeOptions
 from kubeproxy.proxy.live_loop import LiveProxy
-from tests.proxy.test_dualstack import CFG, Source, endpoints, node, run_proxy, service
+from tests.live.served import Source
+from tests.proxy.test_dualstack import CFG, endpoints, node, run_proxy, service
 
 NODE_IP = "192.168.0.2"  # the Node object's only address, on eth0
 SELECTED = ("10.20.0.5", "10.20.0.6")  # on eth1, inside the CIDR, not in the Node object

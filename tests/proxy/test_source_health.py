@@ -28,8 +28,8 @@ from kubeproxy.proxy.http import Response
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.source_watch import METRIC, SourceWatch
 from kubeproxy.runtime.logs import STARTUP_LOGGER
+from tests.live.served import Source, serving
 from tests.live.test_live import _service
-from tests.live.test_live_fake import Source
 from tests.proxy.test_health import T0, FakeClock
 
 SYNC_PERIOD = 30.0
@@ -53,13 +53,8 @@ def _run(body: Callable[[LiveProxy, Source, FakeClock], Awaitable[None]]) -> Non
         proxy = LiveProxy(replace(CFG, mode="iptables"), "node-1", run_cmd=node, wall_clock=clock,
                           source_check_interval=3600.0)  # fmt: skip
         source = Source(proxy, _service("web", "10.96.0.10", ["10.244.1.5"]))
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
+        async with serving(proxy, source):
             await asyncio.wait_for(body(proxy, source, clock), 10)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
 

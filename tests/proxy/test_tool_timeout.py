@@ -8,10 +8,9 @@ finishes, then goes back to the usual bound. The same in a real kernel: test_too
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import subprocess
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,8 +29,9 @@ from kubeproxy.model.contract import ToolTimeout
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.proxy.quarantine import Quarantine
 from tests.backends.nftables.helpers import options, view
+from tests.live.served import Body, Source, serve_with
 from tests.live.test_live import _service
-from tests.live.test_live_fake import CFG, Source, _programmed
+from tests.live.test_live_fake import CFG, _programmed
 
 Done = subprocess.CompletedProcess[str]
 Proceed = Callable[..., Done]  # what an intercept (host.Intercepted) calls to run the command
@@ -163,20 +163,8 @@ def test_a_check_that_runs_out_of_time_ends_the_bisection() -> None:
 # -- the live loop
 
 
-def _run(mode: str, run_cmd: Intercepted, initial: list[dict[str, Any]],
-         body: Callable[[LiveProxy, Source], Awaitable[None]]) -> None:  # fmt: skip
-    async def main() -> None:
-        proxy = LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=run_cmd)
-        source = Source(proxy, initial)
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
-            await asyncio.wait_for(body(proxy, source), 10)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(main())
+def _run(mode: str, run_cmd: Intercepted, initial: list[dict[str, Any]], body: Body) -> None:
+    serve_with(lambda: LiveProxy(replace(CFG, mode=mode), "node-1", run_cmd=run_cmd), initial, body)
 
 
 def _failures(proxy: LiveProxy, mode: str) -> float | None:

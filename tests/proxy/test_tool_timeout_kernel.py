@@ -24,8 +24,9 @@ from kubeproxy.backends.iptables.apply import restore_timeout
 from kubeproxy.kernel.host import Intercepted
 from kubeproxy.lab.netns import NetNS
 from kubeproxy.proxy.live_loop import LiveProxy
+from tests.live.served import Source, serving
 from tests.live.test_live import _service
-from tests.live.test_live_fake import CFG, Source
+from tests.live.test_live_fake import CFG
 from tests.proxy.test_tool_timeout import Done, Proceed
 
 pytestmark = pytest.mark.root
@@ -87,13 +88,8 @@ def test_a_restore_killed_at_its_bound_leaves_the_rules_and_the_retry_converges(
         proxy = LiveProxy(replace(CFG, mode="iptables"), "node-1", run_cmd=Intercepted(netns, stall),
                           iptables_variant=variant, proc_ipv6=tmp_path / "no-ipv6")  # fmt: skip
         source = Source(proxy, _service("web", "10.96.0.10", ["10.244.1.10"]))
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 60)
+        async with serving(proxy, source, 60):
             await asyncio.wait_for(_body(proxy, source), 60)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     async def _body(proxy: LiveProxy, source: Source) -> None:
         assert proxy.syncs == 1 and "10.244.1.10:8080" in ruleset(netns, variant)

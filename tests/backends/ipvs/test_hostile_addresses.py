@@ -24,7 +24,8 @@ from kubeproxy.model.options import Family
 from kubeproxy.proxy.live_loop import LiveProxy
 from tests.e2e.test_dualstack import ADDR
 from tests.e2e.test_hostile_addresses_kernel import FAMILIES, foreign_text, hostile, injected_node, world
-from tests.proxy.test_dualstack import Source, nothing, run_proxy
+from tests.live.served import Source
+from tests.proxy.test_dualstack import nothing, run_proxy
 
 
 @dataclass

@@ -19,8 +19,9 @@ from kubeproxy.model.contract import ToolTimeout
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortInfo, ServicePortName
 from kubeproxy.model.options import NodeOptions
 from kubeproxy.proxy.live_loop import LiveProxy
+from tests.live.served import Source, serving
 from tests.live.test_live import _service
-from tests.live.test_live_fake import CFG, Source
+from tests.live.test_live_fake import CFG
 
 NAME = ServicePortName("default", "web", "http", "TCP")
 SVC = ServicePortInfo(NAME, valid_ip("10.96.10.10"), 80, "TCP", node_port=30080)
@@ -108,13 +109,8 @@ def test_live_loop_in_ipvs_mode() -> None:
 
     async def main() -> None:
         proxy = LiveProxy(replace(CFG, mode="ipvs"), "node-1", run_cmd=node)
-        source = Source(proxy, _service("web", "10.96.0.10", ["10.244.1.10"]))
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        async with serving(proxy, Source(proxy, _service("web", "10.96.0.10", ["10.244.1.10"]))):
+            pass
 
     asyncio.run(main())
     assert any(vs.address == "10.96.0.10" for vs in node.ipvs.table())

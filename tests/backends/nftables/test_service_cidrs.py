@@ -23,8 +23,9 @@ from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
 from kubeproxy.sources.api import ApiSource
 from kubeproxy.sources.files import KINDS
+from tests.live.served import Source, serve_with
 from tests.live.test_live import _service
-from tests.live.test_live_fake import CFG, Source
+from tests.live.test_live_fake import CFG
 
 DROP_COMMENT = 'comment "Drop traffic to unallocated ClusterIPs"'
 
@@ -130,28 +131,21 @@ def _cluster_check(node: FakeNode) -> tuple[str, ...]:
 def test_a_new_service_cidr_takes_effect_at_the_next_sync_without_a_restart() -> None:
     node = FakeNode()
 
-    async def main() -> None:
-        proxy = LiveProxy(replace(CFG, mode="nftables"), "node-1", run_cmd=node)
-        source = Source(proxy, [*_service("web", "10.96.6.1", ["10.244.1.61"]), service_cidr("kubernetes", "10.96.0.0/16")])
-        task = asyncio.create_task(proxy.serve(source))
-        try:
-            await asyncio.wait_for(proxy.wait_for_syncs(1), 10)
-            rules = _cluster_check(node)
-            assert any("10.96.0.0/16" in r and "drop" in r for r in rules), rules
-            assert not any("10.100.0.0/16" in r for r in rules)
-            synced = proxy.syncs
-            source.publish(service_cidr("more", "10.100.0.0/16"), kind="ADDED")
-            await asyncio.wait_for(proxy.wait_for_syncs(synced + 1), 10)
-            rules = _cluster_check(node)
-            assert any("10.96.0.0/16" in r and "10.100.0.0/16" in r and "drop" in r for r in rules), rules
-            synced = proxy.syncs
-            source.publish(service_cidr("more", "10.100.0.0/16"), kind="DELETED")
-            await asyncio.wait_for(proxy.wait_for_syncs(synced + 1), 10)
-            rules = _cluster_check(node)
-            assert not any("10.100.0.0/16" in r for r in rules) and any("10.96.0.0/16" in r for r in rules), rules
-            assert "10.244.1.61" in repr(node.nft.table())  # the Service's rules stay throughout
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    async def body(proxy: LiveProxy, source: Source) -> None:
+        rules = _cluster_check(node)
+        assert any("10.96.0.0/16" in r and "drop" in r for r in rules), rules
+        assert not any("10.100.0.0/16" in r for r in rules)
+        synced = proxy.syncs
+        source.publish(service_cidr("more", "10.100.0.0/16"), kind="ADDED")
+        await asyncio.wait_for(proxy.wait_for_syncs(synced + 1), 10)
+        rules = _cluster_check(node)
+        assert any("10.96.0.0/16" in r and "10.100.0.0/16" in r and "drop" in r for r in rules), rules
+        synced = proxy.syncs
+        source.publish(service_cidr("more", "10.100.0.0/16"), kind="DELETED")
+        await asyncio.wait_for(proxy.wait_for_syncs(synced + 1), 10)
+        rules = _cluster_check(node)
+        assert not any("10.100.0.0/16" in r for r in rules) and any("10.96.0.0/16" in r for r in rules), rules
+        assert "10.244.1.61" in repr(node.nft.table())  # the Service's rules stay throughout
 
-    asyncio.run(main())
+    serve_with(lambda: LiveProxy(replace(CFG, mode="nftables"), "node-1", run_cmd=node),
+               [*_service("web", "10.96.6.1", ["10.244.1.61"]), service_cidr("kubernetes", "10.96.0.0/16")], body)  # fmt: skip
