@@ -43,10 +43,11 @@ sys.path.insert(0, os.environ.get("KP_BENCH_TREE") or str(ROOT))
 from kubeproxy.backends.iptables.apply import ensure_nfacct_counters, restore  # noqa: E402
 from kubeproxy.backends.iptables.cache import RenderCache  # noqa: E402
 from kubeproxy.backends.iptables.render import render  # noqa: E402
+from kubeproxy.cluster.addresses import AddressText  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.model.node_model import NodeView, build_view  # noqa: E402
-from kubeproxy.model.options import NFACCT_COUNTERS, node_options  # noqa: E402
+from kubeproxy.model.options import NFACCT_COUNTERS, Family, node_options  # noqa: E402
 from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 
 
@@ -106,17 +107,17 @@ def one_change(view: NodeView, step: int) -> tuple[NodeView, tuple[str, str]]:
     name = ports[(step * 7919) % len(ports)]  # spread over the name order
     endpoints = list(view.endpoints.get(name, []))
     if endpoints:
-        endpoints[-1] = dataclasses.replace(endpoints[-1], ip=f"10.250.{step // 250 % 250}.{step % 250 + 1}")
+        endpoints[-1] = dataclasses.replace(endpoints[-1], ip=AddressText(f"10.250.{step // 250 % 250}.{step % 250 + 1}"))
     return NodeView(view.services, {**view.endpoints, name: endpoints}), name.service
 
 
 def measure(size: int, endpoints: int, runs: int) -> dict[str, Any]:
     """Everything but the kernel loads, for one size, with the kubeproxy on sys.path."""
     cfg = ProxyConfig(cluster_cidr=("10.0.0.0/8",))
-    opts = node_options(cfg, family="IPv4", hostname="node-0", node=None)
+    opts = node_options(cfg, family=Family.IPV4, hostname="node-0", node=None)
     objs = cluster(size, endpoints)
     _, parse_cpu, state = timed(runs, lambda: build_state(objs)[0])
-    view = build_view(state.services.values(), state.slices.values(), "IPv4", opts.node_name)
+    view = build_view(state.services.values(), state.slices.values(), Family.IPV4, opts.node_name)
     render_wall, render_cpu, rendered = timed(runs, lambda: render(view, opts))
     rules = rendered.filter_rules + rendered.nat_rules
     del rendered
