@@ -26,7 +26,8 @@ from kubeproxy.backends.fake_node import FakeNode
 from kubeproxy.lab import netns
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.live_loop import LiveProxy
-from tests.proxy.test_dualstack import Source, endpoints, node, service
+from tests.live.served import Source
+from tests.proxy.test_dualstack import endpoints, node, service
 
 CFG = ProxyConfig(min_sync_period=0.0, sync_period=300.0, healthz_bind_address="", metrics_bind_address="")
 
