@@ -490,9 +490,11 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
     return result
 
 
-# bench/coldstart.py's phases, and the streaming list (sendInitialEvents) kube-apiserver serves
+# bench/coldstart.py's phases, the streaming list (sendInitialEvents) kube-apiserver serves, and
+# iptables mode's render (the restore is timed by RESTORE_WRAPPER)
 OUR_PHASES = {**PHASES, "kubeproxy.sources.api": [*PHASES["kubeproxy.sources.api"], ("Reflector.run", "reflector {kind}"),
-                                                  ("Reflector._watch_list", "watch-list {kind}")]}  # fmt: skip
+                                                  ("Reflector._watch_list", "watch-list {kind}")],
+              "kubeproxy.backends.iptables.proxier": [("render_tables", "  render (iptables)")]}  # fmt: skip
 
 
 def launcher(tmp: Path, phases: bool) -> Path:
