@@ -62,7 +62,7 @@ from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.builders import Backend, Port, endpoint_slice, service  # noqa: E402
 from kubeproxy.model.node_model import build_view  # noqa: E402
-from kubeproxy.model.options import node_options  # noqa: E402
+from kubeproxy.model.options import Family, node_options  # noqa: E402
 from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 
 NODE = "node"
@@ -156,8 +156,8 @@ def bed(mode: str, services: int, endpoints: int, variant: str, loop: Path) -> I
         pod.popen([str(loop), "serve-udp", POD_IP, str(UDP.target)])
 
         state = build_state(objects(services, endpoints))[0]
-        view = build_view(state.services.values(), state.slices.values(), "IPv4", NODE)
-        opts = node_options(ProxyConfig(), family="IPv4", hostname=NODE, node=None, nfacct_counters=())
+        view = build_view(state.services.values(), state.slices.values(), Family.IPV4, NODE)
+        opts = node_options(ProxyConfig(), family=Family.IPV4, hostname=NODE, node=None, nfacct_counters=())
         proxier = IptablesProxier(run=node, variant=variant) if mode == "iptables" else NftablesProxier(run=node)
         started = time.perf_counter()
         proxier.prepare()

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ def _synced() -> bool:
     return False
 
 
-_SHARED = (type, type(sys), type(_synced), type(_synced.__code__), type(len), type(print.__call__))
+_SHARED = (type, types.ModuleType, types.FunctionType, types.CodeType, types.BuiltinFunctionType, types.MethodWrapperType)
 
 
 def _deep(roots: list[Any], seen: set[int]) -> tuple[int, int]:
@@ -330,7 +331,7 @@ def child(out: Path, argv: list[str], analyse: Any = _analyse) -> None:
 
         return real_run(caught(), **kwargs)
 
-    asyncio.run = run_caught
+    asyncio.run = run_caught  # type: ignore[assignment]  # the proxy's own asyncio.run, caught
     threading.Thread(target=watch, daemon=True).start()
     from kubeproxy.cli import main as cli
 
@@ -490,14 +491,14 @@ def main() -> None:
         return
     if len(sys.argv) > 2 and sys.argv[1] == "--child-peaks":
         sys.path.insert(0, str(ROOT))
-        rows = _watch_peaks()
+        peak_rows = _watch_peaks()
 
         def peaks(out: Path) -> None:
             import tracemalloc
 
             part = out.with_suffix(".part")
             now, _peak = tracemalloc.get_traced_memory()
-            part.write_text(json.dumps({"rows": rows, "traced": now, "status": _status(os.getpid())}))
+            part.write_text(json.dumps({"rows": peak_rows, "traced": now, "status": _status(os.getpid())}))
             part.rename(out)
 
         child(Path(sys.argv[2]), sys.argv[3:], peaks)

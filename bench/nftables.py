@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import importlib.util
 import statistics
@@ -33,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,10 +44,11 @@ from kubeproxy.backends.iptables.render import render as render_iptables  # noqa
 from kubeproxy.backends.nftables import naming  # noqa: E402
 from kubeproxy.backends.nftables.apply import NftApplier  # noqa: E402
 from kubeproxy.backends.nftables.render import render  # noqa: E402
+from kubeproxy.cluster.addresses import AddressText  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.model.node_model import EndpointInfo, NodeView, ServicePortName, build_view  # noqa: E402
-from kubeproxy.model.options import node_options  # noqa: E402
+from kubeproxy.model.options import Family, node_options  # noqa: E402
 from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 from kubeproxy.model.topology import categorize  # noqa: E402
 
@@ -139,7 +142,7 @@ def change_one(view: NodeView, k: int) -> tuple[NodeView, ServicePortName, Endpo
     spn = names[(k * 7919) % len(names)]
     eps = list(view.endpoints[spn])
     old = eps[0]
-    eps[0] = dataclasses.replace(old, ip=f"10.250.{k // 250}.{k % 250 + 1}")
+    eps[0] = dataclasses.replace(old, ip=AddressText(f"10.250.{k // 250}.{k % 250 + 1}"))
     endpoints = dict(view.endpoints)
     endpoints[spn] = sorted(eps, key=lambda e: e.address)
     return NodeView(view.services, endpoints), spn, old, eps[0]
@@ -149,14 +152,14 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
     objs = _bench_cluster()(size, n_eps)
     state = build_state(objs)[0]
     cfg = ProxyConfig(cluster_cidr=("10.0.0.0/8",))
-    opts = node_options(cfg, family="IPv4", hostname="node-0", node=None, nfacct_counters=())
-    view = build_view(state.services.values(), state.slices.values(), "IPv4", opts.node_name)
+    opts = node_options(cfg, family=Family.IPV4, hostname="node-0", node=None, nfacct_counters=())
+    view = build_view(state.services.values(), state.slices.values(), Family.IPV4, opts.node_name)
     row: dict[str, str] = {"services": str(size), "endpoints": str(view.total_endpoints)}
 
     # ours
     with netns.netns("kpbn") as ns:
         applier = NftApplier("ip", ns, timeout=timeout)
-        holder: dict[str, object] = {}
+        holder: dict[str, Any] = {}
 
         def cold() -> None:
             r = render(view, opts)
@@ -207,7 +210,7 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
                 tx = "\n".join(upstream_service(spn, str(svc.cluster_ip), eps)) + "\n"
                 tx += f"flush chain ip kube-proxy {naming.endpoint_chain(spn, old.ip, old.port)}\n"
                 try:
-                    times.append(timed(lambda tx=tx: ns.run(["nft", "-f", "-"], input=tx, timeout=timeout)))
+                    times.append(timed(functools.partial(ns.run, ["nft", "-f", "-"], input=tx, timeout=timeout)))
                 except Timeout:
                     times.append(float("inf"))
             row["upstream change ms"] = f"{statistics.median(times) * 1000:.1f}"
@@ -235,16 +238,8 @@ def measure(size: int, n_eps: int, changes: int, timeout: float) -> dict[str, st
             v = view
             for k in range(changes):
                 v, spn, _, _ = change_one(v, k)
-                times.append(
-                    timed(
-                        lambda v=v, spn=spn: restore(
-                            render_iptables(v, opts, changed_services={spn.service}).text,
-                            ns,
-                            variant="legacy",
-                            timeout=timeout,
-                        )
-                    )
-                )
+                text = render_iptables(v, opts, changed_services={spn.service}).text
+                times.append(timed(functools.partial(restore, text, ns, variant="legacy", timeout=timeout)))
             row["iptables change ms"] = f"{statistics.median(times) * 1000:.1f}"
             row["iptables no-op ms"] = cell(lambda: timed(lambda: restore(
                 render_iptables(v, opts, changed_services=set()).text, ns, variant="legacy", timeout=timeout)),
@@ -286,7 +281,7 @@ def shape_text(shape: str, n: int, neps: int = 10) -> str:
             continue
         svc = naming.cluster_chain(spn)
         o.append(f"add chain {t} {svc}")
-        chains = [naming.endpoint_chain(spn, eip, 80) for eip in eips]
+        chains = [naming.endpoint_chain(spn, AddressText(eip), 80) for eip in eips]
         for c, eip in zip(chains, eips, strict=True):
             o += [f"add chain {t} {c}", f"add rule {t} {c} ip saddr {eip} jump mark-for-masquerade",
                   f"add rule {t} {c} meta l4proto tcp dnat to {eip}:80"]  # fmt: skip
@@ -317,8 +312,8 @@ def shapes(sizes: list[int], timeout: float) -> None:
         for shape in names:
             text = shape_text(shape, size)
             with netns.netns("kpbs") as ns:
-                cells.append(cell(lambda ns=ns, text=text: timed(
-                    lambda: ns.run(["nft", "-f", "-"], input=text, timeout=timeout)), 1, timeout, 2))  # fmt: skip
+                load = functools.partial(ns.run, ["nft", "-f", "-"], input=text, timeout=timeout)
+                cells.append(cell(functools.partial(timed, load), 1, timeout, 2))
         print(f"{size:>8} " + " ".join(f"{c:>16}" for c in cells), flush=True)
 
 

@@ -124,7 +124,7 @@ def render_process(tree: Path, path: Path) -> dict[str, float]:
     return {"process wall": wall, "process cpu": usage.ru_utime + usage.ru_stime, "process RSS MiB": peak}
 
 
-ROWS = [
+ROWS: list[tuple[str, str, str | None, str]] = [
     ("view", "view wall", "view cpu", "s"),
     ("render", "render wall", "render cpu", "s"),
     ("view + render", "view+render wall", "view+render cpu", "s"),
@@ -177,8 +177,8 @@ def main() -> None:
             text = f"{wall:.3f} / {cpu:.3f} {unit}" if cpu is not None else f"{wall:.1f} {unit}"
             cells.append(f"{text:>22}")
         if len(trees) == 2:
-            for key in (wall_key, cpu_key):
-                before, after = med("baseline", key), med("this", key)
+            for column in (wall_key, cpu_key):
+                before, after = med("baseline", column), med("this", column)
                 if before and after is not None:
                     ratios.append(f"{after / before:.2f}x")
         print(f"{label:<28}" + "".join(cells) + (f"   {' / '.join(ratios)}" if ratios else ""))

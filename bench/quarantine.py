@@ -33,11 +33,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from render import cluster  # noqa: E402  (bench/render.py's generator)
 
+from kubeproxy.cluster.addresses import AddressText  # noqa: E402
 from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.model.changes import Changes  # noqa: E402
 from kubeproxy.model.node_model import NodeView, build_view  # noqa: E402
-from kubeproxy.model.options import node_options  # noqa: E402
+from kubeproxy.model.options import Family, node_options  # noqa: E402
 from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
 
@@ -57,13 +58,13 @@ def refusing(run: Any) -> Any:
 
 def views(objs: list[dict]) -> tuple[NodeView, NodeView, tuple[str, str]]:
     state, _ = build_state(objs)
-    good = build_view(state.services.values(), state.slices.values(), "IPv4", "node-0")
+    good = build_view(state.services.values(), state.slices.values(), Family.IPV4, "node-0")
     victim = next(iter(state.slices.values()))
     bad_slice = dataclasses.replace(
-        victim, endpoints=(dataclasses.replace(victim.endpoints[0], address=REFUSED),)
+        victim, endpoints=(dataclasses.replace(victim.endpoints[0], address=AddressText(REFUSED)),)
     )
     slices = [bad_slice if s is victim else s for s in state.slices.values()]
-    bad = build_view(state.services.values(), slices, "IPv4", "node-0")
+    bad = build_view(state.services.values(), slices, Family.IPV4, "node-0")
     return good, bad, (victim.namespace, victim.service_name)
 
 
@@ -84,7 +85,7 @@ def proxy_in(ns: netns.NetNS, mode: str, variant: str) -> tuple[LiveProxy, list[
 
 def row(mode: str, size: int, variant: str) -> str:
     good, bad, key = views(cluster(size, 10))
-    opts = node_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=())
+    opts = node_options(CFG, family=Family.IPV4, hostname="node-0", node=None, nfacct_counters=())
     with netns.netns("kpq") as ns:
         proxy, checks = proxy_in(ns, mode, variant)
         started = time.perf_counter()

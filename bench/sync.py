@@ -67,7 +67,7 @@ from kubeproxy.cluster.state import build_state  # noqa: E402
 from kubeproxy.lab import netns  # noqa: E402
 from kubeproxy.lab.apiserver import ApiServer  # noqa: E402
 from kubeproxy.model.node_model import build_view  # noqa: E402
-from kubeproxy.model.options import NFACCT_COUNTERS, node_options  # noqa: E402
+from kubeproxy.model.options import NFACCT_COUNTERS, Family, node_options  # noqa: E402
 from kubeproxy.model.proxy_config import ProxyConfig  # noqa: E402
 from kubeproxy.proxy.live_loop import LiveProxy  # noqa: E402
 from kubeproxy.sources.api import ApiSource  # noqa: E402
@@ -194,8 +194,8 @@ async def via_files(ns: netns.NetNS, objs: list[dict], count: int, cfg: ProxyCon
 def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str, exec_nft: bool = False) -> dict[str, float]:
     """One full sync and one partial sync (one service changed) at this size, render and kernel apart."""
     state, _ = build_state(objs)
-    opts = node_options(CFG, family="IPv4", hostname="node-0", node=None, nfacct_counters=NFACCT_COUNTERS)
-    view = build_view(state.services.values(), state.slices.values(), "IPv4", "node-0")
+    opts = node_options(CFG, family=Family.IPV4, hostname="node-0", node=None, nfacct_counters=NFACCT_COUNTERS)
+    view = build_view(state.services.values(), state.slices.values(), Family.IPV4, "node-0")
     proxier: IptablesProxier | NftablesProxier = (
         NftablesProxier(run=runner(ns, exec_nft)) if mode == "nftables" else IptablesProxier(run=ns, variant=variant)
     )
@@ -206,7 +206,7 @@ def partial_vs_full(ns: netns.NetNS, objs: list[dict], mode: str, variant: str, 
         build_view(
             state.services.values(),
             [moved_slice(s, step) if s.service_name == one[1] else s for s in state.slices.values()],
-            "IPv4",
+            Family.IPV4,
             "node-0",
         )
         for step in (0, 1)
