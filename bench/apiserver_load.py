@@ -30,7 +30,14 @@ each bounded by --timeout:
 - slice change: one EndpointSlice's endpoint moved (likewise, endpoint_changes_total);
 - apiserver restart (history kept): ControlPlane.restart_apiserver, then one Service and one
   slice change that every node must see (its watches are back);
-- history lost: etcd compacted to its current revision, then the server restarted, as above;
+- history lost: an object neither proxy watches written (a ConfigMap), etcd compacted to its
+  current revision, then the server restarted, as above. The new server's watch cache begins at
+  the revision it started at (apiserver pkg/storage/cacher/watch_cache_history.go
+  GetIntervalLocked: older versions are 410 Expired), so a watch resumes there only from that
+  very revision: without the write, a reflector whose last event or bookmark was the last write
+  before the restart would resume, and which ones do depends on when each fleet's bookmarks
+  came and how long its end condition took to see, not on the proxy. In a real cluster etcd
+  is written every few seconds (leases, Events): every reflector's history is lost;
 - 429 storm: a FlowSchema sends the proxies' ServiceAccount to a PriorityLevel with no seats and
   no queue (APF answers 429 with Retry-After; lab/server_faults.py's apf-429), the server is
   restarted, the storm lasts --storm seconds, then the FlowSchema goes and one Service and one
@@ -97,6 +104,7 @@ PROXY_VERBS = ("LIST", "WATCH", "GET")  # the proxies' verbs; this script's own 
 METRICS = "127.0.0.1:10249"
 APF_COUNTERS = ("apiserver_flowcontrol_dispatched_requests_total", "apiserver_flowcontrol_rejected_requests_total")
 POLL = 0.2
+UNWATCHED = "apiserver-load-unwatched"  # a ConfigMap: a write to etcd that neither proxy watches
 FLEET = 5000
 SERVICE_CHANGES = "kubeproxy_sync_proxy_rules_service_changes_total"
 ENDPOINT_CHANGES = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
@@ -218,6 +226,18 @@ class Server:
         peers = [line.split()[-1].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()]
         return sum(1 for peer in peers if peer not in (CONTROL_IP, "127.0.0.1", "[::1]"))
 
+    def write_unwatched(self) -> None:
+        """One write to etcd that no proxy sees: a ConfigMap created or changed."""
+        path = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+        body = {"data": {"written": str(time.time_ns())}}
+        answer = self.cp.api.patch(f"{path}/{UNWATCHED}", json=body, headers={"Content-Type": "application/merge-patch+json"})
+        if answer.status_code == 404:
+            answer = self.cp.api.post(
+                path, json={"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": UNWATCHED}, **body}
+            )
+        if answer.status_code >= 300:
+            raise SystemExit(f"writing ConfigMap {UNWATCHED}: {answer.status_code} {answer.text[:300]}")
+
     def patch(self, path: str, body: dict[str, Any]) -> None:
         answer = self.cp.api.patch(path, json=body, headers={"Content-Type": "application/merge-patch+json"})
         if answer.status_code >= 300:
@@ -249,6 +269,7 @@ class OursFleet:
     kubeconfig: Path
     nodes: int
     log: Path
+    tag_nodes: bool = False
     name: str = "ours"
     proc: subprocess.Popen[str] | None = None
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
@@ -258,8 +279,8 @@ class OursFleet:
     def start(self) -> None:
         self._synced.clear()
         with open(self.log, "a") as log:
-            self.proc = self.ns.popen([sys.executable, __file__, "--worker", str(self.kubeconfig), "--nodes", str(self.nodes)],
-                                      stdout=subprocess.PIPE, stderr=log)  # fmt: skip
+            argv = [sys.executable, __file__, "--worker", str(self.kubeconfig), "--nodes", str(self.nodes)]
+            self.proc = self.ns.popen([*argv, "--tag-nodes"] if self.tag_nodes else argv, stdout=subprocess.PIPE, stderr=log)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
 
     def _read(self, proc: subprocess.Popen[str]) -> None:
@@ -405,6 +426,7 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
         changes.slice()
 
     def history_lost() -> None:
+        server.write_unwatched()
         server.cp.compact_etcd(server.cp.etcd_revision())
         restart()
 
@@ -429,6 +451,8 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
     costs: dict[str, Cost] = {}
     try:
         for name, act, restarts in phases:
+            if name != "cold start" and args.phases and not any(word in name for word in args.phases):
+                continue
             before = server.scrape()
             began = time.monotonic()
             act()
@@ -510,6 +534,18 @@ def plot(results: dict[str, dict[str, Cost]], nodes: int, path: Path) -> None:
 # ---- the bed -------------------------------------------------------------------------------
 
 
+def audit_flags(log: Path, workdir: Path) -> list[str]:
+    """kube-apiserver's flags for an audit log of the proxies' requests at Metadata level (verb,
+    URI with its query, response code, source address, User-Agent), every stage (a watch's code
+    is in its ResponseStarted stage); a restarted server appends to the same file."""
+    policy = workdir / "audit-policy.yaml"
+    namespace, name = SERVICE_ACCOUNT
+    policy.write_text(json.dumps({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [
+        {"level": "Metadata", "users": [f"system:serviceaccount:{namespace}:{name}"]}, {"level": "None"}]}))  # fmt: skip
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return ["--audit-policy-file", str(policy), "--audit-log-path", str(log.resolve()), "--audit-log-maxsize", "0"]
+
+
 @contextmanager
 def bed(bin_dir: Path, args: argparse.Namespace, workdir: Path) -> Iterator[tuple[Server, L.NetNS, list[L.NetNS]]]:
     with ExitStack() as stack:
@@ -525,8 +561,9 @@ def bed(bin_dir: Path, args: argparse.Namespace, workdir: Path) -> Iterator[tupl
             ns = stack.enter_context(L.netns("kpalup"))
             _attach(switch, ns, f"{UNDERLAY[256 + index + 1]}/{UNDERLAY.prefixlen}", index + 2)
             upstream.append(ns)
+        flags = audit_flags(args.audit, workdir) if args.audit else []
         cp = stack.enter_context(ControlPlane.start(bin_dir, workdir / "control-plane", ns=control, address=CONTROL_IP,
-                                                    timeout=args.timeout))  # fmt: skip
+                                                    apiserver_flags=flags, timeout=args.timeout))  # fmt: skip
         cp.run_kubectl("apply", "-f", str(RBAC_MANIFEST))
         objs, _ = objects(args.services, args.endpoints, 0)
         took = load(cp, objs)
@@ -551,11 +588,17 @@ def main() -> None:
     parser.add_argument("--fleets", choices=("both", "ours", "upstream"), default="both",
                         help="measure ours, upstream's or both (the other column is then left out)")  # fmt: skip
     parser.add_argument("--logs", type=Path, help="keep the proxies' and the control plane's logs in this directory")
+    parser.add_argument("--phases", nargs="*", default=[],
+                        help="only the phases whose names hold one of these words (the cold start always runs)")  # fmt: skip
+    parser.add_argument("--audit", type=Path,
+                        help="kube-apiserver writes an audit log (Metadata level, the proxies' requests only) to this "
+                             "file; each of our simulated nodes names itself in its User-Agent")  # fmt: skip
     parser.add_argument("--plot", type=Path, help="also write the requests, watch KB and CPU per node as a PNG here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # the ours process, given its kubeconfig
+    parser.add_argument("--tag-nodes", action="store_true", help=argparse.SUPPRESS)  # the worker's User-Agents
     args = parser.parse_args()
     if args.worker:
-        asyncio.run(worker(args.worker, args.nodes))
+        asyncio.run(worker(args.worker, args.nodes, args.tag_nodes))
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not L.have_root():
@@ -572,7 +615,7 @@ def main() -> None:
         with bed(bin_dir, args, workdir) as (server, ours_ns, upstream_ns):
             kubeconfig = server.cp.token_kubeconfig(workdir / "kubeproxy.kubeconfig", "kube-system", "kubeproxy")
             fleets: Sequence[Fleet] = (
-                OursFleet(ours_ns, kubeconfig, args.nodes, workdir / "ours.log"),
+                OursFleet(ours_ns, kubeconfig, args.nodes, workdir / "ours.log", tag_nodes=args.audit is not None),
                 UpstreamFleet(upstream_ns, bin_dir / "kube-proxy", kubeconfig, workdir),
             )
             for fleet in fleets:
@@ -599,14 +642,15 @@ def main() -> None:
 # ---- the worker: N simulated nodes in one process ------------------------------------------
 
 
-async def worker(kubeconfig: Path, nodes: int) -> None:
+async def worker(kubeconfig: Path, nodes: int, tag_nodes: bool) -> None:
     from kubeproxy.sources.api import ApiSource
-    from kubeproxy.sources.connection import connect, load_config
+    from kubeproxy.sources.connection import USER_AGENT, connect, load_config
     from kubeproxy.sources.events import WatchEvent
     from kubeproxy.sources.protobuf import MEDIA_TYPE as PROTOBUF
 
     config = load_config(kubeconfig)
-    clients = [connect(config) for _ in range(nodes)]
+    # Tagged, an audit log tells the simulated nodes apart (they share one address).
+    clients = [connect(config, user_agent=f"{USER_AGENT} {node_name(i)}" if tag_nodes else USER_AGENT) for i in range(nodes)]
     sources: list[ApiSource] = []
 
     def sink_of(index: int) -> tuple[Callable[[WatchEvent], None], Callable[[Sequence[WatchEvent]], None]]:

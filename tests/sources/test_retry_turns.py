@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,16 @@ import httpx2
 import pytest
 
 from kubeproxy.lab.apiserver import ApiServer
-from kubeproxy.sources.api import MAX_ADOPTED, ApiSource, Reflector, RetryTurns, SourceError, services
+from kubeproxy.sources.api import (
+    INITIAL_EVENTS_END,
+    MAX_ADOPTED,
+    ApiSource,
+    Reflector,
+    RetryTurns,
+    SourceError,
+    service_cidrs,
+    services,
+)
 from kubeproxy.sources.backoff import Backoff
 from kubeproxy.sources.connection import connect, load_config
 from tests.sources.test_api_client_go import WATCH_LIST, resumed, until, without_timeout
@@ -160,3 +170,62 @@ def test_the_resumed_watch_goes_first_when_the_server_answers(api: ApiServer, tm
             assert reflector.lists == 1
 
     run(main())
+
+
+def test_a_resource_refused_alone_delays_another_reflectors_retry_by_at_most_max_adopted_rounds() -> None:
+    """Service CIDRs are refused (403) on every request, Services' first request met a refused
+    connection: each time the Services reflector wakes from a back-off, a newer refusal of the
+    CIDRs is there to take as its own. It takes MAX_ADOPTED of them in a row, then asks itself."""
+    services_asked: list[dict[str, str]] = []
+    waits_before: list[int] = []  # the Services reflector's back-off waits before each of its requests
+    cidrs_refused = asyncio.Event()
+    ended = {"resourceVersion": "5", "annotations": {INITIAL_EVENTS_END: "true"}}
+    end = {"type": "BOOKMARK", "object": {"kind": "Service", "apiVersion": "v1", "metadata": ended}}
+
+    def answer(req: httpx2.Request) -> httpx2.Response:
+        if req.url.path == service_cidrs().path:
+            cidrs_refused.set()
+            forbidden = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                         "message": "servicecidrs.networking.k8s.io is forbidden"}  # fmt: skip
+            return httpx2.Response(403, json=forbidden)
+        services_asked.append(dict(req.url.params))
+        waits_before.append(len(services_delays))
+        if len(services_asked) == 1:
+            raise httpx2.ConnectError("connection refused", request=req)
+        if req.url.params.get("sendInitialEvents"):
+            return httpx2.Response(200, content=json.dumps(end).encode() + b"\n")
+        return httpx2.Response(200, content=b"")  # the watch after it: ended at once, backed off
+
+    async def after_a_newer_refusal(delay: float) -> None:
+        """The Services reflector's sleep: over once the CIDRs were refused again meanwhile."""
+        services_delays.append(delay)
+        cidrs_refused.clear()
+        await cidrs_refused.wait()
+
+    services_delays: list[float] = []
+    cidrs_delays = Delays()
+
+    async def main() -> None:
+        turns = RetryTurns()
+        client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="http://api")
+        reflectors = [
+            Reflector(client, services(), lambda event: None, sleep=after_a_newer_refusal, retry_turns=turns, watch_list=True),
+            Reflector(client, service_cidrs(), lambda event: None, sleep=cidrs_delays.sleep, retry_turns=turns, watch_list=True),
+        ]  # fmt: skip
+        tasks = [asyncio.create_task(r.run()) for r in reflectors]
+        try:
+            async with asyncio.timeout(20):  # without the limit it would take the CIDRs' refusals for ever
+                await reflectors[0].wait_synced()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await client.aclose()
+
+    run(main())
+    # Its own back-off after the refused connection, then MAX_ADOPTED taken, then its request.
+    assert waits_before[:2] == [0, 1 + MAX_ADOPTED]
+    assert [r.get("sendInitialEvents") for r in services_asked[:2]] == ["true", "true"]
+    assert len(cidrs_delays.delays) >= MAX_ADOPTED
