@@ -159,6 +159,7 @@ class Result:
     # --repeat: each round's cold start and its first restore's (wall, CPU) seconds, this run's first
     colds: list[float] = field(default_factory=list)
     first_restores: list[tuple[float, float]] = field(default_factory=list)
+    restore_starts: list[float] = field(default_factory=list)  # s from the fork to each round's first restore
 
     def p(self, q: float) -> float:
         return quantile(self.changes, q)
@@ -172,6 +173,7 @@ class Result:
         first = other.first_restore()
         if first is not None:
             self.first_restores.append((first[2] - first[1], first[5]))
+            self.restore_starts.append(first[0])
 
     def change_restores(self) -> list[tuple[float, float, float, int, int, float]]:
         """The restores that began while the changes were being made (their syncs)."""
@@ -579,6 +581,7 @@ DETAIL_ROWS: list[tuple[str, Callable[[Result], float | None], str]] = [
 # --repeat: the K rounds' values, as their median (the ratio is that of the medians) and range
 SPREAD_ROWS: list[tuple[str, Callable[[Result], list[float]]]] = [
     ("cold start", lambda r: r.colds),
+    ("1st restore from", lambda r: r.restore_starts),
     ("1st restore run", lambda r: [wall for wall, _ in r.first_restores]),
     ("1st restore CPU", lambda r: [cpu for _, cpu in r.first_restores]),
 ]

@@ -119,8 +119,10 @@ def test_a_client_error_is_not_retried(bench: ModuleType) -> None:
 
 
 def _round(bench: ModuleType, cold: float, wall: float, cpu: float) -> Any:
-    """A cold-only round's result: its cold start and a first restore of `wall` and `cpu` seconds."""
-    return bench.Result(cold=cold, restores=[(2.0, 2.1, 2.1 + wall, 32_330_000, 430_000, cpu)])
+    """A cold-only round's result: its cold start and a first restore of `wall` and `cpu` seconds,
+    begun `cold - wall - 2` s after the fork."""
+    began = cold - wall - 2.0
+    return bench.Result(cold=cold, restores=[(began, began + 0.1, began + 0.1 + wall, 32_330_000, 430_000, cpu)])
 
 
 def test_repeated_cold_starts_are_shown_as_median_and_range_with_the_ratio_of_medians(bench: ModuleType) -> None:
@@ -133,6 +135,7 @@ def test_repeated_cold_starts_are_shown_as_median_and_range_with_the_ratio_of_me
             for line in bench.spread_lines("iptables-legacy", 10_000, theirs, ours)}  # fmt: skip
     assert rows["cold start med (3/3)"] == ["10.00", "11.00", "1.10"]
     assert rows["cold start range"] == ["9.00-12.00", "10.50-14.00", "-"]
+    assert rows["1st restore from med (3/3)"] == ["0.00", "1.00", "-"]
     assert rows["1st restore run med (3/3)"] == ["8.00", "8.50", "1.06"]
     assert rows["1st restore CPU med (3/3)"] == ["7.50", "8.00", "1.07"]
     assert rows["1st restore CPU range"] == ["6.50-8.50", "7.50-9.50", "-"]
