@@ -30,14 +30,15 @@ each bounded by --timeout:
 - slice change: one EndpointSlice's endpoint moved (likewise, endpoint_changes_total);
 - apiserver restart (history kept): ControlPlane.restart_apiserver, then one Service and one
   slice change that every node must see (its watches are back);
-- history lost: an object neither proxy watches written (a ConfigMap), etcd compacted to its
-  current revision, then the server restarted, as above. The new server's watch cache begins at
-  the revision it started at (apiserver pkg/storage/cacher/watch_cache_history.go
-  GetIntervalLocked: older versions are 410 Expired), so a watch resumes there only from that
-  very revision: without the write, a reflector whose last event or bookmark was the last write
-  before the restart would resume, and which ones do depends on when each fleet's bookmarks
-  came and how long its end condition took to see, not on the proxy. In a real cluster etcd
-  is written every few seconds (leases, Events): every reflector's history is lost;
+- history lost: the server stopped, one key outside the API's prefix written to etcd directly,
+  etcd compacted to its current revision, the server started, then the two changes as above.
+  The new server's watch cache begins at the revision it started at (apiserver
+  pkg/storage/cacher/watch_cache_history.go GetIntervalLocked: an older version is 410 Expired),
+  so a watch resumes there only from that revision: without the write, a reflector whose last
+  event or bookmark was etcd's last revision before the restart resumes, and which ones are
+  depends on when the old server's once-a-minute bookmarks fell (before or after its last write,
+  during its graceful shutdown), not on the proxy. In a real cluster etcd is written every few
+  seconds (leases, Events) while a server restarts: every reflector's history is lost;
 - 429 storm: a FlowSchema sends the proxies' ServiceAccount to a PriorityLevel with no seats and
   no queue (APF answers 429 with Retry-After; lab/server_faults.py's apf-429), the server is
   restarted, the storm lasts --storm seconds, then the FlowSchema goes and one Service and one
@@ -104,7 +105,7 @@ PROXY_VERBS = ("LIST", "WATCH", "GET")  # the proxies' verbs; this script's own 
 METRICS = "127.0.0.1:10249"
 APF_COUNTERS = ("apiserver_flowcontrol_dispatched_requests_total", "apiserver_flowcontrol_rejected_requests_total")
 POLL = 0.2
-UNWATCHED = "apiserver-load-unwatched"  # a ConfigMap: a write to etcd that neither proxy watches
+UNWATCHED = b"/apiserver-load/unwatched"  # an etcd key outside kube-apiserver's /registry prefix
 FLEET = 5000
 SERVICE_CHANGES = "kubeproxy_sync_proxy_rules_service_changes_total"
 ENDPOINT_CHANGES = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
@@ -225,18 +226,6 @@ class Server:
         # server's loopback) connect from inside its namespace.
         peers = [line.split()[-1].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()]
         return sum(1 for peer in peers if peer not in (CONTROL_IP, "127.0.0.1", "[::1]"))
-
-    def write_unwatched(self) -> None:
-        """One write to etcd that no proxy sees: a ConfigMap created or changed."""
-        path = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
-        body = {"data": {"written": str(time.time_ns())}}
-        answer = self.cp.api.patch(f"{path}/{UNWATCHED}", json=body, headers={"Content-Type": "application/merge-patch+json"})
-        if answer.status_code == 404:
-            answer = self.cp.api.post(
-                path, json={"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": UNWATCHED}, **body}
-            )
-        if answer.status_code >= 300:
-            raise SystemExit(f"writing ConfigMap {UNWATCHED}: {answer.status_code} {answer.text[:300]}")
 
     def patch(self, path: str, body: dict[str, Any]) -> None:
         answer = self.cp.api.patch(path, json=body, headers={"Content-Type": "application/merge-patch+json"})
@@ -418,17 +407,17 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
         fleet.start()
         await_all("cold start", fleet.synced, args.nodes, args.timeout)
 
-    def restart() -> None:
+    def restart(lose_history: bool = False) -> None:
         # Killed and reaped within a minute: on a loaded machine a SIGKILLed server can take >10 s.
         server.cp.stop_apiserver(timeout=60)
+        if lose_history:
+            server.cp.compact_etcd(server.cp.write_etcd(UNWATCHED, str(time.time_ns()).encode()))
         server.cp.start_apiserver(timeout=args.timeout)
         changes.service()
         changes.slice()
 
     def history_lost() -> None:
-        server.write_unwatched()
-        server.cp.compact_etcd(server.cp.etcd_revision())
-        restart()
+        restart(lose_history=True)
 
     def storm() -> None:
         cp = server.cp

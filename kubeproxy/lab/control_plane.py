@@ -307,6 +307,12 @@ class ControlPlane:
         """etcd's current revision (the resourceVersion of the newest write)."""
         return int(self._etcd("/v3/kv/range", {"key": base64.b64encode(b"/").decode(), "limit": 1})["header"]["revision"])
 
+    def write_etcd(self, key: bytes, value: bytes) -> int:
+        """Put `key` in etcd directly (no API server needed) and return the revision it made: a
+        write that moves etcd past every version an API server has sent so far."""
+        answer = self._etcd("/v3/kv/put", {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()})
+        return int(answer["header"]["revision"])
+
     def compact_etcd(self, revision: int) -> None:
         """Compact etcd's history up to `revision` through its HTTP/JSON gateway: every
         resourceVersion before it is gone (a watch or list at one answers 410 Expired)."""
