@@ -41,8 +41,9 @@ each bounded by --timeout:
   seconds (leases, Events) while a server restarts: every reflector's history is lost;
 - 429 storm: a FlowSchema sends the proxies' ServiceAccount to a PriorityLevel with no seats and
   no queue (APF answers 429 with Retry-After; lab/server_faults.py's apf-429), the server is
-  restarted, the storm lasts --storm seconds, then the FlowSchema goes and one Service and one
-  slice change must reach every node. The `429s` column counts those answers per node.
+  restarted (with the same write to etcd while it is down), the storm lasts --storm seconds,
+  then the FlowSchema goes and one Service and one slice change must reach every node. The
+  `429s` column counts those answers per node.
 After each phase's end condition, --settle seconds more are counted (requests that trail it).
 
 Per phase, from kube-apiserver's /metrics scraped before and after (a restart zeroes them: its
@@ -425,6 +426,7 @@ def run_phases(server: Server, fleet: Fleet, args: argparse.Namespace) -> dict[s
             "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": _starved(*SERVICE_ACCOUNT)})
         )
         cp.stop_apiserver(timeout=60)
+        cp.write_etcd(UNWATCHED, str(time.time_ns()).encode())  # as above: no watch resumes by chance
         cp.start_apiserver(timeout=args.timeout)
         time.sleep(args.storm)  # the storm's length: every proxy request meanwhile is answered 429
         cp.run_kubectl("delete", "flowschema", STARVED)
