@@ -93,7 +93,8 @@ def test_a_source_asks_about_once_per_round_while_every_resource_is_refused(api:
             mark = len(api.requests)
             api.fail_with(403)
             api.drop_watches()
-            await until(lambda: all(r.lists == 2 for r in source.reflectors))
+            # Awaited, not polled under a 10 s bound: 24 rounds of refusals outlast that on a loaded machine.
+            await asyncio.gather(*(r.wait_listed(2) for r in source.reflectors))
             sent = requests_since(api, mark)
             refused, answered = sent[: -len(source.reflectors)], sent[-len(source.reflectors) :]
             # Each reflector's own watch (cut or resumed) is refused once; after that about one
