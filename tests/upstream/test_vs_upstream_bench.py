@@ -139,6 +139,8 @@ def test_repeated_cold_starts_are_shown_as_median_and_range_with_the_ratio_of_me
     assert rows["1st restore run med (3/3)"] == ["8.00", "8.50", "1.06"]
     assert rows["1st restore CPU med (3/3)"] == ["7.50", "8.00", "1.07"]
     assert rows["1st restore CPU range"] == ["6.50-8.50", "7.50-9.50", "-"]
+    nftables = [line.split("|")[3].strip() for line in bench.spread_lines("nftables", 10_000, theirs, ours)]
+    assert nftables == ["cold start med (3/3)", "cold start range"]  # upstream's restores only clean up
 
 
 def test_one_cold_start_per_proxy_adds_no_spread_rows(bench: ModuleType) -> None:
