@@ -171,3 +171,11 @@ def test_a_failed_round_is_none_and_the_others_still_run(bench: ModuleType) -> N
         raise SystemExit(f"the proxy did not converge in namespace {index}")
 
     assert bench.attempt(run, iter(range(3)), "  nftables upstream") is None
+
+
+def test_the_plotted_cold_start_is_the_median_of_the_rounds_or_the_one_cold_start(bench: ModuleType) -> None:
+    repeated, single = bench.Result(cold=14.0), bench.Result(cold=9.0)
+    for cold in (14.0, 11.0, 12.0, 30.0):
+        repeated.add_round(bench.Result(cold=cold))
+    single.add_round(single)
+    assert bench.cold_median(repeated) == 13.0 and bench.cold_median(single) == 9.0
