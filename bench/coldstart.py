@@ -121,8 +121,8 @@ def fast_server() -> None:
             return json.dumps(obj, **options)  # type: ignore[arg-type]
         return msgspec.json.encode(obj).decode()
 
-    store.copy = types.SimpleNamespace(deepcopy=deepcopy)  # type: ignore[assignment]
-    handler.json = types.SimpleNamespace(dumps=dumps, loads=json.loads, JSONDecodeError=json.JSONDecodeError)  # type: ignore[assignment]
+    store.copy = types.SimpleNamespace(deepcopy=deepcopy)  # type: ignore[assignment,attr-defined]
+    handler.json = types.SimpleNamespace(dumps=dumps, loads=json.loads, JSONDecodeError=json.JSONDecodeError)  # type: ignore[assignment,attr-defined]
 
 
 def serve(objects: Path, kubeconfig: Path, fast: bool) -> None:

@@ -114,8 +114,10 @@ def decode_api(bodies: list[bytes]) -> Any:
 
 def _with_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     """`obj` with the two managedFields entries a controller-made object has (kubectl get -o json)."""
-    keys: dict[str, Any] = {f"k:{json.dumps({'port': p.get('port'), 'protocol': 'TCP'}, separators=(',', ':'))}": {".": {}, "f:port": {}}
-            for p in obj.get("spec", {}).get("ports", [])}
+    keys: dict[str, Any] = {
+        f"k:{json.dumps({'port': p.get('port'), 'protocol': 'TCP'}, separators=(',', ':'))}": {".": {}, "f:port": {}}
+        for p in obj.get("spec", {}).get("ports", [])
+    }
     labels: dict[str, Any] = {".": {}, **{f"f:{k}": {} for k in obj["metadata"].get("labels", {})}}
     if "spec" in obj:
         fields: dict[str, Any] = {"f:metadata": {"f:labels": labels}, "f:spec": {"f:ports": {".": {}, **keys}}}

@@ -25,7 +25,7 @@ from kubeproxy.cluster.state import build_state
 from tests.cluster.test_validation_hostile_strings import cluster as hostile_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from render import cluster as bench_cluster  # type: ignore[import-not-found]  # bench/render.py
+from render import cluster as bench_cluster  # bench/render.py
 
 
 @pytest.fixture

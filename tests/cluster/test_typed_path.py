@@ -41,7 +41,7 @@ from tests.cluster.test_validation_hostile_strings import cluster as hostile_clu
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from render import cluster as bench_cluster  # type: ignore[import-not-found]  # noqa: E402  (bench/render.py)
+from render import cluster as bench_cluster  # noqa: E402  (bench/render.py)
 
 JSON = dict[str, Any]
 _ITEM = msgspec.json.Decoder(Item)

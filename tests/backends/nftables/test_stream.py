@@ -316,7 +316,7 @@ def test_kernel_hostile_but_valid_services_stream_in_with_every_other() -> None:
     written whole into its nft's 1 MiB pipe) with hostile-but-valid Services among 2,000 others:
     it loads whole, equal to the same table sent serially, and the namespace's other table stays."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-    from render import cluster as bench_cluster  # type: ignore[import-not-found]  # bench/render.py's generator
+    from render import cluster as bench_cluster  # bench/render.py's generator
 
     objs = [*bench_cluster(2000, 10), *_hostile_but_valid()]
     v = view(objs)
