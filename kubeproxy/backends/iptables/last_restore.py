@@ -23,6 +23,7 @@ import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kubeproxy.backends.iptables.names import SERVICE_CHAIN_PREFIXES, is_service_chain
 
@@ -35,13 +36,30 @@ class Filtered:
 
     text: str
     skipped: tuple[str, ...]  # "table/chain" left out
-    digests: dict[ChainKey, bytes]  # every tracked chain of the full text, as written or kept
+    # The digests when they were worked out with the filtering; None: from the text, once asked for.
+    known_digests: dict[ChainKey, bytes] | None
     # The text as pieces to join, when it was given so (`filter_chunks`); `text` is "" then.
     chunks: Sequence[str] | None = None
 
     @property
     def restore_input(self) -> str | Sequence[str]:
         return self.text if self.chunks is None else self.chunks
+
+    @cached_property
+    def digests(self) -> dict[ChainKey, bytes]:
+        """Every tracked chain of the full text, as written or kept.
+
+        A full sync leaves nothing out, so it needs them only once its restore has succeeded
+        (`AppliedChains.applied`): worked out then, they are off the path to the kernel's
+        rules (0.1 s of a cold sync at 10k services).
+        """
+        if self.known_digests is not None:
+            return self.known_digests
+        pieces = [self.text] if self.chunks is None else self.chunks
+        tracked = _tracked_lines_of(pieces)
+        if tracked is None:
+            tracked = _general_chains("".join(pieces))[1]
+        return {key: _digest(lines) for key, lines in tracked.items()}
 
 
 def _digest(lines: list[str]) -> bytes:
@@ -74,15 +92,10 @@ _TRACKED_NEXT_LINE = re.compile(r"\n(?P<line>" + _TRACKED + r")(?=\n|\Z)")
 _OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
 
 
-def _tracked_lines(text: str) -> dict[ChainKey, list[str]] | None:
-    """Each tracked chain's lines in `text`, in order, as the general path groups them; None if
-    `text` has line breaks other than "\n" (that path's `splitlines` would cut it otherwise)."""
-    return _tracked_lines_of([text])
-
-
 def _tracked_lines_of(chunks: Iterable[str]) -> dict[ChainKey, list[str]] | None:
-    """`_tracked_lines` of the text the chunks make; None also if a chunk is not whole lines
-    (a line cut between two chunks would be cut in two here)."""
+    """Each tracked chain's lines in the text the chunks make, in order, as the general path
+    groups them; None if it has line breaks other than "\n" (that path's `splitlines` would cut
+    it otherwise) or a chunk is not whole lines (a line cut between two chunks would be two here)."""
     table = ""
     chains: dict[ChainKey, list[str]] = {}
     whole = True  # the chunks so far end with a whole line
@@ -105,6 +118,23 @@ def _tracked_lines_of(chunks: Iterable[str]) -> dict[ChainKey, list[str]] | None
     return chains
 
 
+def _general_chains(text: str) -> tuple[list[tuple[ChainKey | None, str]], dict[ChainKey, list[str]]]:
+    """Every line of `text` with the tracked chain it belongs to (None: always written), and
+    each tracked chain's lines in order."""
+    table = ""
+    keyed: list[tuple[ChainKey | None, str]] = []
+    chains: dict[ChainKey, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+        chain = _tracked_chain(line)
+        key = None if chain is None else (table, chain)
+        if key is not None:
+            chains.setdefault(key, []).append(line)
+        keyed.append((key, line))
+    return keyed, chains
+
+
 @dataclass
 class AppliedChains:
     """Digests of the shared chains as the kernel holds them after our last successful restore."""
@@ -113,33 +143,19 @@ class AppliedChains:
 
     def filter(self, text: str, *, full: bool) -> Filtered:
         """`text` without the shared chains the kernel already holds unchanged (none on a full sync)."""
-        if full:
-            tracked = _tracked_lines(text)
-            if tracked is not None:  # nothing is left out: only the digests are wanted
-                return Filtered(text, (), {key: _digest(lines) for key, lines in tracked.items()})
+        if full:  # nothing is left out: only the digests are wanted, after the restore
+            return Filtered(text, (), None)
         return self._filter(text, full=full)
 
     def filter_chunks(self, chunks: Sequence[str], *, full: bool) -> Filtered:
         """`filter("".join(chunks))`; a full sync's chunks are kept as they are, not joined."""
         if full:
-            tracked = _tracked_lines_of(chunks)
-            if tracked is not None:
-                return Filtered("", (), {key: _digest(lines) for key, lines in tracked.items()}, chunks)
+            return Filtered("", (), None, chunks)
         return self.filter("".join(chunks), full=full)
 
     def _filter(self, text: str, *, full: bool) -> Filtered:
         """The general path: every line keyed by its chain."""
-        table = ""
-        keyed: list[tuple[ChainKey | None, str]] = []
-        chains: dict[ChainKey, list[str]] = {}
-        for line in text.splitlines():
-            if line.startswith("*"):
-                table = line[1:]
-            chain = _tracked_chain(line)
-            key = None if chain is None else (table, chain)
-            if key is not None:
-                chains.setdefault(key, []).append(line)
-            keyed.append((key, line))
+        keyed, chains = _general_chains(text)
         digests = {key: _digest(lines) for key, lines in chains.items()}
         # A chain is only skipped if its declaration line is in the text: one the text appends
         # to without declaring (not something render writes) is not ours to second-guess.

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeproxy.backends.iptables import jumps
+from kubeproxy.backends.iptables import jumps, last_restore
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.last_restore import AppliedChains, Filtered
 from kubeproxy.backends.iptables.offline import render_iptables
@@ -157,7 +157,28 @@ def test_pieces_that_are_not_whole_lines_take_the_general_path(cut: int) -> None
     text = restore_text(TABLES["demo"])
     chunks = [text[:cut], text[cut:]]
     got = AppliedChains().filter_chunks(chunks, full=True)
-    assert got.chunks is None and got.text == text and got.digests == _general(text).digests
+    assert got.restore_input is chunks and got.digests == _general(text).digests
+
+
+def test_a_full_sync_digests_its_chains_after_its_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the next partial sync needs them: worked out before the restore, they would delay
+    # the rules reaching the kernel.
+    result = render_iptables(load([DEMO]).state, CFG, nfacct_counters=())
+    fake = FakeIptables()
+    proxier = IptablesProxier(run=fake.run)
+    proxier.prepare()
+    restored_before: list[bool] = []
+    digest = last_restore._digest
+
+    def spy(lines: list[str]) -> bytes:
+        restored_before.append("-A KUBE-SERVICES" in fake.run(["iptables-save", "-t", "nat"]).stdout)
+        return digest(lines)
+
+    monkeypatch.setattr(last_restore, "_digest", spy)
+    proxier.sync(result.view, result.options, None)
+    assert restored_before and all(restored_before)
+    # The digests recorded are those of the text restored, as the general path works them out.
+    assert proxier._applied._applied == _general(result.rendered.text).digests
 
 
 def test_the_report_keeps_counts_not_the_restore_text() -> None:
