@@ -110,6 +110,10 @@ class Mode:
     readback: str = ""
     # Kernel modules it needs beyond netfilter's; a kernel without them runs it in the VM's beds.
     kernel_modules: tuple[str, ...] = ()
+    # Without a change it syncs at most every FULL_SYNC_PERIOD (model/contract.py), and between
+    # syncs the live loop asks its backend every syncPeriod whether its rules are still there
+    # (upstream's iptables and nftables runners); otherwise it syncs every syncPeriod (ipvs).
+    quiet_resync: bool = False
 
 
 # -- the four modes
@@ -124,7 +128,7 @@ def _iptables(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | 
 def _nftables(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
     from kubeproxy.backends.nftables.proxier import NftablesProxier
 
-    return NftablesProxier(run=run, sync_period=sync_period)
+    return NftablesProxier(run=run)
 
 
 def _ipvs(run: Runner, sync_period: float, variant: str, cfg: ProxyConfig | None) -> Backend:
@@ -238,6 +242,7 @@ MODES: dict[str, Mode] = {
         logs_iptables_variant=True,
         render_format="iptables-save",
         readback="kubeproxy.backends.iptables.readback",
+        quiet_resync=True,
     ),
     "nftables": Mode(
         "nftables",
@@ -261,6 +266,7 @@ MODES: dict[str, Mode] = {
         udp_timeout_annotation=True,
         render_format="nft",
         readback="kubeproxy.backends.nftables.readback",
+        quiet_resync=True,
     ),
     "ipvs": Mode(
         "ipvs",

@@ -11,6 +11,9 @@ The live loop (`kubeproxy/live.py`) holds one `Backend` and never asks which mod
   it (`nft -c`, `iptables-restore --test`): the quarantine bisects with it;
 - `record_failure(metrics, exc, partial)` counts and logs a failed sync in the mode's own
   metrics and upstream's words for it;
+- `rules_intact()` says, cheaply, whether what the last sync installed is still in the kernel
+  (a canary chain, the table): False (a firewall reload flushed it) makes the live loop ask for
+  a full sync. Modes that sync every syncPeriod anyway answer True;
 - `cleanup()` removes what the mode installed and nothing else.
 
 `kubeproxy render` prints a mode's rules through its `OfflineRenderer` (the mode's offline.py).
@@ -29,6 +32,11 @@ if TYPE_CHECKING:
     from kubeproxy.model.node_model import NodeView
     from kubeproxy.model.options import Family, NodeOptions
     from kubeproxy.model.proxy_config import ProxyConfig
+
+
+# How long a mode whose Mode record says `quiet_resync` goes without a sync when nothing changes,
+# and how often its backend makes a sync a full one (upstream's proxyutil.FullSyncPeriod).
+FULL_SYNC_PERIOD = 3600.0
 
 
 class SyncError(RuntimeError):
@@ -110,5 +118,7 @@ class Backend(Protocol):
     def check(self, view: NodeView, opts: NodeOptions) -> str | None: ...
 
     def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None: ...
+
+    def rules_intact(self) -> bool: ...
 
     def cleanup(self) -> list[str]: ...

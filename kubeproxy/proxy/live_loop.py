@@ -1,9 +1,12 @@
 """The live proxy (`kubeproxy run`): events in, syncs out (docs/live-proxy.md).
 
 A source delivers events to `on_events`, which update the cluster state (proxy/event_intake.py)
-and ask the bounded-frequency runner for a sync, run at most every minSyncPeriod and at least
-every syncPeriod: each IP family's lane (proxy/family_lanes.py) programs in a worker thread, so a
-large render stalls neither the watches nor the health servers. As upstream, the first sync waits
+and ask the bounded-frequency runner for a sync, run at most every minSyncPeriod; without a
+change, at least every syncPeriod in ipvs mode and every FULL_SYNC_PERIOD (an hour) in iptables
+and nftables modes, where a monitor looks every syncPeriod whether the rules are still in the
+kernel instead (proxy/rules_monitor.py), as upstream's runners and iptables Monitor. Each IP
+family's lane (proxy/family_lanes.py) programs in a worker thread, so a large render stalls
+neither the watches nor the health servers. As upstream, the first sync waits
 for the source's initial state, a failed sync is retried in full after minSyncPeriod, and SIGTERM
 leaves the rules in the kernel; unlike upstream, a refusal is narrowed down to the Services that
 cause it (proxy/quarantine.py).
@@ -26,16 +29,18 @@ from kubeproxy.backends.iptables.apply import nfacct_packets
 from kubeproxy.cluster.state import ClusterState
 from kubeproxy.kernel.exec import Runner, local_run
 from kubeproxy.model.changes import Changes
-from kubeproxy.model.contract import SyncError, SyncReport
+from kubeproxy.model.contract import FULL_SYNC_PERIOD, SyncError, SyncReport
 from kubeproxy.model.metrics import ProxyMetrics
 from kubeproxy.model.node_model import ServiceKey
+from kubeproxy.model.options import Family
 from kubeproxy.model.proxy_config import ProxyConfig
 from kubeproxy.proxy.event_intake import EventIntake
 from kubeproxy.proxy.family_lanes import PROC_IPV6, FamilyLane, FamilyLanes, live_families
 from kubeproxy.proxy.health import ProxyHealth
 from kubeproxy.proxy.http import Handler
 from kubeproxy.proxy.programming import TriggerTimes, latencies
-from kubeproxy.proxy.runner import BoundedFrequencyRunner
+from kubeproxy.proxy.rules_monitor import RulesMonitor, Watched
+from kubeproxy.proxy.runner import BoundedFrequencyRunner, Clock, LoopClock
 from kubeproxy.proxy.source_watch import HEALTH_FIELD as SOURCE_HEALTH_FIELD
 from kubeproxy.proxy.source_watch import SourceWatch
 from kubeproxy.proxy.status_servers import StatusServers
@@ -65,6 +70,7 @@ class LiveProxy:
     run_cmd: Runner = local_run
     iptables_variant: str = ""  # "legacy" / "nft": which iptables to drive; "" the system's
     wall_clock: Callable[[], float] = time.time
+    clock: Clock = field(default_factory=LoopClock)  # the runner's and the rules monitor's
     state: ClusterState = field(default_factory=ClusterState)
     source: Source | None = None
     proc_ipv6: Path = PROC_IPV6  # absent: the kernel has no IPv6 (tests point it elsewhere)
@@ -88,9 +94,12 @@ class LiveProxy:
         self._intake = EventIntake(self.state, self.node_name, self.health, self._triggers)
         self.conntrack_cleaner = conntrack.Reconciler(run=self.run_cmd)
         # Only an unexpected exception gets to the runner; failed syncs schedule their own retry.
-        self.runner = BoundedFrequencyRunner(self.sync, min_interval=self.cfg.min_sync_period,
-                                             max_interval=self.cfg.sync_period, retry_interval=self.cfg.sync_period,
+        quiet = registry.mode(self.cfg.mode).quiet_resync
+        max_interval = max(FULL_SYNC_PERIOD, self.cfg.min_sync_period) if quiet else self.cfg.sync_period
+        self.runner = BoundedFrequencyRunner(self.sync, min_interval=self.cfg.min_sync_period, max_interval=max_interval,
+                                             retry_interval=self.cfg.sync_period, clock=self.clock,
                                              name=f"{self.cfg.mode}-sync")  # fmt: skip
+        self.rules_monitor = RulesMonitor(self._watched, self._rules_lost, self.cfg.sync_period, self.clock) if quiet else None
         self.family_lanes = FamilyLanes(self.cfg, self.node_name, self.run_cmd, self.iptables_variant, self.health, self.metrics)
         self._heap = ColdStartHeap()
         self._initialized = False
@@ -129,6 +138,15 @@ class LiveProxy:
             lane.metrics.last_queued_timestamp.set(now)
         if self._initialized:
             self.runner.run()
+
+    def _watched(self) -> list[Watched]:
+        return [Watched(lane.family, lane.backend, lane.last_good is not None) for lane in self.lanes]
+
+    def _rules_lost(self, family: Family) -> None:
+        for lane in self.lanes:
+            if lane.family == family:
+                lane.tracker.request_full_sync()
+        self.runner.run()
 
     # -- syncs out
 
@@ -212,6 +230,8 @@ class LiveProxy:
                 group.create_task(source.run(), name="source")
                 group.create_task(self.runner.loop(), name="sync-runner")
                 group.create_task(source_watch.run(self.source_check_interval), name="source-watch")
+                if self.rules_monitor is not None:
+                    group.create_task(self.rules_monitor.run(), name="rules-monitor")
                 if self.cfg.snat_watch_interval > 0:  # opt-in: a sample dumps conntrack (proxy/snat_watch.py)
                     from kubeproxy.proxy.snat_watch import SnatWatch
 

@@ -4,7 +4,8 @@
   request during a sync causes one more sync afterwards.
 - Syncs are at least `min_interval` apart (minSyncPeriod), with a burst allowance: a token
   bucket of `burst` tokens refilled at one per `min_interval`, as upstream (kube-proxy uses 2).
-- A sync happens at least every `max_interval` even without requests (the periodic resync).
+- A sync happens at least every `max_interval` even without requests (the periodic resync:
+  syncPeriod in ipvs mode, an hour in iptables and nftables modes).
 - `retry_after(delay)` (or the sync raising) brings the next sync forward to `delay` from now,
   sooner than the periodic one, still subject to `min_interval`.
 
@@ -127,6 +128,11 @@ class BoundedFrequencyRunner:
         self._schedule: Schedule | None = None
         self._limits = (min_interval, max_interval, burst)
         self.runs = 0  # completed calls of fn, for tests and metrics
+
+    @property
+    def max_interval(self) -> float:
+        """How long it goes without a sync when nobody asks for one."""
+        return self._limits[1]
 
     def run(self) -> None:
         """Ask for a sync (coalesced with other requests)."""

@@ -8,6 +8,7 @@ behind the proxy's back (a firewall reload flushing tables).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from tests.paths import DEMO
 from tests.proxy.servers import port_of
 
 pytestmark = pytest.mark.root
+POLL = 0.05  # seconds between looks at a condition no sync changes
 CFG = ProxyConfig(
     cluster_cidr=("10.244.0.0/16",),
     min_sync_period=0.0,
@@ -79,11 +81,16 @@ def _get(url: str) -> tuple[int, str]:
 
 
 async def _until(proxy: LiveProxy, cond: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    """Wait sync by sync until `cond` holds: every sync is a chance for the kernel to change."""
+    """Wait until `cond` holds, looking again after each sync (the kernel's rules change with
+    one) or every POLL seconds (health, logs and metrics change without one)."""
 
     async def loop() -> None:
-        while not await asyncio.to_thread(cond):
-            await proxy.wait_for_syncs(proxy.syncs + proxy.failed_syncs + 1)
+        while True:
+            seen = proxy.syncs + proxy.failed_syncs  # before the look: a sync during it counts
+            if await asyncio.to_thread(cond):
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proxy.wait_for_syncs(seen + 1), POLL)
 
     try:
         await asyncio.wait_for(loop(), timeout)
@@ -149,8 +156,9 @@ def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(
         server.stop()
         # Health is upstream's (an outage queues no update): the body shows the lost source instead.
         await _until(proxy, lambda: json.loads(_get(healthz)[1])["source"]["inSync"] is False, "the body to show the outage")
-        syncs = proxy.syncs
-        await proxy.wait_for_syncs(syncs + proxy.failed_syncs + 1)
+        done = proxy.syncs + proxy.failed_syncs
+        proxy.runner.run()  # a sync from what the proxy holds, while the source is away
+        await proxy.wait_for_syncs(done + 1)
         status, text = await asyncio.to_thread(_get, healthz)
         assert status == 200 and json.loads(text)["healthy"] is True, text
         assert _rules(netns, mode) == before  # nothing removed while the API server is away
@@ -170,7 +178,7 @@ def test_changes_reach_the_kernel_and_an_outage_keeps_the_rules(
 
 
 def _record_syncs(proxy: LiveProxy) -> list[tuple[bool, bool]]:
-    """From now on, (was full, failed) for each backend sync, in order: periodic syncs go on while
+    """From now on, (was full, failed) for each backend sync, in order: more syncs may come while
     a test waits, so `last_report` may already be a later one."""
     calls: list[tuple[bool, bool]] = []
     real_sync = proxy.lanes[0].backend.sync
@@ -202,7 +210,7 @@ def test_failed_apply_is_counted_and_retried_as_a_full_sync(netns: NetNS, server
 
     def flaky(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         # only an apply of a recorded sync fails: a sync already running when the recorder went
-        # in (a periodic one) must not take the injected failure unseen
+        # in must not take the injected failure unseen
         if failures["left"] and recorded["on"] and _is_ipv4_apply(argv, kwargs.get("input") or ""):
             failures["left"] -= 1
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: line 7 failed (injected)")
@@ -260,8 +268,8 @@ _WIPES = {
 def test_rules_wiped_behind_its_back_are_restored(netns: NetNS, server: ApiServer, tmp_path: Path, mode: str) -> None:
     async def body(proxy: LiveProxy) -> None:
         calls = _record_syncs(proxy)
-        # Periodic syncs go on in a worker thread: one writing between the wipe's `-F` and `-X`
-        # would make a chain busy. The wipe and the check that it took hold the kernel to themselves.
+        # Syncs run in a worker thread: one writing between the wipe's `-F` and `-X` would make
+        # a chain busy. The wipe and the check that it took hold the kernel to themselves.
         writing = threading.Lock()
         real_sync = proxy.lanes[0].backend.sync
 
@@ -275,7 +283,8 @@ def test_rules_wiped_behind_its_back_are_restored(netns: NetNS, server: ApiServe
             for argv in _WIPES[mode]:
                 netns.run(argv)
             assert not _dnats_to(netns, mode, "10.244.1.3", 53)
-        # Nothing changed in the cluster: only the periodic check (canary chain / table) can notice.
+        # Nothing changed in the cluster: only the monitor (canary chain / table, every syncPeriod)
+        # can notice.
         await _until(proxy, lambda: _rules(netns, mode) == before, "the wiped rules to be put back as they were")
         assert (True, False) in calls  # by a full sync
 

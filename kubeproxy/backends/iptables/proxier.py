@@ -3,7 +3,10 @@
 What a sync does, in upstream's order:
 
 1. Look for the canary chains (`KUBE-PROXY-CANARY` in mangle, nat and filter). If one is gone,
-   someone flushed the tables (a firewall reload): recreate them and do a full sync.
+   someone flushed the tables (a firewall reload): recreate them and do a full sync. Between
+   syncs the live loop looks for it every syncPeriod (`rules_intact`, upstream's iptables
+   Monitor). A sync also becomes a full one when the last was over FULL_SYNC_PERIOD ago, except
+   in large clusters, as upstream.
 2. Render (`render.py`, pure): a full sync writes every chain; a partial sync rewrites only the
    chains of services whose objects changed, plus the shared chains whose text changed since
    our last successful restore (`last_restore.py`; upstream rewrites them all every time).
@@ -49,6 +52,7 @@ from kubeproxy.backends.iptables.render import (
     restore_chunks,
 )
 from kubeproxy.kernel.exec import Runner, local_run
+from kubeproxy.model.contract import FULL_SYNC_PERIOD
 from kubeproxy.model.metrics import FamilyMetrics
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import NFACCT_COUNTERS, Family, NodeOptions
@@ -113,6 +117,7 @@ class IptablesProxier:
     clock: Callable[[], float] = time.monotonic
     nfacct_counters: tuple[str, ...] = field(default=(), init=False)
     _last_stale_cleanup: float = field(default=float("-inf"), init=False)
+    _last_full_sync: float = field(default=float("-inf"), init=False)
     # Unchanged services' rules from the previous render: a small change renders only itself.
     _cache: RenderCache = field(default_factory=RenderCache, init=False)
     # The shared chains as our last successful restore wrote them: a partial sync leaves out
@@ -147,6 +152,9 @@ class IptablesProxier:
         """
         return self._iptables("-t", CANARY_TABLES[0], "-S", KUBE_PROXY_CANARY)
 
+    def rules_intact(self) -> bool:
+        return self.canary_present()
+
     def ensure_canary(self) -> None:
         for table in CANARY_TABLES:
             if not self._iptables("-t", table, "-S", KUBE_PROXY_CANARY):
@@ -158,9 +166,11 @@ class IptablesProxier:
             log.info("KUBE-PROXY-CANARY is gone: the tables were flushed, doing a full sync")
             self.ensure_canary()
             changed_services = None
+        large = is_large_cluster(view)
+        if changed_services is not None and not large and self.clock() - self._last_full_sync > FULL_SYNC_PERIOD:
+            changed_services = None
         full = changed_services is None
 
-        large = is_large_cluster(view)
         cleanup_due = not large or self.clock() - self._last_stale_cleanup >= self.sync_period
         existing = self._nat_chains() if cleanup_due else None
 
@@ -183,9 +193,9 @@ class IptablesProxier:
             tables, added = self._with_missing_jump_tables(tables)
         else:
             added = 0
-        # A resync that carries no change (the syncPeriod one) writes the shared chains whole, as
-        # upstream's every sync does: whatever edited them behind our back is undone within a
-        # syncPeriod. Only syncs that carry changes leave the unchanged ones out.
+        # A sync that carries no change (the hourly one of a large cluster, not made full) writes
+        # the shared chains whole, as upstream's every sync does: whatever edited them behind our
+        # back is undone. Only syncs that carry changes leave the unchanged ones out.
         filtered = self._applied.filter_chunks(list(restore_chunks(tables)), full=full or not changed_services)
         del tables  # the pieces live on in `filtered` only as long as the restore needs them
         rendered_at = time.perf_counter()
@@ -197,6 +207,8 @@ class IptablesProxier:
             raise
         self._applied.applied(filtered, full=full)
         done = time.perf_counter()
+        if full:
+            self._last_full_sync = self.clock()
         if rendered.stale_cleanup_done:
             self._last_stale_cleanup = self.clock()
         return SyncReport(full, rendered, rendered_at - started, done - rendered_at, added, filtered.skipped)

@@ -143,6 +143,10 @@ class IpvsProxier:
                            o.udp_timeout, self.node_addresses())
         return render(view, opts, ipvs)
 
+    def rules_intact(self) -> bool:
+        """Never asked: the mode syncs every syncPeriod, which puts back whatever was lost."""
+        return True
+
     def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> IpvsSyncReport:
         started = time.monotonic()
         rendered = self._render(view, opts)

@@ -2,9 +2,11 @@
 
 One sync: render the view (only the changed services when the tracker says so, reusing the
 previous rendering), hand it to the `NftApplier`, which sends only the difference from what it
-applied last (nothing at all when nothing changed). Every syncPeriod the table is looked at once:
-if someone flushed or deleted it, the sync becomes a full one, as the iptables backend does when
-its canary disappears.
+applied last (nothing at all when nothing changed). A sync is a full one when the last full one
+was over FULL_SYNC_PERIOD ago, as upstream. Between syncs the live loop asks `rules_intact` every
+syncPeriod: a table someone flushed or deleted brings a full sync, as a vanished canary does in
+iptables mode (upstream's nftables mode has no such check: its table comes back at the next
+change, or within the hour).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.kernel.exec import Runner, local_run
 from kubeproxy.kernel.libnft import for_runner
+from kubeproxy.model.contract import FULL_SYNC_PERIOD
 from kubeproxy.model.metrics import FamilyMetrics
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import Family, NodeOptions
@@ -58,7 +61,6 @@ class NftablesProxier:
 
     family: Family = Family.IPV4
     run: Runner = local_run
-    sync_period: float = 30.0
     clock: Callable[[], float] = time.monotonic
     nfacct_counters: tuple[str, ...] = field(default=(), init=False)  # nftables has its own counters
     # Send transactions through libnftables in-process where `run` says which namespace
@@ -66,7 +68,7 @@ class NftablesProxier:
     in_process: bool = True
     _applier: NftApplier | None = field(default=None, init=False)
     _previous: NftRendering | None = field(default=None, init=False)
-    _checked_at: float = field(default=float("-inf"), init=False)
+    _last_full_sync: float = field(default=float("-inf"), init=False)
     _warned: frozenset[str] = field(default=frozenset(), init=False)
     # KubeProxyNFTablesLocalhostNodePorts: on when the last sync's options turned it on, and
     # the loopback listeners while nodePortAddresses names loopback (localhost.py).
@@ -88,13 +90,10 @@ class NftablesProxier:
 
     def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> NftSyncReport:
         applier = self._current_applier()
-        full = changed_services is None
         now = self.clock()
-        if not full and self._check_due(now, carries_changes=bool(changed_services)):
-            self._checked_at = now
-            if not applier.table_intact():
-                log.info("the kube-proxy table was flushed or deleted: doing a full sync")
-                full, changed_services = True, None
+        if now - self._last_full_sync > FULL_SYNC_PERIOD:
+            changed_services = None
+        full = changed_services is None
         started = time.perf_counter()
         rendering = render(view, opts, previous=self._previous, changed_services=changed_services)
         rendered = time.perf_counter() - started
@@ -108,7 +107,7 @@ class NftablesProxier:
             # The rendering is right whatever the kernel said; the applier knows what it holds.
             self._previous = rendering
         if full or result.mode == "full":
-            self._checked_at = now  # the table was just written whole
+            self._last_full_sync = now
         self._sync_localhost(view, opts)
         return NftSyncReport(full or result.mode == "full", rendering, result, rendered)
 
@@ -144,15 +143,14 @@ class NftablesProxier:
         """What nft says of a full sync to `view`, checked (`nft -c`) but not applied; None if it takes it."""
         return self._current_applier().check(render(view, opts))
 
-    def _check_due(self, now: float, carries_changes: bool) -> bool:
-        """Is it time to check that the table is still there (once per syncPeriod)?
-
-        Listing any chain makes nft 1.0.6 fetch every set element of the table (about 2 s at 10k
-        services x 10 endpoints), so the check waits for a sync that carries no change (the
-        periodic one) rather than delaying one that does, unless none has come for two periods.
-        """
-        since = now - self._checked_at
-        return since >= 2 * self.sync_period or (since >= self.sync_period and not carries_changes)
+    def rules_intact(self) -> bool:
+        """False once the table the last sync wrote is gone or flushed; True before any sync."""
+        if self._applier is None:
+            return True
+        intact = self._applier.table_intact()
+        if not intact:
+            log.info("the kube-proxy table was flushed or deleted")
+        return intact
 
     def cleanup(self) -> list[str]:
         """Delete our tables (both families), and nothing else."""

@@ -162,6 +162,10 @@ class UserspaceProxier:
             added += 1
         return added
 
+    def rules_intact(self) -> bool:
+        """Never asked: the mode syncs every syncPeriod, which puts back whatever was lost."""
+        return True
+
     def sync(self, view: NodeView, opts: NodeOptions, changed_services: frozenset[tuple[str, str]] | None) -> SyncReport:
         relay = self._relay()
         full = changed_services is None

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 
 from kubeproxy.backends.iptables import jumps
+from kubeproxy.backends.iptables import render as iptables_render
 from kubeproxy.backends.iptables.apply import RestoreError, ensure_nfacct_counters
 from kubeproxy.backends.iptables.fake import FakeIptables
 from kubeproxy.backends.iptables.offline import NodeRendering, render_iptables
 from kubeproxy.backends.iptables.proxier import IptablesProxier
 from kubeproxy.cluster.manifest_load import load
 from kubeproxy.lab.netns import NetNS
+from kubeproxy.model.contract import FULL_SYNC_PERIOD
 from kubeproxy.model.node_model import NodeView
 from kubeproxy.model.options import NFACCT_COUNTERS, Family
 from kubeproxy.model.proxy_config import ProxyConfig
@@ -159,6 +161,26 @@ def test_flushed_tables_bring_a_full_sync_through_the_canary(node: ProxierNode) 
     report = proxier.sync(demo.view, demo.options, frozenset())  # asked for a no-op partial sync
     assert report.full and proxier.canary_present()
     assert sorted(_save(ns).splitlines()) == sorted(before.splitlines())
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_a_sync_an_hour_after_the_last_full_one_is_full_unless_the_cluster_is_large(
+    node: ProxierNode, large: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Upstream's iptables proxier: doFullSync once time.Since(lastFullSync) > FullSyncPeriod,
+    # except in large-cluster mode (over 1,000 endpoints; here the threshold is lowered).
+    _ns, proxier, demo = node
+    if large:
+        monkeypatch.setattr(iptables_render, "LARGE_CLUSTER_ENDPOINTS", 0)
+    now = [0.0]
+    proxier.clock = lambda: now[0]
+    assert proxier.sync(demo.view, demo.options, None).full
+    now[0] = FULL_SYNC_PERIOD
+    assert not proxier.sync(demo.view, demo.options, frozenset()).full
+    now[0] = FULL_SYNC_PERIOD + 0.5
+    assert proxier.sync(demo.view, demo.options, frozenset()).full is not large
+    now[0] = 2 * FULL_SYNC_PERIOD
+    assert not proxier.sync(demo.view, demo.options, frozenset({("default", "web")})).full
 
 
 def test_removed_service_chains_are_deleted(node: ProxierNode) -> None:

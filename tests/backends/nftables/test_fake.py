@@ -120,15 +120,15 @@ def test_the_kernel_refuses_these_too(netns: L.NetNS, case: str) -> None:
     assert (checked, applied) == (1, 1)
 
 
-def test_proxier_repairs_a_deleted_table_and_check_changes_nothing_on_the_fake() -> None:
+def test_proxier_sees_a_deleted_table_and_check_changes_nothing_on_the_fake() -> None:
     fake = FakeNft()
-    now = [0.0]
-    proxier = NftablesProxier(run=fake.run, sync_period=30.0, clock=lambda: now[0])
+    proxier = NftablesProxier(run=fake.run)
     v, opts = view(FEATURES), options()
-    assert proxier.sync(v, opts, None).full
+    assert proxier.rules_intact()  # nothing synced yet: nothing to lose
+    assert proxier.sync(v, opts, None).full and proxier.rules_intact()
     fake.run(["nft", "delete", "table", "ip", "kube-proxy"])
-    now[0] = 31.0
-    assert proxier.sync(v, opts, frozenset()).full  # the periodic check found it gone
+    assert not proxier.rules_intact()
+    assert proxier.sync(v, opts, None).full and proxier.rules_intact()  # the full sync the live loop asks for
     snapshot = repr(fake.tables)
     assert proxier.check(v, opts) is None and repr(fake.tables) == snapshot
 

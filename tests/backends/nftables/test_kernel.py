@@ -20,6 +20,7 @@ from kubeproxy.backends.nftables.proxier import NftablesProxier
 from kubeproxy.backends.nftables.render import render
 from kubeproxy.backends.nftables.rendered_table import NftRendering
 from kubeproxy.lab import netns as L
+from kubeproxy.model.contract import FULL_SYNC_PERIOD
 from kubeproxy.model.options import Family
 from kubeproxy.model.proxy_config import LocalDetector
 from tests.backends.nftables.helpers import NODE, canonical, endpoint, options, options6, port, service, slice_, view
@@ -170,36 +171,22 @@ def test_full_resync_recovers_a_flushed_or_deleted_table(netns: L.NetNS) -> None
     assert applier.cleanup() and not applier.table_intact()
 
 
-def test_the_proxier_checks_the_table_once_a_period_in_a_sync_without_changes(
-    netns: L.NetNS, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A check is a listing of the kernel's table, so a sync that carries a change does not wait
-    # for it unless none has come for two periods.
+def test_a_sync_an_hour_after_the_last_full_one_is_full_and_repairs_drift(netns: L.NetNS) -> None:
+    # Upstream's nftables proxier: doFullSync once time.Since(lastFullSync) > FullSyncPeriod.
     now = [0.0]
-    checks: list[bool] = []  # the checks' answers
-    intact = NftApplier.table_intact
-
-    def counted(self: NftApplier) -> bool:
-        checks.append(intact(self))
-        return checks[-1]
-
-    monkeypatch.setattr(NftApplier, "table_intact", counted)
-    proxier = NftablesProxier(run=netns, sync_period=30.0, clock=lambda: now[0])
+    proxier = NftablesProxier(run=netns, clock=lambda: now[0])
     v, opts = view(FEATURES), options()
     one = frozenset({next(iter(v.services)).service})
     assert proxier.sync(v, opts, None).full
-    netns.run(["nft", "flush", "table", "ip", "kube-proxy"])
-    now[0] = 20.0
-    assert not proxier.sync(v, opts, frozenset()).full and not checks  # checked at 0 by the full sync
-    now[0] = 31.0
-    assert not proxier.sync(v, opts, one).full and not checks  # a change is not delayed by the check
-    report = proxier.sync(v, opts, frozenset())  # the periodic sync checks, and repairs
-    assert report.full and checks == [False]
-    assert listing(netns) == fresh_listing(report.rendering)
-    netns.run(["nft", "flush", "table", "ip", "kube-proxy"])
-    now[0] = 92.0
-    assert proxier.sync(v, opts, one).full  # no quiet sync for two periods: a change waits for the check
-    assert checks == [False, False]
+    netns.run(["nft", "flush", "chain", "ip", "kube-proxy", "services"])  # edited behind its back
+    now[0] = FULL_SYNC_PERIOD
+    assert not proxier.sync(v, opts, one).full and not proxier.sync(v, opts, frozenset()).full
+    assert not proxier.rules_intact()
+    now[0] = FULL_SYNC_PERIOD + 0.5
+    report = proxier.sync(v, opts, frozenset())
+    assert report.full and listing(netns) == fresh_listing(report.rendering)
+    now[0] = 2 * FULL_SYNC_PERIOD
+    assert not proxier.sync(v, opts, frozenset()).full  # counted from the last full one
 
 
 def test_a_restart_fixes_base_chains_drops_leftovers_and_keeps_affinity(netns: L.NetNS) -> None:
