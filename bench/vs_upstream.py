@@ -44,7 +44,9 @@ What is measured, per proxy:
 - restores (iptables modes): the iptables-restore on PATH is RESTORE_WRAPPER, which logs when
   each call began, when its input was read, the tool's wall and CPU seconds and the input's
   bytes and lines (--keep-restores DIR keeps the inputs): the first, and the median of those
-  made during the changes;
+  made during the changes; --caller-cpu-log FILE adds a line per restore with the calling
+  proxy's own CPU ticks (user + sys, its threads included) as the tool started and ended: what
+  the proxy does on the other core while its restore runs;
 - RSS (VmRSS) once the cold start is seen, and its growth per 1,000 Services between two sizes;
 - CPU seconds per minute (user + sys of the proxy process, its threads included, not the kernel
   tools it runs) over --idle seconds with no change, then over --churn seconds while
@@ -127,10 +129,15 @@ RESTORE_WRAPPER = """#!/bin/bash
 began=$(date +%s.%N)
 input=$(mktemp)
 cat > "$input"
+caller_cpu() { awk '{print $14 + $15}' "/proc/$PPID/stat" 2>/dev/null; }
+caller_before=$(caller_cpu)
 start=$(date +%s.%N)
 "$KP_XTABLES_MULTI" "$(basename "$0")" "$@" < "$input"
 status=$?
 end=$(date +%s.%N)
+if [ -n "$KP_CALLER_CPU_LOG" ]; then
+    echo "$start $end $(cat "/proc/$PPID/comm") $caller_before $(caller_cpu) $KP_RESTORE_LOG" >> "$KP_CALLER_CPU_LOG"
+fi
 times > "$input.cpu"
 cpu=$(tail -1 "$input.cpu" | awk '{n = 0; for (i = 1; i <= 2; i++) {split($i, a, /[ms]/); n += a[1] * 60 + a[2]}; print n}')
 echo "$began $start $end $(wc -c < "$input") $(wc -l < "$input") $status $(basename "$0") $cpu" >> "$KP_RESTORE_LOG"
@@ -439,6 +446,8 @@ def one(cp: ControlPlane, control: L.NetNS, index: int, impl: str, mode: str, la
         watch = KernelWatch(ns, mode)
         began, began_wall = time.monotonic(), time.time()
         env = [f"PATH={env_path}", f"KP_PHASES={marks}", f"KP_RESTORE_LOG={restore_log}", f"KP_XTABLES_MULTI={multi_path}"]
+        if args.caller_cpu_log:
+            env.append(f"KP_CALLER_CPU_LOG={args.caller_cpu_log.resolve()}")
         proc = ns.popen(["env", *env, *keep, *tree, *argv], stdout=log, stderr=subprocess.STDOUT)
         try:
             result.cold = watch.await_rule(proc, mode, *last, began + args.timeout) - began
@@ -705,6 +714,8 @@ def main() -> None:
     parser.add_argument("--tree", type=Path,
                         help="ours from this tree (`git archive HEAD kubeproxy | tar -x -C DIR`), not the checkout")  # fmt: skip
     parser.add_argument("--keep-restores", type=Path, help="keep each iptables-restore input under DIR/<impl>-<mode>/")
+    parser.add_argument("--caller-cpu-log", type=Path,
+                        help="append each restore's start, end, proxy, proxy CPU ticks before and after to FILE")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1, metavar="K",
                         help="cold starts per proxy and mode, alternating; the table adds their median and range")  # fmt: skip
     parser.add_argument("--plot", type=Path, help="write the ratios' plot here (e.g. docs/vs_upstream.png)")
