@@ -197,7 +197,7 @@ class IptablesProxier:
         # the shared chains whole, as upstream's every sync does: whatever edited them behind our
         # back is undone. Only syncs that carry changes leave the unchanged ones out.
         filtered = self._applied.filter_chunks(list(restore_chunks(tables)), full=full or not changed_services)
-        del tables  # the pieces live on in `filtered` only as long as the restore needs them
+        del tables  # the pieces live on in `filtered` until the restore and their digests are done
         rendered_at = time.perf_counter()
         try:
             restore(filtered.restore_input, self.run, family=self.family, variant=self.variant)
@@ -205,8 +205,8 @@ class IptablesProxier:
             # Some tables may have committed and others not: what the kernel holds is unknown.
             self._applied.forget()
             raise
-        self._applied.applied(filtered, full=full)
         done = time.perf_counter()
+        self._applied.applied(filtered, full=full)  # the digests the next partial sync compares with
         if full:
             self._last_full_sync = self.clock()
         if rendered.stale_cleanup_done:
