@@ -97,6 +97,9 @@ class ToyBackend:
     def record_failure(self, metrics: FamilyMetrics, exc: Exception, partial: bool) -> None:
         metrics.restore_failures_total.inc()
 
+    def rules_intact(self) -> bool:
+        return True  # a mode that syncs every syncPeriod (its Mode record leaves quiet_resync off)
+
     def cleanup(self) -> list[str]:
         return toy_cleanup(self.run, self.family)
 
